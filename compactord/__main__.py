@@ -1,0 +1,5 @@
+import sys
+
+from compactord.cli import main
+
+sys.exit(main())

@@ -1,0 +1,387 @@
+"""broker.conf (Java properties) -> one frozen, validated ``Settings``.
+
+- The file is parsed as ``java.util.Properties.load`` does (``properties.py``).
+- Pulsar's key names where they exist; an empty value means the default.
+- ``COMPACTORD_CONF_<key>`` in the environment overrides a key (``spark.*`` keys: file only).
+- Secrets may be written ``file:/path``: the value is the file's content, without a trailing newline.
+- An unknown key or a bad value fails with the key, the value and what is allowed.
+
+``KEYS`` is the one table of keys; ``broker.conf.example`` documents every one of them (a test checks).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from compactord.errors import ConfigError
+from compactord.properties import load_properties
+
+__all__ = ["ENV_PREFIX", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
+
+ENV_PREFIX = "COMPACTORD_CONF_"
+DEFAULT_FACTORY = "compactord.service:SparkCompactionServiceFactory"
+PULSAR_DEFAULT_FACTORY = "org.apache.pulsar.compaction.PulsarCompactionServiceFactory"
+PULSAR_EVENT_TIME_FACTORY = "org.apache.pulsar.compaction.EventTimeCompactionServiceFactory"
+
+
+# -- value parsers: each takes (key, raw string) and returns the typed value or raises ConfigError --
+
+
+def _str(key: str, raw: str) -> str:
+    return raw
+
+
+def _int_range(lo: int, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(key: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ConfigError(key, raw, "expected a whole number") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+            raise ConfigError(key, raw, f"expected a whole number {bound}")
+        return value
+
+    return parse
+
+
+def _float_range(lo: float, hi: float) -> Callable[[str, str], float]:
+    def parse(key: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ConfigError(key, raw, "expected a number") from None
+        if not lo <= value <= hi:
+            raise ConfigError(key, raw, f"expected a number from {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def _bool(key: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    raise ConfigError(key, raw, "expected true or false")
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(key: str, raw: str) -> str:
+        if raw.strip() not in allowed:
+            raise ConfigError(key, raw, f"expected one of {', '.join(allowed)}")
+        return raw.strip()
+
+    return parse
+
+
+def _ref(key: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _regex(key: str, raw: str) -> str:
+    try:
+        re.compile(raw)
+    except re.error as exc:
+        raise ConfigError(key, raw, f"expected a Python regular expression ({exc})") from None
+    return raw
+
+
+def _bind_address(key: str, raw: str) -> str:
+    value = raw.strip()
+    if value in ("localhost", "0.0.0.0", "::"):
+        return value
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(key, raw, "expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
+    return value
+
+
+def _bootstrap(key: str, raw: str) -> str:
+    servers = [s.strip() for s in raw.split(",") if s.strip()]
+    if not servers:
+        raise ConfigError(key, raw, "expected host:port[,host:port...]")
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(key, raw, f"{server!r} is not host:port (port 1 to 65535)")
+    return ",".join(servers)
+
+
+def _event_time_source(key: str, raw: str) -> str:
+    from compactord.strategies import validate_event_time_source
+
+    return validate_event_time_source(raw.strip(), key)
+
+
+def _pause_points(key: str, raw: str) -> dict[str, float]:
+    from compactord.task import PAUSE_POINTS
+
+    points: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, seconds = item.partition(":")
+        if not sep or name not in PAUSE_POINTS:
+            raise ConfigError(key, raw, f"expected point:seconds[,...] with points from {', '.join(PAUSE_POINTS)}")
+        try:
+            points[name] = float(seconds)
+        except ValueError:
+            raise ConfigError(key, raw, f"{seconds!r} is not a number of seconds") from None
+        if not math.isfinite(points[name]) or points[name] < 0:
+            raise ConfigError(key, raw, f"{seconds!r} is not a number of seconds >= 0")
+    return points
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str  # as spelled in broker.conf
+    attr: str  # Settings attribute
+    parse: Callable[[str, str], Any]
+    default: str  # as it would be written in the file ("" = none)
+    group: str
+    doc: str
+    pulsar: bool = False  # the key is also in Pulsar's broker.conf
+    secret: bool = False  # may be given as file:/path
+
+
+KEYS: tuple[Key, ...] = (
+    # Broker
+    Key("kafkaBootstrapServers", "kafka_bootstrap_servers", _bootstrap, "127.0.0.1:9092", "broker",
+        "Kafka-protocol brokers to read from, host:port[,host:port...]."),
+    Key("kafkaClientId", "kafka_client_id", _str, "compactord", "broker", "Client id sent to the broker."),
+    Key("kafkaRequestTimeoutMs", "kafka_request_timeout_ms", _int_range(1000), "30000", "broker",
+        "Timeout of one broker request, in milliseconds."),
+    Key("kafkaSecurityProtocol", "kafka_security_protocol",
+        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "PLAINTEXT", "broker",
+        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
+    Key("kafkaSaslMechanism", "kafka_sasl_mechanism",
+        _choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"), "PLAIN", "broker",
+        "SASL mechanism when the protocol is SASL_*."),
+    Key("kafkaSaslUsername", "kafka_sasl_username", _str, "", "broker", "SASL user name."),
+    Key("kafkaSaslPassword", "kafka_sasl_password", _str, "", "broker",
+        "SASL password (file:/path reads it from a file).", secret=True),
+    Key("kafkaSslCafile", "kafka_ssl_cafile", _str, "", "broker", "CA bundle to verify the broker (PEM)."),
+    Key("kafkaSslCertfile", "kafka_ssl_certfile", _str, "", "broker", "Client certificate (PEM) for mutual TLS."),
+    Key("kafkaSslKeyfile", "kafka_ssl_keyfile", _str, "", "broker", "Client private key (PEM)."),
+    Key("kafkaSslPassword", "kafka_ssl_password", _str, "", "broker",
+        "Password of the client key (file:/path reads it from a file).", secret=True),
+    Key("kafkaSslCheckHostname", "kafka_ssl_check_hostname", _bool, "true", "broker",
+        "Check that the broker's certificate matches its host name."),
+    # Storage
+    Key("compactedLedgerRoot", "compacted_ledger_root", _str, "data/ledgers", "storage",
+        "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a cluster)."),
+    # Compaction
+    Key("compactionServiceFactoryClassName", "compaction_service_factory_class_name", _ref, DEFAULT_FACTORY,
+        "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's class names are "
+        "accepted as aliases).", pulsar=True),
+    Key("compactionStrategy", "compaction_strategy", _ref, "publishing-order", "compaction",
+        "Which record of a key survives: publishing-order, event-time, first-value, or module:Class."),
+    Key("compactionEventTimeSource", "compaction_event_time_source", _event_time_source, "timestamp",
+        "compaction", "Event time of a record: timestamp, or header:NAME."),
+    Key("compactionTombstoneRetentionMs", "compaction_tombstone_retention_ms", _int_range(0), "86400000",
+        "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's delete.retention.ms)."),
+    Key("topicCompactionRetainNullKey", "topic_compaction_retain_null_key", _bool, "false", "compaction",
+        "Keep records without a key in place (otherwise they are dropped).", pulsar=True),
+    Key("compactionReadRangesPerCore", "compaction_read_ranges_per_core", _int_range(1, 64), "2", "compaction",
+        "Offset ranges per Spark core that the topic is split into for reading."),
+    Key("compactionReaderBatchRecords", "compaction_reader_batch_records", _int_range(100, 1_000_000), "10000",
+        "compaction", "Records per Arrow batch read from Kafka inside Spark."),
+    # Spark
+    Key("sparkMaster", "spark_master", _str, "local[*]", "spark",
+        "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark)."),
+    # Scheduler
+    Key("brokerServiceCompactionMonitorIntervalInSeconds", "monitor_interval_seconds", _int_range(1), "60",
+        "scheduler", "How often the backlog monitor looks at every topic.", pulsar=True),
+    Key("brokerServiceCompactionThresholdInBytes", "threshold_bytes", _int_range(0), "104857600", "scheduler",
+        "Compact a topic whose backlog is larger than this many bytes (0 = off).", pulsar=True),
+    Key("compactionThresholdInMessages", "threshold_messages", _int_range(0), "0", "scheduler",
+        "Compact a topic whose backlog has more records than this (0 = off)."),
+    Key("compactionMaxLagSeconds", "max_lag_seconds", _int_range(0), "0", "scheduler",
+        "Compact a topic whose oldest uncompacted record is older than this (0 = off)."),
+    Key("compactionMinDirtyRatio", "min_dirty_ratio", _float_range(0.0, 1.0), "0", "scheduler",
+        "Compact when tail records / (ledger + tail records) exceeds this (0 = off)."),
+    Key("compactionTopicsPattern", "topics_pattern", _regex, r"(?!__).*", "scheduler",
+        "Regex (full match) of the topics the monitor compacts; default every topic not starting with __."),
+    Key("compactionMaxConcurrentTasks", "max_concurrent_tasks", _int_range(1, 64), "1", "scheduler",
+        "Compactions that may run at once; others wait in state Pending."),
+    Key("compactionCancelTimeoutSeconds", "cancel_timeout_seconds", _int_range(1, 600), "10", "scheduler",
+        "How long a cancel, unload or delete request waits for the task to stop."),
+    Key("compactionTaskTimeoutSeconds", "task_timeout_seconds", _int_range(1), "3600", "scheduler",
+        "A task running longer than this fails."),
+    # HTTP
+    Key("httpBindAddress", "http_bind_address", _bind_address, "127.0.0.1", "http", "Address the HTTP API binds."),
+    Key("httpPort", "http_port", _int_range(0, 65535), "8642", "http", "Port of the HTTP API (0 = any free port)."),
+    Key("httpAuthToken", "http_auth_token", _str, "", "http",
+        "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file).", secret=True),
+    Key("httpTlsCertFile", "http_tls_cert_file", _str, "", "http", "Certificate (PEM): HTTPS when set with the key."),
+    Key("httpTlsKeyFile", "http_tls_key_file", _str, "", "http", "Private key (PEM) of the HTTPS certificate."),
+    # Logging
+    Key("logFormat", "log_format", _choice("text", "json"), "text", "logging", "text or json (one object a line)."),
+    Key("logLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
+        "DEBUG, INFO, WARNING or ERROR."),
+    # Test only
+    Key("compactionTestPausePoints", "test_pause_points", _pause_points, "", "testing",
+        "TEST ONLY: pause tasks at named points, point:seconds[,...]; never set in production."),
+)
+KEYS_BY_NAME = {key.name: key for key in KEYS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_client_id: str = "compactord"
+    kafka_request_timeout_ms: int = 30000
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "PLAIN"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = ""
+    kafka_ssl_cafile: str = ""
+    kafka_ssl_certfile: str = ""
+    kafka_ssl_keyfile: str = ""
+    kafka_ssl_password: str = ""
+    kafka_ssl_check_hostname: bool = True
+    compacted_ledger_root: str = "data/ledgers"
+    compaction_service_factory_class_name: str = DEFAULT_FACTORY
+    compaction_strategy: str = "publishing-order"
+    compaction_event_time_source: str = "timestamp"
+    compaction_tombstone_retention_ms: int = 86_400_000
+    topic_compaction_retain_null_key: bool = False
+    compaction_read_ranges_per_core: int = 2
+    compaction_reader_batch_records: int = 10000
+    spark_master: str = "local[*]"
+    monitor_interval_seconds: int = 60
+    threshold_bytes: int = 104_857_600
+    threshold_messages: int = 0
+    max_lag_seconds: int = 0
+    min_dirty_ratio: float = 0.0
+    topics_pattern: str = r"(?!__).*"
+    max_concurrent_tasks: int = 1
+    cancel_timeout_seconds: int = 10
+    task_timeout_seconds: int = 3600
+    http_bind_address: str = "127.0.0.1"
+    http_port: int = 8642
+    http_auth_token: str = ""
+    http_tls_cert_file: str = ""
+    http_tls_key_file: str = ""
+    log_format: str = "text"
+    log_level: str = "INFO"
+    test_pause_points: dict[str, float] = field(default_factory=dict)
+    spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+    def kafka_client_config(self) -> dict[str, Any]:
+        """kafka-python keyword arguments shared by every client (security included)."""
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers.split(","),
+            "client_id": self.kafka_client_id,
+            "request_timeout_ms": self.kafka_request_timeout_ms,
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol.startswith("SASL"):
+            cfg["sasl_mechanism"] = self.kafka_sasl_mechanism
+            if self.kafka_sasl_username:
+                cfg["sasl_plain_username"] = self.kafka_sasl_username
+                cfg["sasl_plain_password"] = self.kafka_sasl_password
+        if self.kafka_security_protocol.endswith("SSL"):
+            cfg["ssl_check_hostname"] = self.kafka_ssl_check_hostname
+            for attr, arg in (("kafka_ssl_cafile", "ssl_cafile"), ("kafka_ssl_certfile", "ssl_certfile"),
+                              ("kafka_ssl_keyfile", "ssl_keyfile"), ("kafka_ssl_password", "ssl_password")):
+                if getattr(self, attr):
+                    cfg[arg] = getattr(self, attr)
+        return cfg
+
+
+def _read_secret(key: str, raw: str) -> str:
+    if not raw.startswith("file:"):
+        return raw
+    path = Path(raw[len("file:") :])
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise ConfigError(key, raw, f"the secret file cannot be read ({exc.strerror})") from None
+
+
+def _resolve_factory_alias(values: dict[str, Any], explicit: set[str]) -> None:
+    factory = values["compaction_service_factory_class_name"]
+    if factory == PULSAR_DEFAULT_FACTORY:
+        values["compaction_service_factory_class_name"] = DEFAULT_FACTORY
+    elif factory == PULSAR_EVENT_TIME_FACTORY:
+        values["compaction_service_factory_class_name"] = DEFAULT_FACTORY
+        if "compactionStrategy" in explicit and values["compaction_strategy"] != "event-time":
+            raise ConfigError(
+                "compactionStrategy", values["compaction_strategy"],
+                f"compactionServiceFactoryClassName={PULSAR_EVENT_TIME_FACTORY} selects the event-time "
+                "strategy; leave compactionStrategy unset or set it to event-time",
+            )
+        values["compaction_strategy"] = "event-time"
+
+
+def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | None = None) -> Settings:
+    """Validate ``props`` (the parsed file) with ``env`` overrides into ``Settings``.
+
+    :raises ConfigError: an unknown key or a bad value (naming the key, the value and what is allowed).
+    """
+    env = os.environ if env is None else env
+    merged: dict[str, str] = {}
+    spark_conf: dict[str, str] = {}
+    for name, raw in props.items():
+        if name.startswith("spark."):
+            spark_conf[name] = raw
+        elif name not in KEYS_BY_NAME:
+            raise ConfigError(name, raw, "unknown key; see broker.conf.example for the keys compactord knows")
+        else:
+            merged[name] = raw
+    for env_name, raw in env.items():
+        if not env_name.startswith(ENV_PREFIX):
+            continue
+        name = env_name[len(ENV_PREFIX) :]
+        if name.startswith("spark."):
+            raise ConfigError(env_name, raw, "spark.* keys can be set in the config file only")
+        if name not in KEYS_BY_NAME:
+            raise ConfigError(env_name, raw, "unknown key; see broker.conf.example for the keys compactord knows")
+        merged[name] = raw
+    values: dict[str, Any] = {}
+    explicit: set[str] = set()
+    for key in KEYS:
+        raw = merged.get(key.name, "")
+        if raw.strip() == "":  # an empty value means the default
+            raw = key.default
+        else:
+            explicit.add(key.name)
+            if key.secret:
+                raw = _read_secret(key.name, raw)
+        values[key.attr] = key.parse(key.name, raw) if raw != "" else (
+            {} if key.attr == "test_pause_points" else raw
+        )
+    _resolve_factory_alias(values, explicit)
+    values["spark_conf"] = spark_conf
+    return Settings(**values)
+
+
+def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read a broker.conf file (None: defaults and environment only)."""
+    props: dict[str, str] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="latin-1")  # Properties.load reads ISO 8859-1
+        except OSError as exc:
+            raise ConfigError("--config", str(path), f"the file cannot be read ({exc.strerror})") from None
+        try:
+            props = load_properties(text)
+        except ValueError as exc:
+            raise ConfigError("--config", str(path), f"not valid properties text ({exc})") from None
+    return settings_from_properties(props, env)
+
+
+def settings_fields() -> set[str]:
+    return {f.name for f in fields(Settings)} - {"spark_conf"}

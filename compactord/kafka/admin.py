@@ -1,0 +1,178 @@
+"""What the driver asks the broker: topics, partitions, log start and committed end offsets, backlog.
+
+The end of a partition is the offset a read_committed consumer stops at (the last stable offset).
+Brokers report it through ListOffsets(latest) with read_committed isolation. The test broker (Tansu
+0.6) under-reports it: it answers the last batch's *base* offset + 1. So the answer of ListOffsets is
+checked by reading, read_committed, from one below it until the position stops moving: on a broker
+that reports correctly this reads one record and changes nothing; on Tansu it walks the last batch
+to the true end. The walk is bounded by the first high watermark seen, so that a topic under
+constant production still gets a fixed end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import TopicPartition
+
+from compactord.config import Settings
+from compactord.errors import TopicNotFound
+from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
+
+__all__ = ["KafkaAdmin", "PartitionOffsets"]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_TOPIC = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    partition: int
+    log_start: int
+    end: int  # exclusive: the last stable offset
+
+    @property
+    def records(self) -> int:
+        return max(0, self.end - self.log_start)
+
+
+class KafkaAdmin:
+    """Broker metadata and offsets for the driver. Thread-safe (one lock around the clients)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._bootstrap = settings.kafka_bootstrap_servers
+        self._client_config = settings.kafka_client_config()
+        self._lock = threading.Lock()
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+    def _reset(self) -> None:
+        for client in (self._admin, self._consumer):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # closing a broken client must not hide the original error
+                    log.debug("error closing a kafka client", exc_info=True)
+        self._admin = self._consumer = None
+
+    def _clients(self) -> tuple[Any, Any]:
+        if self._admin is None:
+            self._admin = admin_client(self._client_config)
+        if self._consumer is None:
+            self._consumer = consumer(self._client_config, max_poll_records=100_000)
+        return self._admin, self._consumer
+
+    def _call(self, topic: str | None, fn: Any) -> Any:
+        with self._lock:
+            try:
+                with translate_kafka_errors(self._bootstrap, topic):
+                    admin, cons = self._clients()
+                    return fn(admin, cons)
+            except TopicNotFound:
+                raise
+            except Exception:
+                self._reset()  # a client that failed may be half-connected: start afresh next time
+                raise
+
+    # -- topics -----------------------------------------------------------------------------------
+
+    def list_topics(self) -> list[str]:
+        return sorted(self._call(None, lambda admin, _c: admin.list_topics()))
+
+    def ping(self) -> None:
+        """Raise ``BrokerUnavailable`` unless the broker answers a metadata request."""
+        self.list_topics()
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers. :raises TopicNotFound: the broker has no such topic."""
+
+        def describe(admin: Any, _c: Any) -> list[int]:
+            (meta,) = admin.describe_topics([topic])
+            if meta.get("error_code") == _UNKNOWN_TOPIC or not meta.get("partitions"):
+                raise TopicNotFound(topic)
+            return sorted(p["partition_index"] if "partition_index" in p else p["partition"]
+                          for p in meta["partitions"])
+
+        return self._call(topic, describe)
+
+    # -- offsets ----------------------------------------------------------------------------------
+
+    def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
+        """Log start and committed end of every partition, fixed now."""
+        partitions = self.partitions(topic)
+
+        def fetch(_admin: Any, cons: Any) -> dict[int, PartitionOffsets]:
+            tps = [TopicPartition(topic, p) for p in partitions]
+            timeout = self._settings.kafka_request_timeout_ms
+            starts = cons.beginning_offsets(tps, timeout_ms=timeout)
+            listed = cons.end_offsets(tps, timeout_ms=timeout)
+            ends = self._walk_to_end(cons, tps, starts, listed)
+            return {
+                tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp]))
+                for tp in tps
+            }
+
+        return self._call(topic, fetch)
+
+    def _walk_to_end(
+        self, cons: Any, tps: list[TopicPartition], starts: dict[Any, int], listed: dict[Any, int]
+    ) -> dict[Any, int]:
+        ends = dict(listed)
+        probe = [tp for tp in tps if listed[tp] > starts[tp]]
+        if not probe:
+            return ends
+        cons.assign(probe)
+        for tp in probe:
+            cons.seek(tp, listed[tp] - 1)
+        limit: dict[Any, int] = {}
+        empty_polls: dict[Any, int] = dict.fromkeys(probe, 0)
+        pending = set(probe)
+        deadline = time.monotonic() + self._settings.kafka_request_timeout_ms / 1000
+        while pending and time.monotonic() < deadline:
+            batch = cons.poll(timeout_ms=200, max_records=100_000)
+            for tp in list(pending):
+                position = cons.position(tp)
+                ends[tp] = max(ends[tp], min(position, limit.get(tp, position)))
+                highwater = cons.highwater(tp)
+                if highwater is None:
+                    continue  # no fetch answered for this partition yet
+                limit.setdefault(tp, highwater)
+                empty_polls[tp] = 0 if batch.get(tp) else empty_polls[tp] + 1
+                if position >= limit[tp] or empty_polls[tp] >= 2:
+                    pending.discard(tp)
+        if pending:
+            log.warning("end offsets of %s not confirmed by a read within the request timeout", pending)
+        cons.assign([])
+        for tp in tps:
+            if ends[tp] != listed[tp]:
+                log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
+        return ends
+
+    def first_timestamp(self, topic: str, partition: int, offset: int) -> int | None:
+        """Timestamp (epoch ms) of the first committed record at or after ``offset``, if any."""
+
+        def read(_admin: Any, cons: Any) -> int | None:
+            tp = TopicPartition(topic, partition)
+            cons.assign([tp])
+            cons.seek(tp, offset)
+            try:
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline:
+                    records = cons.poll(timeout_ms=200, max_records=1).get(tp)
+                    if records:
+                        return int(records[0].timestamp)
+                return None
+            finally:
+                cons.assign([])
+
+        return self._call(topic, read)

@@ -1,0 +1,223 @@
+"""The raw reader: a PySpark Python data source over Kafka offset ranges (format ``compactord_kafka``).
+
+The Spark Kafka connector jar is not available (no Maven), so Kafka is read inside Spark's Python
+workers with kafka-python. The driver fixes every range's end before the job (``kafka/admin.py``);
+records produced during the run are left for the next one.
+
+- One input partition per (Kafka partition, offset range); large partitions are split so that every
+  core works (``plan_ranges``).
+- read_committed: records of aborted transactions never reach Spark; control records are skipped by
+  the client, and the loop ends on the consumer's *position*, not the last record's offset + 1,
+  because transaction markers occupy offsets.
+- Rows leave as Arrow record batches (``RECORD_SCHEMA``).
+- A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of
+  rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
+  cost of a compaction is per-row Python work in Spark.
+- Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
+  which executors share); a ``CANCEL`` file there stops every reader at its next poll.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from compactord.model import RECORD_DDL, RECORD_SCHEMA
+
+__all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "records_to_batch"]
+
+FORMAT = "compactord_kafka"
+CANCEL_FILE = "CANCEL"
+# Rows reduced together. Bounds a reader's memory (a window of tuples) while still cutting a topic
+# with few hot keys down to a small fraction of its rows.
+REDUCE_WINDOW = 200_000
+PROGRESS_EVERY_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    partition: int
+    start: int  # inclusive
+    end: int  # exclusive
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_size: int = 20_000) -> list[OffsetRange]:
+    """Split ranges so that there are about ``cores * per_core`` of them, none smaller than ``min_size``."""
+    live = [r for r in ranges if r.size > 0]
+    total = sum(r.size for r in live)
+    if not live:
+        return []
+    target = max(len(live), cores * per_core)
+    chunk = max(min_size, -(-total // target))
+    out: list[OffsetRange] = []
+    for r in live:
+        pieces = max(1, round(r.size / chunk))
+        step = -(-r.size // pieces)
+        out.extend(OffsetRange(r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step))
+    # Largest first, so that the longest tasks start early.
+    return sorted(out, key=lambda r: -r.size)
+
+
+class RangePartition(InputPartition):
+    def __init__(self, index: int, partition: int, start: int, end: int) -> None:
+        super().__init__(index)
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+def records_to_batch(rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
+    """Rows ``(partition, offset, timestamp, key, value, headers, event_time)`` as one Arrow batch."""
+    n = len(rows)
+    cols = list(zip(*rows)) if rows else [()] * 7
+    headers = [[{"key": k, "value": v} for k, v in h] if h else [] for h in cols[5]]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols[0], pa.int32()),
+            pa.array(cols[1], pa.int64()),
+            pa.array(cols[2], pa.int64()),
+            pa.array(cols[3], pa.binary()),
+            pa.array(cols[4], pa.binary()),
+            pa.array(headers, RECORD_SCHEMA.field("headers").type),
+            pa.array(cols[6], pa.int64()),
+            pa.array([False] * n, pa.bool_()),
+            pa.nulls(n, pa.int64()),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+class KafkaRangeDataSource(DataSource):
+    """Options: ``spec`` (JSON): client config, topic, ranges, strategy, event-time source,
+    null-key policy, batch size, progress dir."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return RECORD_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return KafkaRangeReader(json.loads(self.options["spec"]))
+
+
+class KafkaRangeReader(DataSourceReader):
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [RangePartition(i, p, s, e) for i, (p, s, e) in enumerate(self.spec["ranges"])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):
+            return  # Spark reads one placeholder partition when ``partitions()`` is empty
+        yield from RangeReadTask(self.spec, partition.partition, partition.start, partition.end).run()
+
+
+class RangeReadTask:
+    """Reads one offset range in a Spark Python worker and yields reduced Arrow batches."""
+
+    def __init__(self, spec: dict[str, Any], partition: int, start: int, end: int) -> None:
+        from compactord.strategies import event_time_extractor, load_strategy, reducer_for
+
+        self.spec = spec
+        self.partition, self.start, self.end = partition, start, end
+        self.event_time = event_time_extractor(spec["event_time_source"])
+        self.reduce = reducer_for(load_strategy(spec["strategy"]))
+        self.retain_null_key = bool(spec["retain_null_key"])
+        self.batch_records = int(spec["batch_records"])
+        self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
+        self.records = 0
+        self.bytes = 0
+        self._last_progress = 0.0
+
+    def run(self) -> Iterator[pa.RecordBatch]:
+        if self.end <= self.start:
+            self._report(done=True)
+            return
+        from kafka import TopicPartition
+
+        from compactord.kafka.client import consumer
+
+        cons = consumer(self.spec["client"], max_poll_records=self.batch_records)
+        try:
+            tp = TopicPartition(self.spec["topic"], self.partition)
+            cons.assign([tp])
+            cons.seek(tp, self.start)
+            yield from self._read(cons, tp)
+        finally:
+            cons.close()
+        self._report(done=True)
+
+    def _read(self, cons: Any, tp: Any) -> Iterator[pa.RecordBatch]:
+        keyed: list[tuple[Any, ...]] = []
+        nulls: list[tuple[Any, ...]] = []
+        end, partition, event_time = self.end, self.partition, self.event_time
+        stall_limit = max(30.0, 2 * int(self.spec["client"].get("request_timeout_ms", 30000)) / 1000)
+        last_move = time.monotonic()
+        position = self.start
+        while position < end:
+            records = cons.poll(timeout_ms=500, max_records=self.batch_records).get(tp, ())
+            for r in records:
+                if r.offset >= end:
+                    break
+                self.records += 1
+                self.bytes += (len(r.key) if r.key else 0) + (len(r.value) if r.value else 0)
+                row = (partition, r.offset, r.timestamp, r.key, r.value, r.headers,
+                       event_time(r.timestamp, r.headers))
+                if r.key is not None:
+                    keyed.append(row)
+                elif self.retain_null_key:
+                    nulls.append(row)
+            new_position = cons.position(tp)
+            now = time.monotonic()
+            if new_position != position:
+                position, last_move = new_position, now
+            elif now - last_move > stall_limit:
+                raise RuntimeError(
+                    f"reading {tp.topic}[{partition}] made no progress at offset {position} for "
+                    f"{stall_limit:.0f}s (range {self.start}-{end}); is the broker up?"
+                )
+            if len(keyed) + len(nulls) >= REDUCE_WINDOW:
+                yield from self._flush(keyed, nulls)
+                keyed, nulls = [], []
+            self._progress(now)
+        yield from self._flush(keyed, nulls)
+
+    def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+        kept = [keyed[i] for i in self.reduce(keyed)] if keyed else []
+        kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
+        for i in range(0, len(kept), self.batch_records):
+            yield records_to_batch(kept[i : i + self.batch_records])
+
+    def _progress(self, now: float) -> None:
+        if now - self._last_progress < PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        if self.progress_dir is not None and (self.progress_dir / CANCEL_FILE).exists():
+            raise RuntimeError(f"compaction cancelled while reading partition {self.partition}")
+        self._report(done=False)
+
+    def _report(self, done: bool) -> None:
+        if self.progress_dir is None:
+            return
+        path = self.progress_dir / f"{self.partition}-{self.start}.json"
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps({"records": self.records, "bytes": self.bytes, "done": done}))
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            pass  # the progress dir was removed: the task ended (cancelled) and cleaned up

@@ -1,0 +1,13 @@
+"""The ledger store: compacted ledgers as Parquet files under one root, and reads of them with pyarrow.
+
+``store.LedgerStore`` owns the root (its lock, ids, manifests, the ``CURRENT`` pointer, orphans);
+``reader.LedgerReader`` reads one verified ledger; ``reader.LedgerHandle`` counts its readers so that
+a switch never deletes files from under a read.
+"""
+
+from __future__ import annotations
+
+from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired, RowGroup
+from compactord.ledger.store import LedgerStore
+
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerStore", "RowGroup"]

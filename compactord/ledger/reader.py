@@ -1,0 +1,306 @@
+"""Reads of a verified ledger with pyarrow (never Spark), and the reference count that keeps a ledger's
+files on disk while a reader still uses them.
+
+Ledger files are sorted by (partition, offset) across files. The per-row-group min/max statistics of
+the ``partition`` and ``offset`` columns let a read go straight to the few row groups that can hold
+the wanted entries, so a read of a ledger of millions of rows takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactord.errors import CompactordError, InvalidArgument, LedgerCorrupt
+from compactord.model import Entry, LedgerManifest
+
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "RowGroup"]
+
+log = logging.getLogger(__name__)
+
+_INF = math.inf
+
+
+class LedgerRetired(CompactordError, RuntimeError):
+    """The ledger was replaced by a newer one; acquire the topic's current handle again."""
+
+    code = "ledger_retired"
+
+
+@dataclass(frozen=True, slots=True)
+class RowGroup:
+    """One row group of a ledger file, with the bounds its statistics give (infinite if absent)."""
+
+    file: Path
+    file_index: int
+    index: int
+    num_rows: int
+    partition_min: float
+    partition_max: float
+    offset_min: float
+    offset_max: float
+
+    def may_hold(self, partition: int, start: int = 0) -> bool:
+        """Whether the group can hold a row of ``partition`` with an offset >= ``start``."""
+        if not self.partition_min <= partition <= self.partition_max or self.num_rows == 0:
+            return False
+        # The offset bounds mix partitions when the group spans several: only trust them otherwise.
+        return self.partition_min != self.partition_max or self.offset_max >= start
+
+
+class LedgerReader:
+    """An opened, verified ledger. Safe to share between threads: every read opens its own file."""
+
+    def __init__(self, path: Path, manifest: LedgerManifest) -> None:
+        """Read the footers of the files ``manifest`` lists.
+
+        :raises LedgerCorrupt: a file is missing, not Parquet, or has another row count than listed.
+        """
+        self.path = Path(path)
+        self.manifest = manifest
+        self._metadata: list[pq.FileMetaData] = []
+        groups: list[RowGroup] = []
+        for file_index, spec in enumerate(sorted(manifest.files, key=lambda f: f["name"])):
+            file = self.path / spec["name"]
+            try:
+                metadata = pq.read_metadata(file)
+            except (OSError, pa.ArrowException) as exc:
+                raise LedgerCorrupt(f"ledger file {file} cannot be opened: {exc}", file=spec["name"]) from exc
+            if "rows" in spec and metadata.num_rows != spec["rows"]:
+                raise LedgerCorrupt(
+                    f"ledger file {file} has {metadata.num_rows} rows; its manifest lists {spec['rows']}",
+                    file=spec["name"],
+                )
+            try:
+                groups.extend(_row_groups(file, file_index, metadata))
+            except ValueError as exc:
+                raise LedgerCorrupt(f"ledger file {file} lacks a column: {exc}", file=spec["name"]) from exc
+            self._metadata.append(metadata)
+        self.row_groups: tuple[RowGroup, ...] = tuple(groups)
+        # Upper bounds of each group's last (partition, offset); ``read`` bisects them (see there).
+        self._ends = [(g.partition_max, g.offset_max) for g in groups]
+        self._starts = [g.partition_min for g in groups]
+
+    def __repr__(self) -> str:
+        return f"LedgerReader({str(self.path)!r}, row_groups={len(self.row_groups)})"
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the ledger, markers included."""
+        return sum(g.num_rows for g in self.row_groups)
+
+    def read_row_group(self, group: RowGroup) -> pa.Table:
+        """Read one row group: the only place that decodes ledger data (a hook for tests and metrics).
+
+        :raises LedgerCorrupt: the file cannot be read.
+        """
+        try:
+            with pq.ParquetFile(group.file, metadata=self._metadata[group.file_index]) as pf:
+                return pf.read_row_group(group.index)
+        except (OSError, pa.ArrowException) as exc:
+            raise LedgerCorrupt(
+                f"row group {group.index} of ledger file {group.file} cannot be read: {exc}",
+                file=group.file.name,
+            ) from exc
+
+    def read(self, partition: int, start: int, n: int) -> list[Entry]:
+        """Up to ``n`` live entries of ``partition`` with offset >= ``start``, in offset order.
+
+        :raises InvalidArgument: ``partition`` or ``start`` is negative, or ``n`` < 1.
+        """
+        _check_int("partition", partition, 0)
+        _check_int("start", start, 0)
+        _check_int("n", n, 1)
+        # With the data sorted, the first group whose last key reaches (partition, start) is the first
+        # that can hold a wanted row. ``_ends`` only bounds the last keys from above (offsets of a group
+        # that spans partitions mix them), which can make the bisection land earlier, never later.
+        first = bisect.bisect_left(self._ends, (partition, start))
+        found: list[Entry] = []
+        for i in range(first, len(self.row_groups)):
+            group = self.row_groups[i]
+            if group.partition_min > partition:
+                break
+            if not group.may_hold(partition, start):
+                continue
+            table = self.read_row_group(group)
+            mask = pc.and_(
+                pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start)),
+                _live(table),
+            )
+            rows = table.filter(mask).slice(0, n - len(found)).to_pylist()
+            found.extend(Entry.from_row(row) for row in rows)
+            if len(found) >= n:
+                break
+        return found
+
+    def last(self, partition: int) -> Entry | None:
+        """The last live entry of ``partition``, or None if it has none.
+
+        :raises InvalidArgument: ``partition`` is negative.
+        """
+        _check_int("partition", partition, 0)
+        # Groups that start at or before ``partition`` form a prefix of the sorted ledger.
+        end = bisect.bisect_right(self._starts, partition)
+        for i in reversed(range(end)):
+            group = self.row_groups[i]
+            if group.partition_max < partition:
+                break
+            if not group.may_hold(partition):
+                continue
+            table = self.read_row_group(group)
+            mask = pc.and_(pc.equal(table["partition"], partition), _live(table))
+            live = table.filter(mask)
+            if live.num_rows:
+                return Entry.from_row(live.slice(live.num_rows - 1).to_pylist()[0])
+        return None
+
+    def entries(self, include_markers: bool = False) -> Iterator[Entry]:
+        """Every entry in (partition, offset) order, markers only if ``include_markers``."""
+        for group in self.row_groups:
+            if group.num_rows == 0:
+                continue
+            table = self.read_row_group(group)
+            if not include_markers:
+                table = table.filter(_live(table))
+            for row in table.to_pylist():
+                yield Entry.from_row(row)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return self.entries()
+
+
+class LedgerHandle:
+    """Counts the readers of one ledger, so that a switch never deletes files from under a reader.
+
+    After ``retire(on_zero)``, ``acquire`` raises ``LedgerRetired`` and ``on_zero`` (e.g. deleting the
+    ledger directory) runs once, on the thread that releases the last reader, or at once in ``retire``
+    if there is none. An exception of ``on_zero`` is logged, never raised to a reader.
+    """
+
+    def __init__(self, reader: LedgerReader) -> None:
+        self._reader = reader
+        self._lock = threading.Lock()
+        self._count = 0
+        self._retired = False
+        self._on_zero: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"LedgerHandle({self._reader!r}, readers={self._count}, retired={self._retired})"
+
+    @property
+    def manifest(self) -> LedgerManifest:
+        return self._reader.manifest
+
+    @property
+    def readers(self) -> int:
+        """How many readers hold the ledger now."""
+        return self._count
+
+    @property
+    def retired(self) -> bool:
+        return self._retired
+
+    def acquire(self) -> LedgerReader:
+        """Count one more reader and return the ledger's reader.
+
+        :raises LedgerRetired: the ledger was retired (a newer one is current).
+        """
+        with self._lock:
+            if self._retired:
+                raise LedgerRetired(
+                    f"ledger {self._reader.manifest.ledger_id} of topic {self._reader.manifest.topic!r} "
+                    "was replaced by a newer ledger; read from the current one"
+                )
+            self._count += 1
+            return self._reader
+
+    def release(self) -> None:
+        """Count one reader less; the last release of a retired ledger runs its ``on_zero``.
+
+        :raises RuntimeError: more releases than acquires (a bug of the caller).
+        """
+        with self._lock:
+            if self._count == 0:
+                raise RuntimeError(f"{self!r}: release() without a matching acquire()")
+            self._count -= 1
+            on_zero = self._take_on_zero()
+        self._run(on_zero)
+
+    def retire(self, on_zero: Callable[[], None]) -> None:
+        """Refuse new readers, and run ``on_zero`` once no reader holds the ledger.
+
+        :raises RuntimeError: the handle was already retired.
+        """
+        with self._lock:
+            if self._retired:
+                raise RuntimeError(f"{self!r} is already retired")
+            self._retired = True
+            self._on_zero = on_zero
+            run_now = self._take_on_zero()
+        self._run(run_now)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[LedgerReader]:
+        """``with handle.reading() as reader:`` acquire and release around a block.
+
+        :raises LedgerRetired: the ledger was retired.
+        """
+        reader = self.acquire()
+        try:
+            yield reader
+        finally:
+            self.release()
+
+    def _take_on_zero(self) -> Callable[[], None] | None:
+        # Called with the lock held; the callback runs outside it, so it may take its time.
+        if self._retired and self._count == 0 and self._on_zero is not None:
+            on_zero, self._on_zero = self._on_zero, None
+            return on_zero
+        return None
+
+    def _run(self, on_zero: Callable[[], None] | None) -> None:
+        if on_zero is None:
+            return
+        try:
+            on_zero()
+        except Exception:
+            # A reader must not fail because the old ledger could not be removed: the next start's
+            # orphan removal deletes it.
+            log.exception("cleanup of retired ledger %s failed", self._reader.path)
+
+
+def _row_groups(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    p_col, o_col = names.index("partition"), names.index("offset")
+    for index in range(metadata.num_row_groups):
+        rg = metadata.row_group(index)
+        p_min, p_max = _bounds(rg.column(p_col).statistics)
+        o_min, o_max = _bounds(rg.column(o_col).statistics)
+        yield RowGroup(file, file_index, index, rg.num_rows, p_min, p_max, o_min, o_max)
+
+
+def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
+    # Without statistics a group may hold anything: it is read rather than skipped.
+    if stats is None or not stats.has_min_max:
+        return -_INF, _INF
+    return stats.min, stats.max
+
+
+def _live(table: pa.Table) -> pa.ChunkedArray:
+    # A null marker (Spark's columns are all nullable) counts as false, as in ``Entry.from_row``.
+    return pc.invert(pc.fill_null(table["marker"], False))
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name} must be an integer >= {minimum}, got: {value!r}")

@@ -1,0 +1,416 @@
+"""The ledger root on disk: the root's lock, ledger ids, finalising and verifying ledgers, the atomic
+``CURRENT`` pointer, and the removal of orphans.
+
+Layout::
+
+    <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
+    <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
+    <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
+    <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
+
+``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
+This module is the boundary where file-system errors become ``CompactordError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt
+from compactord.errors import LedgerRootLocked
+from compactord.ledger.files import _DISK_FULL, _TMP, _check_file, _disk_errors, _fsync, _names, _read_holder
+from compactord.ledger.files import _remove, _write_atomic, file_crc32c, ledger_dir_name
+from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
+
+__all__ = ["CURRENT", "DAEMON_DIR", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
+
+log = logging.getLogger(__name__)
+
+DAEMON_DIR = "@compactord"
+CURRENT = "CURRENT"
+MANIFEST = "manifest.json"
+_LOCK, _SEQ = "lock", "ledger-seq"
+_LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
+
+
+class LedgerStore:
+    """The compacted ledgers under one root. ``open()`` takes the root's lock; one daemon writes a root.
+
+    The reading methods (``topics``, ``current_ledger_id``, ``load_manifest``, ``verify``) also work on
+    a store that is not open; the writing ones expect the lock to be held.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root: Path = Path(root).expanduser().resolve()
+        self._daemon_dir = self.root / DAEMON_DIR
+        self._lock_fd: int | None = None
+        self._seq_lock = threading.Lock()
+
+    # -- the root's lock -------------------------------------------------------------------------
+
+    def open(self) -> LedgerStore:
+        """Create the root if needed, take its lock and remove orphans left by a previous run.
+
+        A lock whose holder died is free again (flock locks die with their process).
+
+        :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
+        """
+        if self._lock_fd is not None:
+            return self
+        with _disk_errors(f"creating ledger root {self.root}"):
+            self._daemon_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self._daemon_dir / _LOCK
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise LedgerRootLocked(
+                f"ledger root {self.root} is locked by another compactord (pid {holder.get('pid', '?')} "
+                f"on host {holder.get('host', '?')}, see {lock_path}); only one daemon may write a root",
+                root=str(self.root),
+                holder=holder,
+            ) from exc
+        self._lock_fd = fd
+        try:
+            now_ms = int(time.time() * 1000)
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "started_at_ms": now_ms}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode() + b"\n", 0)
+            os.fsync(fd)
+            with contextlib.suppress(FileNotFoundError):
+                (self._daemon_dir / (_SEQ + _TMP)).unlink()
+            for topic in self.topics():
+                try:
+                    self.remove_orphans(topic)
+                except LedgerCorrupt as exc:
+                    # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
+                    log.error("not removing orphans of topic %r: %s", topic, exc)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Release the root's lock (idempotent)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        try:
+            # An empty lock file means "no holder", so a contender never names a stale one.
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    @property
+    def is_open(self) -> bool:
+        return self._lock_fd is not None
+
+    def __enter__(self) -> LedgerStore:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- names and paths -------------------------------------------------------------------------
+
+    def topic_dir(self, topic: str) -> Path:
+        """The directory of ``topic`` (it may not exist).
+
+        :raises InvalidTopicName: ``topic`` is not a legal Kafka topic name.
+        :raises InvalidArgument: the directory resolves outside the root (a symbolic link).
+        """
+        path = self.root / validate_topic_name(topic)
+        if path.resolve().parent != self.root:
+            raise InvalidArgument(
+                f"directory of topic {topic!r} resolves to {path.resolve()}, outside ledger root {self.root}"
+            )
+        return path
+
+    def ledger_path(self, topic: str, ledger_id: int) -> Path:
+        """The directory of ledger ``ledger_id`` of ``topic`` (it may not exist).
+
+        :raises InvalidTopicName: ``topic`` is not a legal Kafka topic name.
+        :raises InvalidArgument: ``ledger_id`` is not a positive integer.
+        """
+        if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 1:
+            raise InvalidArgument(f"ledger id must be a positive integer, got: {ledger_id!r}")
+        return self.topic_dir(topic) / ledger_dir_name(ledger_id)
+
+    def topics(self) -> list[str]:
+        """Sorted names of the topic directories under the root."""
+        try:
+            children = [c for c in self.root.iterdir() if c.name != DAEMON_DIR and c.is_dir()]
+        except FileNotFoundError:
+            return []
+        return sorted(c.name for c in children if _is_topic_name(c.name))
+
+    def current_ledger_id(self, topic: str) -> int | None:
+        """The ledger ``CURRENT`` names, or None if the topic has no ledger.
+
+        :raises LedgerCorrupt: ``CURRENT`` cannot be read or does not hold ``ledger-<id>``.
+        """
+        path = self.topic_dir(topic) / CURRENT
+        try:
+            text = path.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise LedgerCorrupt(f"pointer {path} of topic {topic!r} cannot be read: {exc}") from exc
+        match = _LEDGER_RE.fullmatch(text.rstrip("\n"))
+        if match is None:
+            raise LedgerCorrupt(
+                f"pointer {path} of topic {topic!r} holds {text[:80]!r}; expected one line 'ledger-<id>'",
+                topic=topic,
+            )
+        return int(match.group(1))
+
+    # -- writing a ledger ------------------------------------------------------------------------
+
+    def allocate_ledger(self, topic: str) -> tuple[int, Path]:
+        """Hand out the next ledger id (monotonic over the whole root, never reused) and its path.
+
+        Creates the topic directory; the ledger directory is left to its writer (Spark).
+
+        :raises LedgerCorrupt: the id counter file does not hold an integer.
+        :raises InsufficientDiskSpace: the disk is full.
+        """
+        topic_dir = self.topic_dir(topic)
+        seq_path = self._daemon_dir / _SEQ
+        with self._seq_lock, _disk_errors(f"allocating a ledger of topic {topic!r}"):
+            try:
+                text = seq_path.read_text(encoding="ascii", errors="replace")
+            except FileNotFoundError:
+                text = "0"
+            if not text.strip().isdigit():
+                raise LedgerCorrupt(f"ledger id counter {seq_path} holds {text[:40]!r}; expected an integer")
+            # Should the counter ever be lost, still never hand out an id this topic has used.
+            used = [int(m.group(1)) for m in map(_LEDGER_RE.fullmatch, _names(topic_dir)) if m]
+            next_id = max([int(text), *used]) + 1
+            self._daemon_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(seq_path, f"{next_id}\n".encode())
+            if not topic_dir.is_dir():
+                topic_dir.mkdir(parents=True, exist_ok=True)
+                _fsync(self.root)
+        return next_id, topic_dir / ledger_dir_name(next_id)
+
+    def finalize_ledger(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerManifest:
+        """Seal a ledger Spark has written: drop Spark's ``_SUCCESS`` and ``*.crc`` files, checksum and
+        count every ``part-*.parquet``, write ``manifest.json`` and fsync it all.
+
+        ``manifest`` is filled in place (files, bytes, records_kept, markers, removed, oldest marker)
+        and returned; ``records_read`` must be set by the caller.
+
+        :raises InvalidArgument: ``manifest`` names another topic or ledger id.
+        :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
+        :raises InsufficientDiskSpace: the disk is full.
+        """
+        path = self.ledger_path(topic, ledger_id)
+        if manifest.topic != topic or manifest.ledger_id != ledger_id:
+            raise InvalidArgument(
+                f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
+                f"ledger {ledger_id} of topic {topic!r}; they must match"
+            )
+        with _disk_errors(f"finalizing ledger {ledger_id} of topic {topic!r}"):
+            path.mkdir(parents=True, exist_ok=True)
+            for child in path.iterdir():
+                if child.name == "_SUCCESS" or child.name.endswith(".crc"):
+                    child.unlink()
+            parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
+            if not parts:
+                # A ledger always has a file, so that readers and verify need no special case.
+                parts = [path / "part-00000-empty.parquet"]
+                pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
+            files = [self._describe_part(f"ledger {ledger_id} of topic {topic!r}", part) for part in parts]
+            manifest.markers = sum(f.pop("markers") for f in files)
+            manifest.files = files
+            manifest.bytes = sum(f["bytes"] for f in files)
+            manifest.records_kept = sum(f["rows"] for f in files) - manifest.markers
+            oldest = [f.pop("oldest_marker_at") for f in files]
+            manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
+            manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
+            _write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
+            _fsync(path.parent)
+        return manifest
+
+    @staticmethod
+    def _describe_part(where: str, part: Path) -> dict[str, Any]:
+        try:
+            pf = pq.ParquetFile(part)
+            missing = set(RECORD_SCHEMA.names) - set(pf.schema_arrow.names)
+            rows = pf.metadata.num_rows
+            # Only the one-bit column is decoded: cheap even for millions of rows.
+            flags = pf.read(columns=["marker", "marker_at"]) if rows else None
+            markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
+            oldest = pc.min(flags.column("marker_at")).as_py() if markers else None
+        except (pa.ArrowException, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+                raise
+            raise LedgerCorrupt(f"{where}: file {part.name} is not readable Parquet: {exc}") from exc
+        if missing:
+            raise LedgerCorrupt(f"{where}: file {part.name} lacks the record columns {sorted(missing)}")
+        crc = file_crc32c(part)
+        _fsync(part)
+        size = part.stat().st_size
+        return {"name": part.name, "bytes": size, "crc32c": crc, "rows": rows, "markers": markers,
+                "oldest_marker_at": oldest}
+
+    def switch(self, topic: str, ledger_id: int) -> None:
+        """Point ``CURRENT`` at a finalized ledger; a crash leaves the old or the new pointer, never a mix.
+
+        :raises InvalidArgument: the ledger has no ``manifest.json`` (it was not finalized).
+        :raises InsufficientDiskSpace: the disk is full.
+        """
+        path = self.ledger_path(topic, ledger_id)
+        if not (path / MANIFEST).is_file():
+            raise InvalidArgument(
+                f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} at {path}: "
+                "only a finalized ledger can become current"
+            )
+        with _disk_errors(f"switching topic {topic!r} to ledger {ledger_id}"):
+            _write_atomic(path.parent / CURRENT, f"{ledger_dir_name(ledger_id)}\n".encode())
+
+    # -- reading a ledger's manifest -------------------------------------------------------------
+
+    def load_manifest(self, topic: str, ledger_id: int) -> LedgerManifest:
+        """The manifest of a ledger.
+
+        :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
+        """
+        path = self.ledger_path(topic, ledger_id) / MANIFEST
+        try:
+            manifest = LedgerManifest.from_json(json.loads(path.read_bytes()))
+        except FileNotFoundError as exc:
+            raise LedgerCorrupt(f"manifest {path} of topic {topic!r} is missing", topic=topic) from exc
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise LedgerCorrupt(
+                f"manifest {path} of topic {topic!r} is unparseable: {exc!r}", topic=topic
+            ) from exc
+        if manifest.topic != topic or manifest.ledger_id != ledger_id:
+            raise LedgerCorrupt(
+                f"manifest {path} names topic {manifest.topic!r} ledger {manifest.ledger_id}; "
+                f"expected topic {topic!r} ledger {ledger_id}",
+                topic=topic,
+            )
+        return manifest
+
+    def verify(self, topic: str, ledger_id: int) -> LedgerManifest:
+        """Load the manifest and check every listed file's size and CRC-32C.
+
+        :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
+        """
+        manifest = self.load_manifest(topic, ledger_id)
+        path = self.ledger_path(topic, ledger_id)
+        where = f"ledger {ledger_id} of topic {topic!r} is corrupt"
+        if not manifest.files:
+            raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
+        for entry in manifest.files:
+            problem = _check_file(path, entry)
+            if problem is not None:
+                name = entry.get("name")
+                raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)
+        return manifest
+
+    def check_free_space(self, needed_bytes: int) -> None:
+        """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
+        if isinstance(needed_bytes, bool) or not isinstance(needed_bytes, int) or needed_bytes < 0:
+            raise InvalidArgument(f"needed_bytes must be a non-negative integer, got: {needed_bytes!r}")
+        # Before open() the root may not exist yet: ask about the file system that will hold it.
+        probe = next(p for p in (self.root, *self.root.parents) if p.exists())
+        free = shutil.disk_usage(probe).free
+        if free < needed_bytes:
+            raise InsufficientDiskSpace(
+                f"ledger root {self.root} has {free} bytes free; the next ledger needs {needed_bytes}",
+                free=free,
+                needed=needed_bytes,
+            )
+
+    # -- removing --------------------------------------------------------------------------------
+
+    def delete_ledger(self, topic: str, ledger_id: int) -> None:
+        """Remove a ledger that is not current (missing is fine).
+
+        :raises InvalidArgument: ``CURRENT`` names this ledger.
+        """
+        path = self.ledger_path(topic, ledger_id)
+        if self._is_current(topic, path):
+            raise InvalidArgument(
+                f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
+                "before deleting it, or delete the topic"
+            )
+        _remove(path)
+
+    def discard(self, path: Path) -> None:
+        """Remove a partial ledger directory (missing is fine).
+
+        :raises InvalidArgument: ``path`` is not an entry of a topic directory of this root, or is the
+            topic's pointer or current ledger.
+        """
+        resolved = Path(path).resolve()
+        parts = resolved.relative_to(self.root).parts if resolved.is_relative_to(self.root) else ()
+        is_topic = len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT
+        if not is_topic:
+            raise InvalidArgument(
+                f"refusing to discard {path}: only an entry of a topic directory under ledger root "
+                f"{self.root} (not its CURRENT) can be discarded"
+            )
+        if self._is_current(parts[0], resolved):
+            raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
+        _remove(resolved)
+
+    def delete_topic(self, topic: str) -> None:
+        """Remove a topic's directory with every ledger and its pointer (missing is fine)."""
+        _remove(self.topic_dir(topic))
+
+    def remove_orphans(self, topic: str) -> list[Path]:
+        """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.
+
+        Only safe while nothing is being written, i.e. at ``open()``.
+
+        :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
+        """
+        topic_dir = self.topic_dir(topic)
+        current = self.current_ledger_id(topic)
+        keep = ledger_dir_name(current) if current is not None else None
+        doomed = [topic_dir / n for n in _names(topic_dir) if n.endswith(_TMP) or n.startswith("ledger-")]
+        doomed = [p for p in doomed if p.name != keep]
+        if keep is not None:
+            doomed += [topic_dir / keep / n for n in _names(topic_dir / keep) if n.endswith(_TMP)]
+        for path in sorted(doomed):
+            log.warning("removing orphan %s of topic %r (current: %s)", path, topic, keep)
+            _remove(path)
+        return sorted(doomed)
+
+    def _is_current(self, topic: str, path: Path) -> bool:
+        current = self.current_ledger_id(topic)
+        if current is None:
+            return False
+        return path.resolve() == (self.topic_dir(topic) / ledger_dir_name(current)).resolve()
+
+
+def _is_topic_name(name: str) -> bool:
+    try:
+        validate_topic_name(name)
+    except CompactordError:
+        return False
+    return True
+
+

@@ -1,0 +1,164 @@
+"""Plain data shared by every layer: positions, entries, the record schema, manifests, topic names."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from compactord.errors import InvalidTopicName
+
+__all__ = [
+    "RECORD_SCHEMA",
+    "Entry",
+    "Horizon",
+    "LedgerManifest",
+    "Position",
+    "StrategySettings",
+    "validate_topic_name",
+]
+
+# Kafka's own rule (kafka.common.internals.Topic): legal characters, at most 249, not "." or "..".
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+MAX_TOPIC_LENGTH = 249
+
+
+def validate_topic_name(topic: object) -> str:
+    """Return ``topic`` if it is a legal Kafka topic name, else raise ``InvalidTopicName``.
+
+    Called before a name touches the file system or the broker.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise InvalidTopicName("topic name must be a non-empty string of 1 to 249 characters [a-zA-Z0-9._-]")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicName(
+            f"topic name is {len(topic)} characters long; at most {MAX_TOPIC_LENGTH} are allowed"
+        )
+    if topic in (".", ".."):
+        raise InvalidTopicName(f"topic name {topic!r} is not allowed ('.' and '..' are reserved)")
+    if not _TOPIC_RE.fullmatch(topic):
+        raise InvalidTopicName(
+            f"topic name {topic!r} has a character outside [a-zA-Z0-9._-] (ASCII letters, digits, '.', '_', '-')"
+        )
+    return topic
+
+
+class Position(NamedTuple):
+    """A place in a topic: a partition and an offset in it."""
+
+    partition: int
+    offset: int
+
+
+# Per partition, the last offset a ledger covers (-1 for a partition that never had records).
+Horizon = dict[int, int]
+
+_HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+
+# One schema for records read from Kafka and for ledger rows. ``marker`` rows are deletions remembered
+# under the event-time strategy; ``marker_at`` is when the marker first entered a ledger (epoch ms).
+# Spelled exactly as Spark's Arrow conversion expects it (every field nullable, list items named
+# "element"): the Kafka data source's batches are checked against it.
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", pa.list_(pa.field("element", _HEADER))),
+        pa.field("event_time", pa.int64()),
+        pa.field("marker", pa.bool_()),
+        pa.field("marker_at", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record: from the topic, or kept in a compacted ledger with its original offset."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    event_time: int | None = None
+    marker: bool = False
+    marker_at: int | None = None
+
+    @property
+    def is_tombstone(self) -> bool:
+        """A keyed record with a null or empty value deletes its key; a null-key record never does."""
+        return self.key is not None and (self.value is None or len(self.value) == 0)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Entry:
+        headers = tuple((h["key"], h["value"]) for h in (row.get("headers") or ()))
+        return cls(
+            partition=row["partition"],
+            offset=row["offset"],
+            key=row["key"],
+            value=row["value"],
+            timestamp=row.get("timestamp"),
+            headers=headers,
+            event_time=row.get("event_time"),
+            marker=bool(row.get("marker", False)),
+            marker_at=row.get("marker_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StrategySettings:
+    """What decides the winners; a ledger written under other settings is rebuilt in full."""
+
+    strategy: str = "publishing-order"
+    event_time_source: str = "timestamp"
+    retain_null_key: bool = False
+
+
+@dataclass(slots=True)
+class LedgerManifest:
+    """``manifest.json`` of a ledger: what it covers and how it was made."""
+
+    ledger_id: int
+    topic: str
+    horizon: Horizon
+    strategy: StrategySettings
+    files: list[dict[str, Any]]  # {"name", "bytes", "crc32c"}
+    records_read: int = 0
+    records_kept: int = 0  # live entries (markers not counted)
+    markers: int = 0
+    removed: int = 0
+    bytes: int = 0
+    created_at_ms: int = 0
+    started_at_ms: int = 0
+    finished_at_ms: int = 0
+    full_rebuild: bool = True
+    log_start: dict[int, int] = field(default_factory=dict)
+    oldest_marker_at_ms: int | None = None  # event-time markers: when the oldest entered a ledger
+    timings: dict[str, float] = field(default_factory=dict)
+    format_version: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["horizon"] = {str(p): o for p, o in sorted(self.horizon.items())}
+        data["log_start"] = {str(p): o for p, o in sorted(self.log_start.items())}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LedgerManifest:
+        data = dict(data)
+        data["horizon"] = {int(p): int(o) for p, o in data["horizon"].items()}
+        data["log_start"] = {int(p): int(o) for p, o in data.get("log_start", {}).items()}
+        data["strategy"] = StrategySettings(**data["strategy"])
+        return cls(**data)
+
+# The same schema as Spark DDL (every field nullable on the Spark side).
+RECORD_DDL = (
+    "partition int, offset bigint, timestamp bigint, key binary, value binary, "
+    "headers array<struct<key:string,value:binary>>, event_time bigint, marker boolean, marker_at bigint"
+)

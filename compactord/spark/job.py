@@ -1,0 +1,163 @@
+"""The Spark job of one compaction: previous ledger + new tail -> winners per key -> new ledger.
+
+- Ordered built-in strategies pick winners natively (``max_by`` over the strategy's SQL order);
+  other strategies fold each key's records in offset order in Python (``mapInArrow`` over rows
+  sorted by partition, key and offset).
+- A winning tombstone deletes its key; under ``event-time`` it stays in the ledger as a marker until
+  ``compactionTombstoneRetentionMs`` has passed since it first entered a ledger.
+- Null-key records are kept in place when ``topicCompactionRetainNullKey`` is set (the reader already
+  dropped them otherwise).
+- Entries below a partition's log start are dropped.
+- The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
+from compactord.kafka.source import FORMAT, OffsetRange
+from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
+from compactord.strategies import EventTimeOrder, FirstValue, fold
+
+__all__ = ["CompactionJobSpec", "run_compaction_job"]
+
+_COLUMNS = [f.name for f in RECORD_SCHEMA]
+# Row groups of ~64k rows keep the read API's pruning fine-grained on large ledgers.
+_ROW_GROUP_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CompactionJobSpec:
+    topic: str
+    client_config: Mapping[str, Any]
+    ranges: Sequence[OffsetRange]
+    ledger_files: Sequence[str]  # the previous ledger's Parquet files (empty for a full rebuild)
+    output_path: str
+    strategy_ref: str  # built-in name or module:Class, loaded again inside the readers
+    event_time_source: str
+    retain_null_key: bool
+    tombstone_retention_ms: int
+    now_ms: int
+    log_start: Mapping[int, int]
+    batch_records: int
+    progress_dir: str
+
+
+def _reader_spec(spec: CompactionJobSpec) -> str:
+    return json.dumps(
+        {
+            "client": dict(spec.client_config),
+            "topic": spec.topic,
+            "ranges": [[r.partition, r.start, r.end] for r in spec.ranges],
+            "strategy": spec.strategy_ref,
+            "event_time_source": spec.event_time_source,
+            "retain_null_key": spec.retain_null_key,
+            "batch_records": spec.batch_records,
+            "progress_dir": spec.progress_dir,
+        }
+    )
+
+
+def _fold_partition(strategy: CompactionStrategy) -> Any:
+    """An RDD ``mapPartitions`` function: rows sorted by (partition, key, offset) -> each key's winner.
+
+    Only custom, non-ordered strategies take this path (per-row Python); the built-ins run in SQL.
+    """
+
+    def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+        group: list[Entry] = []
+        group_key: tuple[int, bytes] | None = None
+        for row in rows:
+            key = (row["partition"], row["key"])
+            if key != group_key and group:
+                winner = fold(strategy, group)
+                if winner is not None:
+                    yield _entry_row(winner)
+                group = []
+            group_key = key
+            group.append(Entry.from_row(row.asDict(recursive=True)))
+        if group:
+            winner = fold(strategy, group)
+            if winner is not None:
+                yield _entry_row(winner)
+
+    return run
+
+
+def _entry_row(e: Entry) -> tuple[Any, ...]:
+    headers = [(k, v) for k, v in e.headers]
+    return (e.partition, e.offset, e.timestamp, e.key, e.value, headers, e.event_time, e.marker, e.marker_at)
+
+
+def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> Any:
+    """The DataFrame of the new ledger (unsorted)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    tail = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
+    records = tail
+    if spec.ledger_files:
+        ledger = spark.read.schema(RECORD_DDL).parquet(*spec.ledger_files)
+        records = tail.unionByName(ledger)
+
+    keyed = records.where(F.col("key").isNotNull())
+    deleted = F.col("marker") | F.col("value").isNull() | (F.length("value") == 0)
+    sql_order = getattr(type(strategy), "sql_order", None)
+    if sql_order is not None and isinstance(strategy, OrderedCompactionStrategy):
+        winners = (
+            keyed.groupBy("partition", "key")
+            .agg(F.max_by(F.struct(*_COLUMNS), F.expr(sql_order)).alias("w"))
+            .select("w.*")
+        )
+    elif isinstance(strategy, FirstValue):
+        # The first value after the key's last tombstone (or its first value if it has none).
+        last_delete = F.max(F.when(deleted, F.col("offset"))).over(Window.partitionBy("partition", "key"))
+        winners = (
+            keyed.withColumn("last_delete", F.coalesce(last_delete, F.lit(-1)))
+            .where(~deleted & (F.col("offset") > F.col("last_delete")))
+            .groupBy("partition", "key")
+            .agg(F.min_by(F.struct(*_COLUMNS), F.col("offset")).alias("w"))
+            .select("w.*")
+        )
+    else:
+        sorted_rows = keyed.repartition("partition", "key").sortWithinPartitions("partition", "key", "offset")
+        winners = spark.createDataFrame(sorted_rows.rdd.mapPartitions(_fold_partition(strategy)), RECORD_DDL)
+
+    if isinstance(strategy, EventTimeOrder):
+        # A deletion is remembered as a marker, so that a late record with an older event time
+        # cannot bring the key back; it is forgotten after the retention.
+        marker_at = F.coalesce(F.col("marker_at"), F.lit(spec.now_ms))
+        winners = (
+            winners.withColumn("is_del", deleted)
+            .withColumn("marker", F.col("is_del"))
+            .withColumn("marker_at", F.when(F.col("is_del"), marker_at).otherwise(F.lit(None).cast("bigint")))
+            .withColumn("value", F.when(F.col("is_del"), F.lit(None).cast("binary")).otherwise(F.col("value")))
+            .where(~F.col("is_del") | (F.lit(spec.now_ms) - F.col("marker_at") < spec.tombstone_retention_ms))
+            .drop("is_del")
+        )
+    else:
+        winners = winners.where(~deleted)
+
+    result = winners.select(*_COLUMNS)
+    if spec.retain_null_key:
+        result = result.unionByName(records.where(F.col("key").isNull()).select(*_COLUMNS))
+    if spec.log_start and any(spec.log_start.values()):
+        starts = F.create_map(*[F.lit(x) for p, s in spec.log_start.items() for x in (p, s)])
+        result = result.where(F.col("offset") >= F.coalesce(starts[F.col("partition")], F.lit(0)))
+    return result
+
+
+def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:
+    """Compute the winners and write them, sorted by (partition, offset), to ``spec.output_path``."""
+    result = build_winners(spark, spec, strategy)
+    (
+        result.orderBy("partition", "offset")
+        .write.mode("errorifexists")
+        .option("compression", "snappy")
+        .option("parquet.block.size", _ROW_GROUP_BYTES)
+        .parquet(spec.output_path)
+    )

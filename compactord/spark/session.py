@@ -1,0 +1,183 @@
+"""The one long-lived Spark session of the process, its warm-up, job groups and cancellation.
+
+It is also the boundary where py4j/Spark errors become compactord's (``SparkError``,
+``CompactionCancelled``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from compactord.config import Settings
+from compactord.errors import CompactionCancelled, SparkError
+
+__all__ = ["SparkSessionManager"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Our defaults; any spark.* key of the config overrides them.
+_DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # Compactions of a topic produce few shuffle rows (the reader drops losers); AQE coalesces them.
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def _cause(text: str, exc: BaseException) -> str:
+    """The telling line of a Spark error: the Python exception of a worker, else the first line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and not line.startswith(("at ", "org.apache", "py4j")):
+            return line[:2000]
+    return (lines[0] if lines else type(exc).__name__)[:2000]
+
+
+class SparkSessionManager:
+    """Starts the session once, registers the Kafka data source, runs jobs under a job group."""
+
+    def __init__(self, settings: Settings, app_name: str = "compactord") -> None:
+        self._settings = settings
+        self._app_name = app_name
+        self._lock = threading.Lock()
+        self._spark: Any = None
+        self.warmed = False
+
+    @property
+    def spark(self) -> Any:
+        if self._spark is None:
+            self.start()
+        return self._spark
+
+    def start(self) -> Any:
+        with self._lock:
+            if self._spark is not None:
+                return self._spark
+            # Executors must run this interpreter (it has pyarrow, kafka-python and compactord).
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+            master = self._settings.spark_master
+            if master.startswith("local"):
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            from pyspark.sql import SparkSession
+
+            builder = SparkSession.builder.appName(self._app_name).master(master)
+            conf = dict(_DEFAULT_CONF)
+            conf.update(self._settings.spark_conf)
+            conf.setdefault("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            try:
+                spark = builder.getOrCreate()
+            except Exception as exc:
+                raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
+            spark.sparkContext.setLogLevel("ERROR")
+            from compactord.kafka.source import KafkaRangeDataSource
+
+            spark.dataSource.register(KafkaRangeDataSource)
+            self._spark = spark
+            log.info("Spark session up: master %s, %d cores", master, spark.sparkContext.defaultParallelism)
+            return spark
+
+    @property
+    def cores(self) -> int:
+        return max(1, int(self.spark.sparkContext.defaultParallelism))
+
+    def alive(self) -> bool:
+        """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it)."""
+        if self._spark is None:
+            return False
+        try:
+            return not self._spark.sparkContext._jsc.sc().isStopped()
+        except Exception:
+            return False
+
+    def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
+        """Run a first job through the Kafka data source, a group-by and a Parquet write and read.
+
+        A new session's first job is about 3 times slower than a warm one (planning a Python data
+        source starts several Python workers); the daemon is ready only after this.
+        """
+        from pyspark.sql import functions as F
+
+        from compactord.kafka.source import FORMAT
+
+        spark = self.spark
+        spec = {"client": {}, "topic": "warm-up", "ranges": [[0, 0, 0]], "strategy": "publishing-order",
+                "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
+                "progress_dir": ""}
+        import json
+
+        with tempfile.TemporaryDirectory(prefix="compactord-warmup-", dir=scratch) as tmp:
+            with self.job_group("warm-up", "compactord warm-up"):
+                df = spark.read.format(FORMAT).option("spec", json.dumps(spec)).load()
+                grouped = df.groupBy("partition", "key").agg(F.max_by("offset", "offset").alias("o"))
+                grouped.write.mode("overwrite").parquet(str(Path(tmp) / "w"))
+                spark.read.parquet(str(Path(tmp) / "w")).count()
+        self.warmed = True
+        log.info("Spark session warmed up")
+
+    @contextlib.contextmanager
+    def job_group(self, group_id: str, description: str) -> Iterator[None]:
+        """Run the body's Spark jobs under ``group_id`` (this thread only), translating errors."""
+        sc = self.spark.sparkContext
+        sc.setJobGroup(group_id, description, interruptOnCancel=True)
+        try:
+            yield
+        except CompactionCancelled:
+            raise
+        except Exception as exc:
+            text = str(exc)
+            if "SPARK_JOB_CANCELLED" in text or "cancelled" in text.lower():
+                raise CompactionCancelled(f"Spark job group {group_id} was cancelled") from exc
+            if type(exc).__module__.startswith(("py4j", "pyspark")):
+                raise SparkError(f"Spark job of {description} failed: {_cause(text, exc)}") from exc
+            raise
+        finally:
+            try:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+                sc.setLocalProperty("spark.job.description", None)
+            except Exception:
+                pass
+
+    def cancel_group(self, group_id: str) -> None:
+        """Cancel the group's running jobs and the ones it submits later.
+
+        ``cancelJobGroup`` alone does nothing while no job has been submitted yet (a cold session
+        spends seconds planning a Python data source), so the JVM's ``cancelJobGroupAndFutureJobs``
+        is called too.
+        """
+        if self._spark is None:
+            return
+        sc = self._spark.sparkContext
+        try:
+            sc.cancelJobGroup(group_id)
+            sc._jsc.sc().cancelJobGroupAndFutureJobs(group_id)
+        except Exception:
+            log.warning("cancelling Spark job group %s failed", group_id, exc_info=True)
+
+    def run(self, group_id: str, description: str, fn: Callable[[], T]) -> T:
+        with self.job_group(group_id, description):
+            return fn()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._spark is not None:
+                try:
+                    self._spark.stop()
+                finally:
+                    self._spark = None
+                    self.warmed = False

@@ -1,0 +1,275 @@
+"""``CompactionTaskCtx``: one compaction run as a state machine (Pulsar's PIP-387).
+
+::
+
+    Pending -> Creating_Raw_Reader -> Running -> Ending_with_switch_ledger -> Succeed
+                                                                           \\-> Failed
+    Pending, Creating_Raw_Reader, Running -> Cancelled | Failed
+    Creating_Raw_Reader, Running -> Succeed   (nothing new to compact: no ledger is written)
+
+Writing and fsyncing the new ledger happen in Running; Ending_with_switch_ledger covers only the
+pointer replacement, the in-memory swap and the deletion of the old ledger, and cannot be cancelled.
+
+A cancel ends the task at once (state Cancelled) and runs the cancel hooks the work registered
+(cancel the Spark job group, stop the Kafka readers). Spark work that cannot be interrupted at once
+finishes in the background; the worker then discards its output and sets ``worker_done``.
+
+Test-only pause points: ``Settings.test_pause_points`` maps a point name to seconds; the work calls
+``checkpoint(name)`` at each point, which waits that long (a cancel cuts the wait short). The
+points are listed in ``PAUSE_POINTS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
+
+__all__ = ["PAUSE_POINTS", "TRANSITIONS", "CompactionTaskCtx", "Progress", "TaskState"]
+
+log = logging.getLogger(__name__)
+
+
+class TaskState(str, Enum):
+    PENDING = "Pending"
+    CREATING_RAW_READER = "Creating_Raw_Reader"
+    RUNNING = "Running"
+    ENDING_WITH_SWITCH_LEDGER = "Ending_with_switch_ledger"
+    SUCCEED = "Succeed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.SUCCEED, TaskState.FAILED, TaskState.CANCELLED)
+
+    @property
+    def cancellable(self) -> bool:
+        return self in (TaskState.PENDING, TaskState.CREATING_RAW_READER, TaskState.RUNNING)
+
+
+S = TaskState
+TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
+    S.PENDING: frozenset({S.CREATING_RAW_READER, S.CANCELLED, S.FAILED}),
+    S.CREATING_RAW_READER: frozenset({S.RUNNING, S.SUCCEED, S.FAILED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.ENDING_WITH_SWITCH_LEDGER, S.SUCCEED, S.FAILED, S.CANCELLED}),
+    S.ENDING_WITH_SWITCH_LEDGER: frozenset({S.SUCCEED, S.FAILED}),
+    S.SUCCEED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+#: Where ``checkpoint`` may pause (test-only setting ``compactionTestPausePoints``).
+PAUSE_POINTS = (
+    "pending",  # before leaving Pending
+    "creating_raw_reader",  # offsets fixed, ledger chosen, before Running
+    "running",  # in Running, before the Spark job is submitted
+    "written",  # in Running, the new ledger written and fsynced, before the switch
+    "switch",  # in Ending_with_switch_ledger, before the pointer is replaced
+    "switched",  # in Ending_with_switch_ledger, pointer replaced, before the old ledger is deleted
+)
+
+
+@dataclass(slots=True)
+class Progress:
+    records_read: int = 0
+    bytes_read: int = 0
+    records_total: int = 0
+
+
+StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
+
+
+class CompactionTaskCtx:
+    """A compaction task: its state, timings, progress, result or error, and ``cancel()``."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        rebuild: bool = False,
+        pause_points: Mapping[str, float] | None = None,
+        listeners: list[StateListener] | None = None,
+    ) -> None:
+        self.task_id = str(uuid.uuid4())
+        self.topic = topic
+        self.rebuild = rebuild
+        self.progress = Progress()
+        self.created_at = time.time()
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.state_times: dict[TaskState, float] = {TaskState.PENDING: self.created_at}
+        self.error: str | None = None
+        self.error_type: str | None = None
+        self.ledger_id: int | None = None  # the ledger this task switched to
+        self.stats: dict[str, Any] = {}  # records kept, removed, bytes written, ... (for metrics)
+        self.worker_done = threading.Event()  # background work ended and cleaned up
+        self._state = TaskState.PENDING
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._cancel_hooks: list[Callable[[], None]] = []
+        self._start_hook: Callable[[], None] | None = None
+        self._pause_points = dict(pause_points or {})
+        self._listeners = list(listeners or [])
+
+    def __repr__(self) -> str:
+        return f"<CompactionTaskCtx {self.task_id} topic={self.topic!r} state={self._state.value}>"
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> TaskState:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def transition(self, new: TaskState, *, error: BaseException | str | None = None) -> None:
+        """Move to ``new``; raise ``IllegalStateTransition`` if the table does not allow it."""
+        with self._lock:
+            old = self._state
+            if new not in TRANSITIONS[old]:
+                raise IllegalStateTransition(
+                    f"task {self.task_id} of topic {self.topic!r} cannot go from {old.value} to {new.value}"
+                )
+            now = time.time()
+            self._state = new
+            self.state_times[new] = now
+            if old is TaskState.PENDING:
+                self.started_at = now
+            if error is not None:
+                self.error = str(error) or type(error).__name__
+                if isinstance(error, str):
+                    code = "compaction_cancelled" if new is TaskState.CANCELLED else "compaction_failed"
+                else:
+                    code = getattr(error, "code", None) or type(error).__name__
+                self.error_type = code
+            if new.terminal:
+                self.finished_at = now
+                self._done.set()
+        log.debug("task %s %s: %s -> %s", self.task_id, self.topic, old.value, new.value)
+        for listener in self._listeners:
+            try:
+                listener(self, old, new)
+            except Exception:  # a metrics or registry hook must not break the task
+                log.exception("state listener failed for task %s", self.task_id)
+
+    def add_listener(self, listener: StateListener) -> None:
+        self._listeners.append(listener)
+
+    def begin_switch(self) -> None:
+        """Enter Ending_with_switch_ledger, unless the task was cancelled first (then raise)."""
+        with self._lock:
+            if self._cancel.is_set() or self._state is TaskState.CANCELLED:
+                raise CompactionCancelled(f"task {self.task_id} was cancelled before the switch")
+            self.transition(TaskState.ENDING_WITH_SWITCH_LEDGER)
+
+    def fail(self, error: BaseException | str) -> bool:
+        """End the task in Failed if it has not ended; return whether it did."""
+        with self._lock:
+            if self._state.terminal:
+                return False
+            self.transition(TaskState.FAILED, error=error)
+        return True
+
+    # -- start and cancel -----------------------------------------------------------------------
+
+    def set_start_hook(self, hook: Callable[[], None]) -> None:
+        """The work to launch when a Pending task is started (set by the service)."""
+        self._start_hook = hook
+
+    def start(self) -> None:
+        """Start a Pending task's work (in its own thread)."""
+        with self._lock:
+            if self._state is not TaskState.PENDING:
+                raise IllegalStateTransition(
+                    f"task {self.task_id} of topic {self.topic!r} is {self._state.value}, not Pending"
+                )
+            hook, self._start_hook = self._start_hook, None
+        if hook is None:
+            raise IllegalStateTransition(f"task {self.task_id} has no work to start")
+        hook()
+
+    def add_cancel_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` on cancel (at once if the task is already cancelled)."""
+        with self._lock:
+            if not self._cancel.is_set():
+                self._cancel_hooks.append(hook)
+                return
+        self._run_hook(hook)
+
+    def remove_cancel_hook(self, hook: Callable[[], None]) -> None:
+        with self._lock:
+            if hook in self._cancel_hooks:
+                self._cancel_hooks.remove(hook)
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel the task: allowed in Pending, Creating_Raw_Reader and Running.
+
+        :raises TaskNotCancellable: the task is switching ledgers, or has already ended.
+        """
+        with self._lock:
+            state = self._state
+            if state is TaskState.ENDING_WITH_SWITCH_LEDGER:
+                raise TaskNotCancellable(
+                    f"task {self.task_id} of topic {self.topic!r} is in {state.value}: the ledger switch "
+                    "completes or fails, it cannot be cancelled"
+                )
+            if state.terminal:
+                raise TaskNotCancellable(
+                    f"task {self.task_id} of topic {self.topic!r} has already ended ({state.value})"
+                )
+            self._cancel.set()
+            hooks, self._cancel_hooks = self._cancel_hooks, []
+            self.transition(TaskState.CANCELLED, error=reason)
+            if state is TaskState.PENDING and self._start_hook is not None:
+                self._start_hook = None
+                self.worker_done.set()  # no work was ever started
+        for hook in hooks:
+            self._run_hook(hook)
+
+    def _run_hook(self, hook: Callable[[], None]) -> None:
+        try:
+            hook()
+        except Exception:
+            log.exception("cancel hook failed for task %s", self.task_id)
+
+    def checkpoint(self, point: str) -> None:
+        """Raise ``CompactionCancelled`` if cancelled; pause here if a test asked for it."""
+        pause = self._pause_points.get(point)
+        if pause:
+            log.warning("task %s pausing %.1fs at test pause point %r", self.task_id, pause, point)
+            if point in ("switch", "switched"):
+                time.sleep(pause)  # the switch cannot be cancelled: nothing cuts this pause short
+            else:
+                self._cancel.wait(pause)
+        if self._cancel.is_set():
+            raise CompactionCancelled(f"task {self.task_id} of topic {self.topic!r} was cancelled")
+
+    # -- results --------------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the task has ended; return whether it has."""
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> TaskState:
+        """Wait for the end and return the final state (Succeed, Failed or Cancelled).
+
+        :raises TimeoutError: the task did not end within ``timeout`` seconds.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"task {self.task_id} of topic {self.topic!r} still {self._state.value}")
+        return self._state

@@ -1,0 +1,56 @@
+"""Small helpers shared by the engine tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compactord.model import Entry, Position
+from compactord.task import CompactionTaskCtx, TaskState
+
+TIMEOUT = 180
+
+
+def compact(service: Any, **kwargs: Any) -> CompactionTaskCtx:
+    """Run a compaction to its end and insist that it succeeded."""
+    ctx = service.compact(**kwargs)
+    state = ctx.result(TIMEOUT)
+    assert state is TaskState.SUCCEED, f"task ended {state.value}: {ctx.error}"
+    assert ctx.worker_done.wait(TIMEOUT)
+    return ctx
+
+
+def entries(service: Any, partition: int = 0) -> list[Entry]:
+    """Every live entry of a partition, read page by page through the read API."""
+    out: list[Entry] = []
+    start = 0
+    while True:
+        page = service.read_compacted_entries(Position(partition, start), 7)
+        out.extend(page)
+        if len(page) < 7:
+            return out
+        start = page[-1].offset + 1
+
+
+def view(service: Any, partitions: int = 1) -> dict[bytes | None, bytes | None]:
+    """key -> value of the compacted view (keys must be unique across partitions)."""
+    result: dict[bytes | None, bytes | None] = {}
+    for p in range(partitions):
+        for e in entries(service, p):
+            assert e.key not in result or e.key is None, f"key {e.key!r} twice"
+            result[e.key] = e.value
+    return result
+
+
+def last_value_model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
+    """Reference: the last value per key, tombstones (None or b'') deleting."""
+    model: dict[bytes, bytes] = {}
+    for key, value, *_ in records:
+        key = key.encode() if isinstance(key, str) else key
+        value = value.encode() if isinstance(value, str) else value
+        if key is None:
+            continue
+        if not value:
+            model.pop(key, None)
+        else:
+            model[key] = value
+    return model

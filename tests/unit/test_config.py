@@ -1,0 +1,379 @@
+"""broker.conf -> ``Settings``: defaults, validation, environment overrides, secrets, aliases."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from compactord import config
+from compactord.config import (
+    DEFAULT_FACTORY,
+    ENV_PREFIX,
+    KEYS,
+    PULSAR_DEFAULT_FACTORY,
+    PULSAR_EVENT_TIME_FACTORY,
+    Settings,
+    load_settings,
+    settings_from_properties,
+)
+from compactord.errors import ConfigError
+from compactord.properties import load_properties
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "broker.conf.example"
+
+
+def settings(env: dict[str, str] | None = None, /, **props: str) -> Settings:
+    return settings_from_properties(props, env={} if env is None else env)
+
+
+# -- the key table and the defaults -----------------------------------------------------------------
+
+
+def test_defaults_of_settings_equal_an_empty_file() -> None:
+    assert settings_from_properties({}, env={}) == Settings()
+
+
+def test_every_key_has_a_settings_field_and_every_field_a_key() -> None:
+    attrs = [key.attr for key in KEYS]
+    assert len(attrs) == len(set(attrs))
+    assert set(attrs) == config.settings_fields()
+
+
+def test_key_names_are_unique_and_not_spark_keys() -> None:
+    names = [key.name for key in KEYS]
+    assert len(names) == len(set(names))
+    assert not [name for name in names if name.startswith("spark.")]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
+def test_each_default_parses_to_the_settings_default(key: config.Key) -> None:
+    expected = getattr(Settings(), key.attr)
+    if key.default == "":
+        assert expected in ("", {})
+    else:
+        assert key.parse(key.name, key.default) == expected
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
+def test_each_key_has_a_group_and_a_doc(key: config.Key) -> None:
+    groups = ("broker", "storage", "compaction", "spark", "scheduler", "http", "logging", "testing")
+    assert key.group in groups
+    assert key.doc.strip()
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().http_port = 1  # type: ignore[misc]
+
+
+# -- bad values -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("httpPort", "abc", "whole number"),
+        ("httpPort", "70000", "from 0 to 65535"),
+        ("httpPort", "-1", "from 0 to 65535"),
+        ("kafkaRequestTimeoutMs", "10", ">= 1000"),
+        ("compactionMinDirtyRatio", "2", "from 0.0 to 1.0"),
+        ("compactionMinDirtyRatio", "half", "a number"),
+        ("logFormat", "xml", "text, json"),
+        ("logLevel", "TRACE", "DEBUG, INFO, WARNING, ERROR"),
+        ("kafkaSecurityProtocol", "TLS", "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+        ("topicCompactionRetainNullKey", "yes", "true or false"),
+        ("compactionTopicsPattern", "(", "regular expression"),
+        ("kafkaBootstrapServers", "nohost", "host:port"),
+        ("kafkaBootstrapServers", "a:1,b:99999", "host:port"),
+        ("httpBindAddress", "example.com", "IP address"),
+        ("compactionEventTimeSource", "header:", "header:NAME"),
+        ("compactionEventTimeSource", "offset", "header:NAME"),
+        ("compactionTestPausePoints", "bogus:1", "pending, creating_raw_reader, running"),
+        ("compactionTestPausePoints", "running:soon", "number of seconds"),
+        ("compactionTestPausePoints", "running", "point:seconds"),
+    ],
+)
+def test_bad_value_names_key_value_and_what_is_allowed(key: str, value: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(**{key: value})
+    assert info.value.key == key
+    assert info.value.value == value
+    message = str(info.value)
+    assert key in message
+    assert repr(value) in message
+    assert allowed in message
+
+
+@pytest.mark.parametrize("value", ["switch:-1", "running:nan", "running:inf"])
+def test_pause_seconds_must_be_a_finite_non_negative_number(value: str) -> None:
+    with pytest.raises(ConfigError, match="compactionTestPausePoints"):
+        settings(compactionTestPausePoints=value)
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ConfigError, match="compactionBogus") as info:
+        settings(compactionBogus="1")
+    assert info.value.key == "compactionBogus"
+    assert "unknown key" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_value_means_the_default(value: str) -> None:
+    assert settings(**{key.name: value for key in KEYS}) == Settings()
+
+
+def test_values_are_parsed() -> None:
+    s = settings(
+        httpPort=" 9000 ",
+        topicCompactionRetainNullKey="TRUE",
+        compactionMinDirtyRatio="0.5",
+        kafkaBootstrapServers=" a:1 , b:2 ,",
+        compactionTestPausePoints="running:1.5, switch:2",
+        compactionEventTimeSource="header:et",
+    )
+    assert s.http_port == 9000
+    assert s.topic_compaction_retain_null_key is True
+    assert s.min_dirty_ratio == 0.5
+    assert s.kafka_bootstrap_servers == "a:1,b:2"
+    assert s.test_pause_points == {"running": 1.5, "switch": 2.0}
+    assert s.compaction_event_time_source == "header:et"
+
+
+# -- spark.* keys and the environment ---------------------------------------------------------------
+
+
+def test_spark_keys_go_to_spark_conf() -> None:
+    s = settings(**{"spark.driver.memory": "1g", "spark.executorEnv.PYSPARK_PYTHON": "/opt/py"})
+    assert s.spark_conf == {"spark.driver.memory": "1g", "spark.executorEnv.PYSPARK_PYTHON": "/opt/py"}
+    assert Settings().spark_conf == {}
+
+
+def test_environment_overrides_the_file() -> None:
+    s = settings({f"{ENV_PREFIX}httpPort": "9999", "UNRELATED": "x"}, httpPort="1234")
+    assert s.http_port == 9999
+
+
+def test_environment_alone_sets_a_key() -> None:
+    assert settings({f"{ENV_PREFIX}logLevel": "DEBUG"}).log_level == "DEBUG"
+
+
+def test_bad_environment_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="httpPort"):
+        settings({f"{ENV_PREFIX}httpPort": "abc"})
+
+
+def test_environment_spark_key_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{ENV_PREFIX}spark.x")) as info:
+        settings({f"{ENV_PREFIX}spark.x": "1"})
+    assert "config file only" in str(info.value)
+
+
+def test_environment_unknown_key_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=f"{ENV_PREFIX}bogusKey") as info:
+        settings({f"{ENV_PREFIX}bogusKey": "1"})
+    assert "unknown key" in str(info.value)
+
+
+def test_process_environment_is_used_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(f"{ENV_PREFIX}httpPort", "7777")
+    assert settings_from_properties({}).http_port == 7777
+
+
+# -- secrets ----------------------------------------------------------------------------------------
+
+
+def test_secret_is_read_from_a_file(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n", encoding="utf-8")
+    assert settings(httpAuthToken=f"file:{secret}").http_auth_token == "s3cret"
+    assert settings({f"{ENV_PREFIX}kafkaSaslPassword": f"file:{secret}"}).kafka_sasl_password == "s3cret"
+
+
+def test_secret_may_be_written_in_place() -> None:
+    assert settings(httpAuthToken="plain").http_auth_token == "plain"
+
+
+def test_missing_secret_file_names_the_key(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match="httpAuthToken") as info:
+        settings(httpAuthToken=f"file:{missing}")
+    assert info.value.key == "httpAuthToken"
+    assert "cannot be read" in str(info.value)
+
+
+def test_file_prefix_is_literal_for_a_key_that_is_not_a_secret() -> None:
+    assert settings(kafkaSaslUsername="file:/etc/user").kafka_sasl_username == "file:/etc/user"
+
+
+# -- Pulsar's factory names -------------------------------------------------------------------------
+
+
+def test_pulsar_default_factory_is_an_alias_of_the_default() -> None:
+    s = settings(compactionServiceFactoryClassName=PULSAR_DEFAULT_FACTORY)
+    assert s.compaction_service_factory_class_name == DEFAULT_FACTORY
+    assert s.compaction_strategy == "publishing-order"
+
+
+def test_pulsar_event_time_factory_selects_the_event_time_strategy() -> None:
+    s = settings(compactionServiceFactoryClassName=PULSAR_EVENT_TIME_FACTORY)
+    assert s.compaction_service_factory_class_name == DEFAULT_FACTORY
+    assert s.compaction_strategy == "event-time"
+
+
+def test_pulsar_event_time_factory_with_event_time_strategy_is_fine() -> None:
+    s = settings(compactionServiceFactoryClassName=PULSAR_EVENT_TIME_FACTORY, compactionStrategy="event-time")
+    assert s.compaction_strategy == "event-time"
+
+
+def test_pulsar_event_time_factory_with_another_strategy_names_both_keys() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(
+            compactionServiceFactoryClassName=PULSAR_EVENT_TIME_FACTORY, compactionStrategy="first-value"
+        )
+    message = str(info.value)
+    assert "compactionStrategy" in message
+    assert "compactionServiceFactoryClassName" in message
+    assert "first-value" in message
+
+
+def test_own_factory_reference_is_kept() -> None:
+    s = settings(compactionServiceFactoryClassName="my.module:Factory")
+    assert s.compaction_service_factory_class_name == "my.module:Factory"
+
+
+# -- kafka-python arguments -------------------------------------------------------------------------
+
+_SECURITY = dict(
+    kafkaSaslUsername="user",
+    kafkaSaslPassword="pw",
+    kafkaSaslMechanism="SCRAM-SHA-512",
+    kafkaSslCafile="/ca.pem",
+    kafkaSslCertfile="/cert.pem",
+    kafkaSslKeyfile="/key.pem",
+    kafkaSslPassword="keypw",
+    kafkaSslCheckHostname="false",
+)
+_SASL_ARGS = {"sasl_mechanism", "sasl_plain_username", "sasl_plain_password"}
+_SSL_ARGS = {"ssl_check_hostname", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password"}
+
+
+@pytest.mark.parametrize(
+    ("protocol", "sasl", "ssl"),
+    [
+        ("PLAINTEXT", False, False),
+        ("SSL", False, True),
+        ("SASL_PLAINTEXT", True, False),
+        ("SASL_SSL", True, True),
+    ],
+)
+def test_kafka_client_config_has_security_settings_only_when_the_protocol_uses_them(
+    protocol: str, sasl: bool, ssl: bool
+) -> None:
+    cfg = settings(kafkaSecurityProtocol=protocol, **_SECURITY).kafka_client_config()
+    assert cfg["security_protocol"] == protocol
+    assert (_SASL_ARGS <= cfg.keys()) is sasl
+    assert not (_SASL_ARGS & cfg.keys()) or sasl
+    assert (_SSL_ARGS <= cfg.keys()) is ssl
+    assert not (_SSL_ARGS & cfg.keys()) or ssl
+    if sasl:
+        assert (cfg["sasl_mechanism"], cfg["sasl_plain_username"], cfg["sasl_plain_password"]) == (
+            "SCRAM-SHA-512", "user", "pw")
+    if ssl:
+        assert cfg["ssl_check_hostname"] is False
+        assert (cfg["ssl_cafile"], cfg["ssl_certfile"], cfg["ssl_keyfile"], cfg["ssl_password"]) == (
+            "/ca.pem", "/cert.pem", "/key.pem", "keypw")
+
+
+def test_kafka_client_config_common_arguments() -> None:
+    cfg = settings(kafkaBootstrapServers="a:1,b:2", kafkaClientId="me", kafkaRequestTimeoutMs="5000")
+    assert cfg.kafka_client_config() == {
+        "bootstrap_servers": ["a:1", "b:2"],
+        "client_id": "me",
+        "request_timeout_ms": 5000,
+        "security_protocol": "PLAINTEXT",
+    }
+
+
+def test_ssl_files_that_are_not_set_are_left_out() -> None:
+    cfg = settings(kafkaSecurityProtocol="SSL").kafka_client_config()
+    assert cfg["ssl_check_hostname"] is True
+    assert not {"ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password"} & cfg.keys()
+
+
+# -- load_settings ----------------------------------------------------------------------------------
+
+
+def test_load_settings_reads_a_file(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_bytes(
+        b"# a comment\nhttpPort = 9001\ncompactionTopicsPattern=^orders\\\\..*$\n"
+        b"kafkaClientId=caf\xe9\nspark.executor.memory=2g\n"
+    )
+    s = load_settings(conf, env={})
+    assert s.http_port == 9001
+    assert s.topics_pattern == r"^orders\..*$"
+    assert s.kafka_client_id == "café"  # ISO 8859-1, as Properties.load(InputStream)
+    assert s.spark_conf == {"spark.executor.memory": "2g"}
+
+
+def test_load_settings_without_a_file_uses_defaults_and_environment() -> None:
+    assert load_settings(None, env={}) == Settings()
+    assert load_settings(None, env={f"{ENV_PREFIX}httpPort": "1"}).http_port == 1
+
+
+def test_load_settings_of_a_missing_file_fails(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.conf"
+    with pytest.raises(ConfigError, match=re.escape(str(missing))):
+        load_settings(missing, env={})
+
+
+def test_load_settings_of_a_malformed_file_fails_with_config_error(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("httpAuthToken=\\u12\n", encoding="latin-1")
+    with pytest.raises(ConfigError, match=re.escape(str(conf))):
+        load_settings(conf, env={})
+
+
+# -- broker.conf.example ----------------------------------------------------------------------------
+
+
+def test_example_loads_into_the_default_settings() -> None:
+    assert load_settings(EXAMPLE, env={}) == Settings()
+
+
+def test_example_sets_every_key_and_only_known_keys() -> None:
+    text = EXAMPLE.read_text(encoding="latin-1")
+    for key in KEYS:
+        assert re.search(rf"^{re.escape(key.name)}=", text, re.MULTILINE), f"{key.name}= is missing"
+    props = load_properties(text)
+    assert set(props) == {key.name for key in KEYS}
+    assert not [name for name in props if name.startswith("spark.")]
+
+
+def test_example_shows_spark_keys_commented_out() -> None:
+    lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
+    for line in ("#spark.driver.memory=1g", "#spark.executor.memory=2g",
+                 "#spark.executorEnv.PYSPARK_PYTHON=/opt/compactord/bin/python"):
+        assert line in lines
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
+def test_example_documents_each_key(key: config.Key) -> None:
+    lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"{key.name}="))
+    comment: list[str] = []
+    for line in reversed(lines[:index]):
+        if not line.startswith("# "):
+            break
+        comment.insert(0, line[2:])
+    assert comment, f"{key.name} has no comment above it"
+    assert ("[Pulsar]" in " ".join(comment)) is key.pulsar
+
+
+def test_example_marks_the_test_only_key() -> None:
+    lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
+    index = lines.index("compactionTestPausePoints=")
+    assert "TEST ONLY" in lines[index - 1]
