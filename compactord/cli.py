@@ -1,35 +1,222 @@
-"""The ``compactord`` command."""
+"""The ``compactord`` command: ``run`` the daemon, ``demo``, and a client of the HTTP API.
+
+``--url`` (or ``COMPACTORD_URL``) and ``COMPACTORD_TOKEN`` (or ``--token``) may stand before or after
+the subcommand. Tables by default, ``--json`` prints the API's body unchanged. Errors are one line on
+stderr and a non-zero exit.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
+import os
 import sys
+import time
+from typing import Any
 
 from compactord import __version__
+from compactord.errors import CompactordError
 
 __all__ = ["main"]
+
+DEFAULT_URL = "http://127.0.0.1:8642"
+
+
+class CliError(Exception):
+    pass
+
+
+def _common(parser: argparse.ArgumentParser, top: bool) -> None:
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--url", default=default, help=f"daemon URL (env COMPACTORD_URL, default {DEFAULT_URL})")
+    parser.add_argument("--token", default=default, help="bearer token (env COMPACTORD_TOKEN)")
+    parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="print the API's JSON body unchanged")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compactord", description="Topic compaction daemon for Kafka-protocol brokers")
     parser.add_argument("--version", action="version", version=f"compactord {__version__}")
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", help="broker.conf (Java properties); default: built-in defaults")
+    run.add_argument("--embedded-broker", action="store_true", help="start the bundled broker on loopback and use it")
     demo = sub.add_parser("demo", help="compact a stock-ticker topic on the bundled broker and print the result")
     demo.add_argument("--ledger-root", help="keep the ledgers here (default: a temporary folder)")
     demo.add_argument("--ticks", type=int, default=5000, help="records to produce (default 5000)")
+
+    def client(name: str, help_: str, topic: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_)
+        _common(p, top=False)
+        if topic:
+            p.add_argument("topic")
+        return p
+
+    compact = client("compact", "trigger a compaction")
+    compact.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar")
+    compact.add_argument("--rebuild", action="store_true", help="full rebuild: ignore the current ledger")
+    rebuild = client("rebuild", "trigger a full rebuild (ignore the current ledger)")
+    rebuild.add_argument("--wait", action="store_true")
+    client("status", "status of the topic's last compaction")
+    client("cancel", "cancel the running compaction")
+    client("horizon", "the compaction horizon per partition")
+    read = client("read", "read the compacted view")
+    read.add_argument("--partition", type=int, default=0)
+    read.add_argument("--start", type=int, default=0)
+    read.add_argument("--limit", type=int, default=20)
+    read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8")
+    client("topics", "every known topic with its backlog and last compaction", topic=False)
+    client("tasks", "recent tasks", topic=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        from compactord.demo import run_demo
+# -- HTTP -----------------------------------------------------------------------------------------
 
-        return run_demo(args.ledger_root, args.ticks)
-    _parser().print_help()
-    return 2
+
+def _request(args: argparse.Namespace, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    base = (args.url or os.environ.get("COMPACTORD_URL") or DEFAULT_URL).rstrip("/")
+    url = base + path + ("?" + urllib.parse.urlencode(query) if query else "")
+    request = urllib.request.Request(url, method=method)
+    token = args.token or os.environ.get("COMPACTORD_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+            message = f"{body.get('error')}: {body.get('message')}"
+        except ValueError:
+            message = str(exc)
+        raise CliError(f"{method} {path} failed ({exc.code}) {message}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(f"cannot reach compactord at {base}: {reason}") from None
+
+
+def _quote(topic: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(topic, safe="")
+
+
+def _print_task(t: dict[str, Any]) -> None:
+    prog = t.get("progress") or {}
+    print(f"topic     {t.get('topic')}\nstatus    {t['status']}\nstate     {t.get('state')}\n"
+          f"task      {t.get('task_id')}\nstarted   {t.get('started_at')}\nfinished  {t.get('finished_at')}\n"
+          f"progress  {prog.get('records_read', 0)}/{prog.get('records_total', 0)} records")
+    if t.get("last_error"):
+        print(f"error     {t['last_error']}")
+
+
+def _wait(args: argparse.Namespace, topic: str) -> int:
+    width = 30
+    while True:
+        status = _request(args, "GET", f"/v1/topics/{_quote(topic)}/compaction")
+        prog = status.get("progress") or {}
+        done, total = prog.get("records_read", 0), max(prog.get("records_total", 0), 1)
+        filled = min(width, int(width * done / total))
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{prog.get('records_total', 0)} "
+                         f"records  {status.get('state')}   ")
+        sys.stderr.flush()
+        if status["status"] != "RUNNING":
+            sys.stderr.write("\n")
+            if args.json:
+                print(json.dumps(status))
+            else:
+                _print_task(status)
+            return 0 if status["status"] == "SUCCESS" else 1
+        time.sleep(0.5)
+
+
+def _client(args: argparse.Namespace) -> int:
+    cmd = args.command
+    topic = getattr(args, "topic", None)
+    path = f"/v1/topics/{_quote(topic)}" if topic else ""
+    if cmd in ("compact", "rebuild"):
+        rebuild = cmd == "rebuild" or args.rebuild
+        body = _request(args, "PUT", f"{path}/compaction", {"rebuild": "true"} if rebuild else None)
+        if args.wait:
+            return _wait(args, topic)
+    elif cmd == "status":
+        body = _request(args, "GET", f"{path}/compaction")
+    elif cmd == "cancel":
+        body = _request(args, "DELETE", f"{path}/compaction")
+    elif cmd == "horizon":
+        body = _request(args, "GET", f"{path}/horizon")
+    elif cmd == "read":
+        body = _request(args, "GET", f"{path}/compacted", {"partition": args.partition, "start": args.start,
+                                                            "limit": args.limit, "encoding": args.encoding})
+    elif cmd == "topics":
+        body = _request(args, "GET", "/v1/topics")
+    else:
+        body = _request(args, "GET", "/v1/tasks")
+    if args.json:
+        print(json.dumps(body))
+        return 0
+    _print_table(cmd, body)
+    return 0
+
+
+def _print_table(cmd: str, body: Any) -> None:
+    if cmd in ("compact", "rebuild", "status", "cancel"):
+        _print_task(body)
+    elif cmd == "horizon":
+        print(f"topic {body['topic']}  ledger {body['ledger_id']}")
+        print(f"{'PARTITION':>9}  {'OFFSET':>12}")
+        for p in body["partitions"]:
+            print(f"{p['partition']:>9}  {p['offset']:>12}")
+    elif cmd == "read":
+        print(f"{'PARTITION':>9}  {'OFFSET':>10}  {'KEY':<24}  VALUE")
+        for e in body["entries"]:
+            print(f"{e['partition']:>9}  {e['offset']:>10}  {str(e['key']):<24}  {e['value']}")
+        if body.get("next_start") is not None:
+            print(f"(more: --start {body['next_start']})")
+    elif cmd == "topics":
+        print(f"{'TOPIC':<32} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
+        for t in body["topics"]:
+            last = t["last_compaction"]
+            backlog = t["backlog"]["records"] if t.get("backlog") else "-"
+            print(f"{t['topic']:<32} {backlog!s:>10} {last['status']:<8} {last.get('state') or '-':<26} "
+                  f"{last.get('finished_at') or '-'}")
+    else:
+        print(f"{'TOPIC':<32} {'STATUS':<8} {'STATE':<26} {'TASK':<36} STARTED")
+        for t in body["tasks"]:
+            print(f"{t['topic']:<32} {t['status']:<8} {t['state']:<26} {t['task_id']:<36} {t['started_at']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            from compactord.config import load_settings
+            from compactord.server import serve
+
+            return serve(load_settings(args.config), embedded_broker=args.embedded_broker)
+        if args.command == "demo":
+            import logging
+
+            from compactord.demo import run_demo
+
+            logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+            return run_demo(args.ledger_root, args.ticks)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return _client(args)
+    except (CliError, CompactordError) as exc:
+        print(f"compactord: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

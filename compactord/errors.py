@@ -58,6 +58,18 @@ class NotCompacted(CompactordError, LookupError):
         super().__init__(f"topic {topic!r} has never been compacted (no ledger)", topic=topic)
 
 
+class EntryNotFound(CompactordError, LookupError):
+    """A read found no entry (e.g. the last entry of an empty partition)."""
+
+    code = "entry_not_found"
+
+
+class NotReady(CompactordError):
+    """The daemon is starting or its broker or Spark session is down."""
+
+    code = "not_ready"
+
+
 class NoTaskRunning(CompactordError, LookupError):
     code = "no_task_running"
 
@@ -141,6 +153,8 @@ HTTP_STATUS: dict[type[CompactordError], int] = {
     TopicNotFound: 404,
     NotCompacted: 404,
     NoTaskRunning: 404,
+    EntryNotFound: 404,
+    NotReady: 503,
     BrokerUnavailable: 503,
     CompactionAlreadyRunning: 409,
     TaskNotCancellable: 409,

@@ -241,6 +241,23 @@ class CompactionTaskCtx:
         for hook in hooks:
             self._run_hook(hook)
 
+    def abort(self, error: BaseException) -> bool:
+        """End a cancellable task in Failed (e.g. it ran past ``compactionTaskTimeoutSeconds``) and stop
+        its work like a cancel does; return whether it did (a switching or ended task is left alone)."""
+        with self._lock:
+            if not self._state.cancellable:
+                return False
+            self._cancel.set()
+            hooks, self._cancel_hooks = self._cancel_hooks, []
+            pending = self._state is TaskState.PENDING
+            self.transition(TaskState.FAILED, error=error)
+            if pending and self._start_hook is not None:
+                self._start_hook = None
+                self.worker_done.set()
+        for hook in hooks:
+            self._run_hook(hook)
+        return True
+
     def _run_hook(self, hook: Callable[[], None]) -> None:
         try:
             hook()

@@ -54,6 +54,7 @@ class SparkSessionManager:
         self._app_name = app_name
         self._lock = threading.Lock()
         self._spark: Any = None
+        self._stopped = False
         self.warmed = False
 
     @property
@@ -66,6 +67,8 @@ class SparkSessionManager:
         with self._lock:
             if self._spark is not None:
                 return self._spark
+            if self._stopped:
+                raise SparkError("the Spark session was stopped (the daemon is shutting down)")
             # Executors must run this interpreter (it has pyarrow, kafka-python and compactord).
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -175,9 +178,12 @@ class SparkSessionManager:
 
     def stop(self) -> None:
         with self._lock:
+            self._stopped = True
             if self._spark is not None:
                 try:
                     self._spark.stop()
+                except Exception as exc:  # the JVM may already be gone (e.g. SIGTERM to the whole group)
+                    log.info("Spark session stop: %s", exc)
                 finally:
                     self._spark = None
                     self.warmed = False

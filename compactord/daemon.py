@@ -1,0 +1,262 @@
+"""``compactord run``: one process holding the Spark session, the task registry, the backlog monitor
+and the HTTP server.
+
+Start-up: lock the ledger root (a second daemon on the same root refuses to start), resolve the
+factory, serve HTTP at once (``/healthz`` answers, ``/readyz`` says 503 until ready), then start and
+warm the Spark session in the background. Ready = the broker answers and Spark is warm.
+
+If the Spark JVM dies, the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
+cancellable tasks are cancelled, a switching task finishes, Spark stops, exit code 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from compactord.config import Settings
+from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, PluginLoadError
+from compactord.interfaces import CompactionServiceFactory, ServiceContext
+from compactord.kafka.admin import KafkaAdmin
+from compactord.ledger.store import DAEMON_DIR, LedgerStore
+from compactord.metrics import Metrics
+from compactord.policies import PolicyStore, TopicPolicies
+from compactord.refs import resolve_ref
+from compactord.registry import TaskRegistry, _iso, task_status
+from compactord.scheduler import BacklogMonitor
+from compactord.spark.session import SparkSessionManager
+from compactord.task import CompactionTaskCtx
+
+__all__ = ["Daemon"]
+
+log = logging.getLogger(__name__)
+WATCH_EVERY_S = 2.0
+EXIT_SPARK_DIED = 70
+
+
+def load_factory(settings: Settings) -> CompactionServiceFactory:
+    key, ref = "compactionServiceFactoryClassName", settings.compaction_service_factory_class_name
+    cls = resolve_ref(key, ref)
+    if not (isinstance(cls, type) and issubclass(cls, CompactionServiceFactory)):
+        raise PluginLoadError(key, ref, "the class must subclass compactord.interfaces.CompactionServiceFactory")
+    return cls()
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = LedgerStore(settings.compacted_ledger_root).open()
+        try:
+            self.spark = SparkSessionManager(settings)
+            self.factory = load_factory(settings)
+            self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store))
+        except BaseException:
+            self.store.close()
+            raise
+        self.admin = KafkaAdmin(settings)
+        self.policies = PolicyStore(self.store)
+        self.metrics = Metrics(snapshot=self._snapshot)
+        self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
+                                     on_end=self._task_ended)
+        self.monitor = BacklogMonitor(settings, self, self.registry, self.policies, self.metrics)
+        self.fatal: str | None = None
+        self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
+        self._broker_ok = False
+        self._broker_error = "the broker has not been asked yet"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_success: dict[str, float] = {}
+        self._load_last_successes()
+
+    # -- start-up and watchdogs -----------------------------------------------------------------
+
+    def start(self) -> None:
+        for name, target in (("spark-start", self._start_spark), ("watchdog", self._watch)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _start_spark(self) -> None:
+        try:
+            self.spark.start()
+            scratch = self.store.root / DAEMON_DIR / "tmp"
+            scratch.mkdir(parents=True, exist_ok=True)
+            self.spark.warm_up(scratch)
+        except Exception as exc:
+            if not self._stop.is_set():
+                self._die(f"the Spark session could not start: {exc}")
+            return
+        self._check_broker()
+        self.monitor.start()
+        log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
+
+    def _check_broker(self) -> None:
+        try:
+            self.admin.ping()
+            self._broker_ok, self._broker_error = True, ""
+        except CompactordError as exc:
+            if self._broker_ok:
+                log.warning("broker unavailable: %s", exc)
+            self._broker_ok, self._broker_error = False, exc.message
+
+    def _watch(self) -> None:
+        last_broker_check = 0.0
+        while not self._stop.wait(WATCH_EVERY_S):
+            if self.spark.warmed and not self.spark.alive():
+                self._die("the Spark JVM died")
+                return
+            now = time.monotonic()
+            if now - last_broker_check > 10 or not self._broker_ok:
+                self._check_broker()
+                last_broker_check = now
+            self._enforce_task_timeout()
+            self.metrics.ready.set(0 if self.readiness_problems() else 1)
+
+    def _enforce_task_timeout(self) -> None:
+        limit = self.settings.task_timeout_seconds
+        now = time.time()
+        for ctx in self.registry.tasks():
+            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > limit:
+                if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
+                    log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
+
+    def _die(self, reason: str) -> None:
+        log.critical("%s; exiting so that the supervisor restarts compactord", reason)
+        self.fatal = reason
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    def liveness_problem(self) -> str | None:
+        return self.fatal
+
+    def readiness_problems(self) -> list[str]:
+        problems = []
+        if self.fatal:
+            problems.append(self.fatal)
+        if not self.spark.warmed:
+            problems.append("the Spark session is starting (not warmed up yet)")
+        if not self._broker_ok:
+            problems.append(f"the broker does not answer: {self._broker_error}")
+        return problems
+
+    def shutdown(self) -> None:
+        """Cancel what can be cancelled, let a switching task finish, stop Spark."""
+        log.info("shutting down")
+        self._stop.set()
+        self.monitor.stop()
+        self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))
+        try:
+            self.factory.close()
+        finally:
+            self.admin.close()
+            if self.fatal is None:
+                self.spark.stop()
+            self.store.close()
+
+    # -- what the API asks ----------------------------------------------------------------------
+
+    def require_topic(self, topic: str) -> None:
+        """:raises TopicNotFound: the broker lacks it. :raises BrokerUnavailable: the broker is down."""
+        self.admin.partitions(topic)
+
+    def topic_status(self, topic: str) -> dict[str, Any]:
+        last = self.registry.last(topic)
+        if last is not None:
+            return task_status(last)
+        manifest = self.registry.service(topic).ledger_info()
+        none = {"topic": topic, "state": None, "task_id": None, "last_error": None,
+                "progress": {"records_read": 0, "records_total": 0}}
+        if manifest is None:
+            return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
+        return {**none, "status": "SUCCESS", "started_at": _iso(manifest.started_at_ms / 1000),
+                "finished_at": _iso(manifest.finished_at_ms / 1000)}
+
+    def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
+        """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
+        outcome = self.registry.stop_topic(topic, timeout * 0.8)
+        task = outcome.task if outcome else None
+        if outcome is None or outcome.stopped:
+            self._delete_now(topic)
+            return True, task
+
+        def finish() -> None:
+            assert task is not None
+            task.worker_done.wait(self.settings.task_timeout_seconds)
+            self._delete_now(topic)
+
+        threading.Thread(target=finish, name=f"delete-{topic}", daemon=True).start()
+        return False, task
+
+    def _delete_now(self, topic: str) -> None:
+        service = self.registry.service(topic)
+        try:
+            service.delete()
+        except CompactionAlreadyRunning:
+            log.warning("topic %s: a new compaction started while it was being deleted", topic)
+            return
+        self.store.delete_topic(topic)  # policies and marks too, even for a topic never compacted
+        self.registry.forget(topic)
+        self.metrics.forget(topic)
+        self._last_success.pop(topic, None)
+        log.info("topic %s deleted: ledgers, horizon and policies removed", topic)
+
+    def set_policies(self, topic: str, policies: TopicPolicies | None) -> None:
+        if policies is None:
+            self.policies.delete(topic)
+        else:
+            self.policies.put(topic, policies)
+        apply = getattr(self.factory, "set_topic_strategy", None)
+        if apply is not None:
+            apply(topic, policies.strategy if policies is not None else None)
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        try:
+            on_broker = set(self.admin.list_topics())
+        except BrokerUnavailable:
+            raise
+        known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
+        out = []
+        for topic in sorted(known):
+            backlog = self.monitor.backlogs.get(topic)
+            live = self.registry.live(topic)
+            out.append({
+                "topic": topic,
+                "on_broker": topic in on_broker,
+                "unloaded": self.policies.unloaded(topic),
+                "backlog": None if backlog is None else {
+                    "records": backlog.records, "bytes": backlog.bytes,
+                    "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
+                },
+                "last_compaction": self.topic_status(topic),
+                "current_task": task_status(live) if live is not None else None,
+            })
+        return out
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def _task_ended(self, ctx: CompactionTaskCtx) -> None:
+        self.metrics.task_ended(ctx)
+        if ctx.finished_at is not None and ctx.state.value == "Succeed":
+            self._last_success[ctx.topic] = ctx.finished_at
+
+    def _load_last_successes(self) -> None:
+        for topic in self.store.topics():
+            try:
+                ledger_id = self.store.current_ledger_id(topic)
+                if ledger_id is not None:
+                    manifest = self.store.load_manifest(topic, ledger_id)
+                    self._last_success[topic] = manifest.finished_at_ms / 1000
+                    self.metrics.compacted_entries.labels(topic).set(manifest.records_kept)
+                    self.metrics.compacted_bytes.labels(topic).set(manifest.bytes)
+            except CompactordError as exc:
+                log.error("topic %s: %s", topic, exc)
+                self.metrics.ledger_corrupt.labels(topic).set(1)
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "running": self.registry.running_count(),
+            "pending": self.registry.pending_count(),
+            "last_success": dict(self._last_success),
+        }

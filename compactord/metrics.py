@@ -1,0 +1,117 @@
+"""Prometheus metrics (prefix ``compactord_``): Pulsar's CompactorMXBean and Kafka's cleaner metrics.
+
+One ``CollectorRegistry`` per daemon (not the global one), served at ``/metrics``. Time-based values
+(seconds since the last success, tasks running) are computed at scrape time by a custom collector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from compactord.task import CompactionTaskCtx, TaskState
+
+__all__ = ["Metrics"]
+
+_RESULT = {TaskState.SUCCEED: "succeeded", TaskState.FAILED: "failed", TaskState.CANCELLED: "cancelled"}
+_DURATION_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+class _LiveCollector(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self._snapshot()
+        yield GaugeMetricFamily("compactord_running_tasks", "Compactions holding a slot now", value=snap["running"])
+        yield GaugeMetricFamily("compactord_pending_tasks", "Compactions waiting for a slot", value=snap["pending"])
+        since = GaugeMetricFamily(
+            "compactord_seconds_since_last_success", "Seconds since the topic's last successful compaction",
+            labels=["topic"],
+        )
+        now = time.time()
+        for topic, ts in snap["last_success"].items():
+            since.add_metric([topic], max(0.0, now - ts))
+        yield since
+
+
+class Metrics:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.compactions = Counter(
+            "compactord_compactions", "Ended compactions by result (succeeded, failed, cancelled)",
+            ["topic", "result"], registry=r,
+        )
+        self.duration = Histogram(
+            "compactord_compaction_duration_seconds", "Duration of ended compactions", ["topic"],
+            buckets=_DURATION_BUCKETS, registry=r,
+        )
+        self.removed = Counter("compactord_removed_events", "Records removed by compaction (Pulsar's removed events)",
+                               ["topic"], registry=r)
+        self.records_read = Counter("compactord_records_read", "Records read by compactions (ledger + tail)",
+                                    ["topic"], registry=r)
+        self.bytes_read = Counter("compactord_bytes_read", "Key and value bytes read from Kafka by compactions",
+                                  ["topic"], registry=r)
+        self.records_written = Counter("compactord_records_written", "Entries written into new ledgers",
+                                       ["topic"], registry=r)
+        self.bytes_written = Counter("compactord_bytes_written", "Bytes of new ledgers", ["topic"], registry=r)
+        self.compacted_entries = Gauge("compactord_compacted_entries", "Live entries in the current ledger",
+                                       ["topic"], registry=r)
+        self.compacted_bytes = Gauge("compactord_compacted_bytes", "Size of the current ledger", ["topic"], registry=r)
+        self.backlog_records = Gauge("compactord_backlog_records", "Records after the horizon", ["topic"], registry=r)
+        self.backlog_bytes = Gauge("compactord_backlog_bytes", "Estimated bytes after the horizon", ["topic"],
+                                   registry=r)
+        self.backlog_age = Gauge("compactord_backlog_age_seconds", "Age of the oldest record after the horizon",
+                                 ["topic"], registry=r)
+        self.dirty_ratio = Gauge("compactord_dirty_ratio", "Tail records / (ledger + tail records)", ["topic"],
+                                 registry=r)
+        self.uncleanable = Gauge("compactord_uncleanable_topics", "Topics whose last 3 compactions failed",
+                                 registry=r)
+        self.topic_uncleanable = Gauge("compactord_topic_uncleanable", "1 if the topic's last 3 compactions failed",
+                                       ["topic"], registry=r)
+        self.ledger_corrupt = Gauge("compactord_ledger_corrupt", "1 if the topic's current ledger fails verification",
+                                    ["topic"], registry=r)
+        self.missing_topics = Gauge("compactord_topics_missing_on_broker",
+                                    "Topics with a ledger that the broker no longer lists", registry=r)
+        self.topic_missing = Gauge("compactord_topic_missing_on_broker", "1 if the broker no longer lists the topic",
+                                   ["topic"], registry=r)
+        self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
+        self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
+        if snapshot is not None:
+            r.register(_LiveCollector(snapshot))
+
+    def task_ended(self, ctx: CompactionTaskCtx) -> None:
+        topic, result = ctx.topic, _RESULT.get(ctx.state)
+        if result is None:
+            return
+        self.compactions.labels(topic, result).inc()
+        if ctx.started_at is not None and ctx.finished_at is not None:
+            self.duration.labels(topic).observe(ctx.finished_at - ctx.started_at)
+        stats = ctx.stats
+        if ctx.state is TaskState.SUCCEED and not stats.get("skipped"):
+            self.removed.labels(topic).inc(stats.get("removed", 0))
+            self.records_read.labels(topic).inc(stats.get("records_read", 0))
+            self.bytes_read.labels(topic).inc(stats.get("bytes_read", 0))
+            self.records_written.labels(topic).inc(stats.get("records_kept", 0) + stats.get("markers", 0))
+            self.bytes_written.labels(topic).inc(stats.get("bytes_written", 0))
+            self.compacted_entries.labels(topic).set(stats.get("records_kept", 0))
+            self.compacted_bytes.labels(topic).set(stats.get("bytes_written", 0))
+
+    def forget(self, topic: str) -> None:
+        """Drop a deleted topic's per-topic series."""
+        for metric in (self.compacted_entries, self.compacted_bytes, self.backlog_records, self.backlog_bytes,
+                       self.backlog_age, self.dirty_ratio, self.topic_uncleanable, self.ledger_corrupt,
+                       self.topic_missing):
+            try:
+                metric.remove(topic)
+            except KeyError:
+                pass
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,122 @@
+"""Per-topic state kept under the ledger root: compaction policies and the "unloaded" mark.
+
+``<root>/<topic>/policies.json`` overrides the broker-wide thresholds and the strategy for one topic
+(Pulsar's topic-level compaction threshold); ``<root>/<topic>/UNLOADED`` makes the backlog monitor
+skip a topic that moved to another broker, until it is loaded again or compacted by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from compactord.config import Settings
+from compactord.errors import InvalidArgument
+
+__all__ = ["PolicyStore", "TopicPolicies"]
+
+POLICIES = "policies.json"
+UNLOADED = "UNLOADED"
+
+
+@dataclass(frozen=True)
+class TopicPolicies:
+    """Overrides of one topic; None means the broker-wide setting."""
+
+    thresholdBytes: int | None = None  # noqa: N815 - the API's JSON names
+    thresholdMessages: int | None = None  # noqa: N815
+    maxLagSeconds: int | None = None  # noqa: N815
+    minDirtyRatio: float | None = None  # noqa: N815
+    strategy: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> TopicPolicies:
+        """Validate a JSON object of overrides.
+
+        :raises InvalidArgument: an unknown field or a bad value, naming it and what is allowed.
+        """
+        if not isinstance(data, dict):
+            raise InvalidArgument("policies must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InvalidArgument(f"unknown policy field(s) {unknown}; allowed: {sorted(known)}")
+        for name in ("thresholdBytes", "thresholdMessages", "maxLagSeconds"):
+            value = data.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise InvalidArgument(f"{name} must be a whole number >= 0 (0 = off) or null, got {value!r}")
+        ratio = data.get("minDirtyRatio")
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)
+                                  or not 0 <= ratio <= 1):
+            raise InvalidArgument(f"minDirtyRatio must be a number from 0 to 1 or null, got {ratio!r}")
+        strategy = data.get("strategy")
+        if strategy is not None:
+            from compactord.errors import ConfigError
+            from compactord.strategies import load_strategy
+
+            if not isinstance(strategy, str):
+                raise InvalidArgument(f"strategy must be a string, got {strategy!r}")
+            try:
+                load_strategy(strategy, key="strategy")
+            except ConfigError as exc:
+                raise InvalidArgument(str(exc)) from exc
+        return cls(**data)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def effective(self, settings: Settings) -> dict[str, Any]:
+        """The thresholds and strategy in force for the topic."""
+        return {
+            "thresholdBytes": settings.threshold_bytes if self.thresholdBytes is None else self.thresholdBytes,
+            "thresholdMessages": (
+                settings.threshold_messages if self.thresholdMessages is None else self.thresholdMessages
+            ),
+            "maxLagSeconds": settings.max_lag_seconds if self.maxLagSeconds is None else self.maxLagSeconds,
+            "minDirtyRatio": settings.min_dirty_ratio if self.minDirtyRatio is None else self.minDirtyRatio,
+            "strategy": settings.compaction_strategy if self.strategy is None else self.strategy,
+        }
+
+
+class PolicyStore:
+    """Reads and writes the per-topic files through the ledger store's topic folders."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+
+    def _path(self, topic: str, name: str) -> Path:
+        return Path(self._store.topic_dir(topic)) / name
+
+    def get(self, topic: str) -> TopicPolicies:
+        path = self._path(topic, POLICIES)
+        try:
+            return TopicPolicies.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return TopicPolicies()
+
+    def put(self, topic: str, policies: TopicPolicies) -> None:
+        path = self._path(topic, POLICIES)
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(policies.to_json(), indent=1))
+            os.replace(tmp, path)
+
+    def delete(self, topic: str) -> None:
+        self._path(topic, POLICIES).unlink(missing_ok=True)
+
+    def unloaded(self, topic: str) -> bool:
+        return self._path(topic, UNLOADED).exists()
+
+    def set_unloaded(self, topic: str, unloaded: bool) -> None:
+        path = self._path(topic, UNLOADED)
+        if unloaded:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)

@@ -1,0 +1,244 @@
+"""The task registry: one live task per topic, the slots that bound concurrent compactions, history.
+
+A triggered task starts in Pending and waits for one of ``compactionMaxConcurrentTasks`` slots.
+Waiting tasks start biggest backlog first, except that one that has waited longer than two monitor
+intervals goes first. The last 20 tasks of every topic are kept in memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compactord.errors import CompactionAlreadyRunning, NoTaskRunning, TaskNotCancellable
+from compactord.interfaces import CompactionServiceFactory, TopicCompactionService
+from compactord.model import validate_topic_name
+from compactord.task import CompactionTaskCtx, TaskState
+
+__all__ = ["CancelOutcome", "TaskRegistry", "task_status"]
+
+log = logging.getLogger(__name__)
+HISTORY = 20
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
+
+
+def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
+    """The API's status object of a task (with its topic)."""
+    state = ctx.state
+    if state is TaskState.SUCCEED:
+        status = "SUCCESS"
+    elif state in (TaskState.FAILED, TaskState.CANCELLED):
+        status = "ERROR"
+    else:
+        status = "RUNNING"
+    return {
+        "topic": ctx.topic,
+        "status": status,
+        "state": state.value,
+        "task_id": ctx.task_id,
+        "started_at": _iso(ctx.started_at or ctx.created_at),
+        "finished_at": _iso(ctx.finished_at),
+        "last_error": ctx.error,
+        "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
+    }
+
+
+@dataclass
+class _Waiting:
+    ctx: CompactionTaskCtx
+    backlog: float
+    queued_at: float
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    task: CompactionTaskCtx
+    stopped: bool  # the work has ended (else it is still stopping in the background)
+
+
+class TaskRegistry:
+    """Triggers, slots, cancel and history. Thread-safe."""
+
+    def __init__(
+        self,
+        factory: CompactionServiceFactory,
+        max_concurrent: int,
+        monitor_interval_s: float,
+        on_end: Callable[[CompactionTaskCtx], None] | None = None,
+    ) -> None:
+        self._factory = factory
+        self._max = max_concurrent
+        self._starve_after = 2 * monitor_interval_s
+        self._on_end = on_end
+        self._lock = threading.RLock()
+        self._live: dict[str, CompactionTaskCtx] = {}
+        self._waiting: list[_Waiting] = []
+        self._running: set[str] = set()  # task ids holding a slot
+        self._history: dict[str, collections.deque[CompactionTaskCtx]] = {}
+        self._closed = False
+
+    def service(self, topic: str) -> TopicCompactionService:
+        return self._factory.new_topic_compaction_service(validate_topic_name(topic))
+
+    # -- trigger and slots ----------------------------------------------------------------------
+
+    def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0) -> CompactionTaskCtx:
+        """Queue a compaction of ``topic``; it starts when a slot is free.
+
+        :raises CompactionAlreadyRunning: the topic has a live task (it is attached to the error).
+        """
+        service = self.service(topic)
+        with self._lock:
+            if self._closed:
+                raise CompactionAlreadyRunning(topic)  # shutting down: nothing new starts
+            live = self._live.get(topic)
+            if live is not None and not live.done:
+                raise CompactionAlreadyRunning(topic, live)
+            ctx = service.compact(rebuild=rebuild, start=False)
+            ctx.add_listener(self._on_state)
+            self._live[topic] = ctx
+            self._history.setdefault(topic, collections.deque(maxlen=HISTORY)).append(ctx)
+            self._waiting.append(_Waiting(ctx, backlog, time.monotonic()))
+        self._dispatch()
+        return ctx
+
+    def _next_waiting(self) -> _Waiting | None:
+        if not self._waiting:
+            return None
+        now = time.monotonic()
+        starved = [w for w in self._waiting if now - w.queued_at > self._starve_after]
+        if starved:
+            return min(starved, key=lambda w: w.queued_at)
+        return max(self._waiting, key=lambda w: (w.backlog, -w.queued_at))
+
+    def _dispatch(self) -> None:
+        to_start: list[CompactionTaskCtx] = []
+        with self._lock:
+            self._waiting = [w for w in self._waiting if not w.ctx.done]
+            while len(self._running) < self._max and not self._closed:
+                nxt = self._next_waiting()
+                if nxt is None:
+                    break
+                self._waiting.remove(nxt)
+                self._running.add(nxt.ctx.task_id)
+                to_start.append(nxt.ctx)
+        for ctx in to_start:
+            try:
+                ctx.start()
+            except Exception as exc:  # cancelled between dispatch and start, or the start failed
+                log.info("task %s of topic %s did not start: %s", ctx.task_id, ctx.topic, exc)
+                with self._lock:
+                    self._running.discard(ctx.task_id)
+
+    def _on_state(self, ctx: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
+        if not new.terminal:
+            return
+        with self._lock:
+            self._running.discard(ctx.task_id)
+        if self._on_end is not None:
+            self._on_end(ctx)
+        threading.Thread(target=self._dispatch, name="dispatch", daemon=True).start()
+
+    def kick(self) -> None:
+        """Re-run the dispatch (e.g. after waiting tasks aged past the starvation bound)."""
+        self._dispatch()
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    def live(self, topic: str) -> CompactionTaskCtx | None:
+        ctx = self._live.get(topic)
+        return ctx if ctx is not None and not ctx.done else None
+
+    def last(self, topic: str) -> CompactionTaskCtx | None:
+        history = self._history.get(topic)
+        return history[-1] if history else None
+
+    def history(self, topic: str) -> list[CompactionTaskCtx]:
+        return list(self._history.get(topic, ()))
+
+    def tasks(self) -> list[CompactionTaskCtx]:
+        with self._lock:
+            return sorted((t for h in self._history.values() for t in h), key=lambda t: t.created_at)
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return sum(1 for w in self._waiting if not w.ctx.done)
+
+    def recent_failures(self, topic: str) -> int:
+        """How many of the topic's last compactions failed in a row (cancellations do not count)."""
+        count = 0
+        for ctx in reversed(self.history(topic)):
+            if ctx.state is TaskState.FAILED:
+                count += 1
+            elif ctx.state is TaskState.SUCCEED:
+                break
+        return count
+
+    def forget(self, topic: str) -> None:
+        """Drop a deleted topic's history."""
+        with self._lock:
+            self._history.pop(topic, None)
+            if topic in self._live and self._live[topic].done:
+                del self._live[topic]
+
+    # -- cancel ---------------------------------------------------------------------------------
+
+    def cancel(self, topic: str, timeout: float, reason: str = "cancelled by request") -> CancelOutcome:
+        """Cancel the topic's live task and wait up to ``timeout`` for its work to end.
+
+        :raises NoTaskRunning: the topic has no live task.
+        :raises TaskNotCancellable: the task is switching ledgers.
+        """
+        ctx = self.live(topic)
+        if ctx is None:
+            raise NoTaskRunning(topic)
+        try:
+            ctx.cancel(reason)
+        except TaskNotCancellable:
+            if ctx.done:  # it ended between the look-up and the cancel
+                return CancelOutcome(ctx, ctx.worker_done.is_set())
+            raise
+        self._dispatch()
+        return CancelOutcome(ctx, ctx.worker_done.wait(timeout))
+
+    def stop_topic(self, topic: str, timeout: float) -> CancelOutcome | None:
+        """Cancel a cancellable task or wait for a switching one, within ``timeout``; None if idle."""
+        ctx = self.live(topic)
+        if ctx is None:
+            return None
+        deadline = time.monotonic() + timeout
+        try:
+            ctx.cancel("the topic was unloaded or deleted")
+        except TaskNotCancellable:
+            pass  # switching: it completes or fails on its own, never half-way
+        ctx.wait(max(0.0, deadline - time.monotonic()))
+        stopped = ctx.worker_done.wait(max(0.0, deadline - time.monotonic()))
+        return CancelOutcome(ctx, stopped)
+
+    def shutdown(self, timeout: float) -> None:
+        """SIGTERM: cancel what can be cancelled, let a switching task finish."""
+        with self._lock:
+            self._closed = True
+            live = [t for t in self._live.values() if not t.done]
+        for ctx in live:
+            try:
+                ctx.cancel("the daemon is shutting down")
+            except TaskNotCancellable:
+                log.info("waiting for task %s of topic %s to finish its ledger switch", ctx.task_id, ctx.topic)
+        deadline = time.monotonic() + timeout
+        for ctx in live:
+            ctx.wait(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,75 @@
+"""Run the daemon: the HTTP server in the foreground, SIGTERM handling, exit codes."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+from pathlib import Path
+
+import uvicorn
+
+from compactord.config import Settings
+from compactord.daemon import EXIT_SPARK_DIED, Daemon
+from compactord.embedded import EmbeddedBroker
+from compactord.errors import CompactordError
+from compactord.logs import configure_logging
+
+__all__ = ["serve"]
+
+log = logging.getLogger("compactord")
+EXIT_CONFIG = 2
+
+
+def _warnings(settings: Settings) -> None:
+    host = settings.http_bind_address
+    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    if not loopback and not settings.http_auth_token:
+        log.warning("httpBindAddress=%s is not a loopback address and httpAuthToken is empty: anyone who reaches "
+                    "this port can trigger, cancel and delete compactions; set httpAuthToken", host)
+    master = settings.spark_master
+    if not master.startswith("local") and not str(settings.compacted_ledger_root).startswith(
+            ("hdfs:", "s3a:", "gs:", "abfs:")):
+        log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
+                    "executor and this daemon can reach (a shared mount at the same path)", master,
+                    Path(settings.compacted_ledger_root).resolve())
+
+
+def serve(settings: Settings, embedded_broker: bool = False) -> int:
+    configure_logging(settings.log_format, settings.log_level)
+    broker = None
+    try:
+        if embedded_broker:
+            broker = EmbeddedBroker().start()
+            settings = settings.with_overrides(kafka_bootstrap_servers=broker.bootstrap)
+            log.info("embedded broker on %s (memory storage: its topics vanish when it stops)", broker.bootstrap)
+        _warnings(settings)
+        try:
+            daemon = Daemon(settings)
+        except CompactordError as exc:
+            log.error("compactord cannot start: %s", exc)
+            return EXIT_CONFIG
+        from compactord.api.app import create_app
+
+        config = uvicorn.Config(
+            create_app(daemon), host=settings.http_bind_address, port=settings.http_port, log_level="warning",
+            access_log=False, lifespan="off",
+            ssl_certfile=settings.http_tls_cert_file or None, ssl_keyfile=settings.http_tls_key_file or None,
+        )
+        server = uvicorn.Server(config)
+        daemon.on_fatal = lambda: setattr(server, "should_exit", True)
+        # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so
+        # that the orderly shutdown below runs and the exit code is 0.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        daemon.start()
+        scheme = "https" if settings.http_tls_cert_file else "http"
+        log.info("compactord API on %s://%s:%d (ledgers in %s)", scheme, settings.http_bind_address,
+                 settings.http_port, daemon.store.root)
+        try:
+            server.run()
+        finally:
+            daemon.shutdown()
+        return EXIT_SPARK_DIED if daemon.fatal else 0
+    finally:
+        if broker is not None:
+            broker.stop()

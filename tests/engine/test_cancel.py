@@ -1,0 +1,283 @@
+"""Cancelling a compaction in each state (PIP-387), on the real broker and the shared warm Spark session.
+
+States that last milliseconds are held open with the test-only pause points
+(``compactionTestPausePoints``); the cancel of a running Spark job uses a topic big enough that
+the job takes seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compactord.errors import IllegalStateTransition, TaskNotCancellable
+from compactord.model import Position
+from compactord.task import CompactionTaskCtx, TaskState
+
+from .helpers import TIMEOUT, compact, last_value_model, view
+
+# A warm session must stop a cancelled task within this bound (the issue's figure).
+CANCEL_BOUND_S = 5.0
+WORKER_DONE_BOUND_S = 60.0
+
+BIG_RECORDS = 120_000
+BIG_KEYS = 2_000
+BIG_VALUE = 1_000
+
+
+def ledger_dirs(store: Any, topic: str) -> list[str]:
+    topic_dir = store.topic_dir(topic)
+    if not topic_dir.exists():
+        return []
+    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))
+
+
+def progress_dir(store: Any, ctx: CompactionTaskCtx) -> Path:
+    return Path(store.root) / "@compactord" / "progress" / ctx.task_id
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def snapshot(service: Any, partitions: int = 1) -> tuple[Any, ...]:
+    info = service.ledger_info()
+    return (info.ledger_id if info else None, service.get_last_compacted_position(), big_view(service, partitions))
+
+
+def big_view(service: Any, partitions: int) -> dict[bytes, bytes]:
+    """key -> value of the compacted view, each partition read in one call."""
+    result: dict[bytes, bytes] = {}
+    for p in range(partitions):
+        for e in service.read_compacted_entries(Position(p, 0), 10**7):
+            result[e.key] = e.value
+    return result
+
+
+def assert_cleaned_up(store: Any, topic: str, ctx: CompactionTaskCtx, expected_dirs: list[str]) -> None:
+    assert ledger_dirs(store, topic) == expected_dirs
+    assert not progress_dir(store, ctx).exists()
+
+
+# -- Pending --------------------------------------------------------------------------------------
+
+
+def test_cancel_pending_task_never_starts_and_a_later_compact_works(kafka, make_factory):
+    topic = kafka.topic()
+    records = [("a", "1"), ("b", "2"), ("a", "3")]
+    kafka.produce(topic, records)
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    ctx = service.compact(start=False)
+    assert ctx.state is TaskState.PENDING
+    ctx.cancel()
+    assert ctx.state is TaskState.CANCELLED and ctx.done
+    assert ctx.worker_done.is_set()
+    assert ctx.error_type == "compaction_cancelled"
+    with pytest.raises(IllegalStateTransition):
+        ctx.start()  # a cancelled task never runs
+    assert not factory.store.topic_dir(topic).exists()
+    assert service.ledger_info() is None
+    later = compact(service)
+    assert later is not ctx
+    assert view(service) == last_value_model(records)
+
+
+# -- Pending (started), Creating_Raw_Reader, Running before the Spark job -------------------------
+
+
+@pytest.mark.parametrize(
+    ("point", "state"),
+    [
+        ("pending", TaskState.PENDING),
+        ("creating_raw_reader", TaskState.CREATING_RAW_READER),
+        ("running", TaskState.RUNNING),
+    ],
+)
+def test_cancel_at_a_pause_point_keeps_the_previous_ledger(kafka, make_factory, point, state):
+    topic = kafka.topic(partitions=2)
+    first = [(f"k{i % 6}", f"v{i}", i % 2) for i in range(40)]
+    kafka.produce(topic, first)
+    base = make_factory()
+    service = base.new_topic_compaction_service(topic)
+    compact(service)
+    before = snapshot(service, 2)
+    kafka.produce(topic, [(f"k{i % 9}", f"w{i}", i % 2) for i in range(20)])
+
+    paused = make_factory(store=base.store, test_pause_points={point: 30}).new_topic_compaction_service(topic)
+    ctx = paused.compact()
+    assert wait_for(lambda: ctx.state is state, 30)
+    time.sleep(0.2)  # let the worker reach the pause point
+    started = time.monotonic()
+    ctx.cancel()
+    assert ctx.state is TaskState.CANCELLED
+    assert ctx.worker_done.wait(CANCEL_BOUND_S), "the worker did not stop within the bound"
+    latency = time.monotonic() - started
+    print(f"\ncancel at pause point {point!r}: worker done {latency:.3f}s after cancel()")
+    assert ctx.result(0) is TaskState.CANCELLED
+    assert snapshot(service, 2) == before == snapshot(paused, 2)
+    assert_cleaned_up(base.store, topic, ctx, [f"ledger-{before[0]}"])
+
+
+# -- Running, during the Spark job ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_topic(kafka) -> tuple[str, dict[bytes, bytes]]:
+    """A topic whose compaction takes seconds on the warm session: ~120 MB over 2 partitions."""
+    from kafka import KafkaProducer
+
+    topic = kafka.topic(partitions=2, prefix="big")
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=20, batch_size=1 << 20,
+                             max_request_size=8 << 20)
+    pad = b"x" * (BIG_VALUE - 12)
+    expected: dict[bytes, bytes] = {}
+    try:
+        for i in range(BIG_RECORDS):
+            key = f"k{i % BIG_KEYS}".encode()
+            value = f"{i:010d}:".encode() + pad
+            # a key always goes to the same partition, so keys are unique across partitions
+            producer.send(topic, key=key, value=value, partition=(i % BIG_KEYS) % 2)
+            expected[key] = value
+        producer.flush()
+    finally:
+        producer.close()
+    return topic, expected
+
+
+def spark_jobs(spark_manager: Any, group: str) -> tuple[list[int], list[int]]:
+    """(job ids of the group, the active ones among them) from the Spark status tracker."""
+    sc = spark_manager.spark.sparkContext
+    ids = list(sc.statusTracker().getJobIdsForGroup(group))
+    active = set(sc.statusTracker().getActiveJobsIds())
+    return ids, [i for i in ids if i in active]
+
+
+def test_cancel_during_the_spark_job_on_a_warm_session(big_topic, make_factory, spark_manager):
+    topic, expected = big_topic
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    ctx = service.compact()
+    # The job really runs: readers have reported records and Spark shows an active job of the group.
+    assert wait_for(lambda: ctx.progress.records_read > 0 and spark_jobs(spark_manager, ctx.task_id)[1], 120,
+                    interval=0.05), f"the Spark job never got going (state {ctx.state.value})"
+    read_at_cancel = ctx.progress.records_read
+    assert ctx.state is TaskState.RUNNING
+
+    started = time.monotonic()
+    ctx.cancel()
+    cancel_returned = time.monotonic() - started
+    assert ctx.state is TaskState.CANCELLED
+    assert cancel_returned < CANCEL_BOUND_S
+    assert wait_for(lambda: not spark_jobs(spark_manager, ctx.task_id)[1], CANCEL_BOUND_S, 0.01), \
+        "Spark still runs jobs of the cancelled group"
+    jobs_stopped = time.monotonic() - started
+    assert ctx.worker_done.wait(WORKER_DONE_BOUND_S)
+    worker_done = time.monotonic() - started
+    print(f"\ncancel during the Spark job (warm, {read_at_cancel} of {ctx.progress.records_total} records read): "
+          f"cancel() returned in {cancel_returned:.3f}s, Spark jobs stopped {jobs_stopped:.3f}s, "
+          f"worker done {worker_done:.3f}s after cancel()")
+    assert worker_done < CANCEL_BOUND_S
+    assert read_at_cancel < BIG_RECORDS, "the job had already read everything: the topic is too small"
+    assert_cleaned_up(factory.store, topic, ctx, [])
+    time.sleep(1.0)  # Spark tasks killed late must not bring the directory back
+    assert_cleaned_up(factory.store, topic, ctx, [])
+    assert service.ledger_info() is None
+
+    # The same session runs the next compaction normally.
+    started = time.monotonic()
+    done = compact(service)
+    print(f"full compaction of the same topic afterwards: {time.monotonic() - started:.1f}s")
+    assert done.stats["records_read"] == BIG_RECORDS
+    assert big_view(service, 2) == expected
+
+
+def test_cancel_inside_spark_run_before_the_job_is_submitted(big_topic, make_factory, spark_manager):
+    """A cancel between entering ``spark.run`` and Spark submitting the job (cancelJobGroup alone would
+    miss it) still stops the work: the JVM's future-jobs cancel and the readers' CANCEL file."""
+    topic, expected = big_topic
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    compact(service)
+    before = snapshot(service, 2)
+    assert before[2] == expected
+
+    ctx = service.compact(rebuild=True)  # reads the whole topic again: a long job if nothing stops it
+    progress = progress_dir(factory.store, ctx)
+    # The progress dir is made just before the job enters spark.run: cancel at once.
+    assert wait_for(lambda: progress.exists() or ctx.done, 60, interval=0.001)
+    started = time.monotonic()
+    jobs_at_cancel = spark_jobs(spark_manager, ctx.task_id)[0]
+    ctx.cancel()
+    assert ctx.state is TaskState.CANCELLED
+    assert ctx.worker_done.wait(WORKER_DONE_BOUND_S), "the cancelled work never stopped"
+    worker_done = time.monotonic() - started
+    ids = spark_jobs(spark_manager, ctx.task_id)[0]
+    print(f"\ncancel inside spark.run before submission (jobs of the group at cancel: {jobs_at_cancel}, "
+          f"later: {ids}): worker done {worker_done:.3f}s after cancel()")
+    assert snapshot(service, 2) == before
+    assert_cleaned_up(factory.store, topic, ctx, [f"ledger-{before[0]}"])
+
+
+# -- Ending_with_switch_ledger ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["switch", "switched"])
+def test_cancel_is_refused_while_switching_ledgers(kafka, make_factory, point):
+    topic = kafka.topic()
+    first = [("a", "1"), ("b", "1")]
+    kafka.produce(topic, first)
+    base = make_factory()
+    service = base.new_topic_compaction_service(topic)
+    old_id = compact(service).ledger_id
+    second = [("a", "2"), ("c", "1")]
+    kafka.produce(topic, second)
+
+    paused = make_factory(store=base.store, test_pause_points={point: 2}).new_topic_compaction_service(topic)
+    ctx = paused.compact()
+    assert wait_for(lambda: ctx.state is TaskState.ENDING_WITH_SWITCH_LEDGER, 60)
+    if point == "switched":  # the pointer is replaced, the old ledger not yet deleted
+        assert wait_for(lambda: base.store.current_ledger_id(topic) != old_id, 5)
+    else:
+        assert base.store.current_ledger_id(topic) == old_id
+    with pytest.raises(TaskNotCancellable, match="Ending_with_switch_ledger"):
+        ctx.cancel()
+    assert not ctx.cancelled
+    assert ctx.result(TIMEOUT) is TaskState.SUCCEED
+    assert ctx.worker_done.wait(TIMEOUT)
+    assert ctx.ledger_id is not None and ctx.ledger_id != old_id
+    assert service.ledger_info().ledger_id == ctx.ledger_id
+    assert view(service) == view(paused) == last_value_model(first + second)
+    assert ledger_dirs(base.store, topic) == [f"ledger-{ctx.ledger_id}"]
+
+
+# -- ended tasks ------------------------------------------------------------------------------------
+
+
+def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1")])
+    service = make_factory().new_topic_compaction_service(topic)
+    succeeded = compact(service)
+    with pytest.raises(TaskNotCancellable, match="Succeed"):
+        succeeded.cancel()
+    assert succeeded.state is TaskState.SUCCEED
+
+    cancelled = service.compact(start=False)
+    cancelled.cancel()
+    with pytest.raises(TaskNotCancellable, match="Cancelled"):
+        cancelled.cancel()
+
+    failed = make_factory().new_topic_compaction_service("no-such-topic-for-cancel").compact()
+    assert failed.result(TIMEOUT) is TaskState.FAILED
+    with pytest.raises(TaskNotCancellable, match="Failed"):
+        failed.cancel()

@@ -1,0 +1,212 @@
+"""Property test: random produce/compact sequences against an in-Python reference model of each strategy.
+
+The model is written here, independently of ``compactord.strategies`` (a model that reuses the code under
+test would check nothing): it folds every record up to the horizon, per (partition, key), in offset
+order. After each compaction the ledger, read through the read API over every partition, must equal the
+model; the horizons must be the offsets produced - 1; the entries must be a subsequence of the log, in
+offset order, with each record unchanged; under ``event-time`` the ledger's marker count must equal the
+model's deleted keys (the default retention keeps every marker).
+
+Each example uses a fresh topic and a fresh ledger root. Examples are derandomized (no example database)
+so that a failure reproduces in CI; each compaction costs 1-2 s on the warm session, which bounds them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compactord.model import Entry
+
+from .helpers import compact, entries
+
+PARTITIONS = 2
+HEADER = "et"
+
+# -- the generated operations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Produce:
+    key: bytes | None
+    value: bytes | None  # None and b"" are both tombstones
+    event_time: tuple[str, int] | None  # (encoding, value): "decimal", "long" or "junk"; None: no header
+    partition: int
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        if self.event_time is None:
+            return []
+        encoding, number = self.event_time
+        if encoding == "decimal":
+            return [(HEADER, str(number).encode())]
+        if encoding == "long":
+            return [(HEADER, struct.pack(">q", number))]
+        return [(HEADER, b"t" + str(number).encode())]  # neither decimal nor 8 bytes: no event time
+
+    @property
+    def parsed_event_time(self) -> int | None:
+        if self.event_time is None or self.event_time[0] == "junk":
+            return None
+        return self.event_time[1]
+
+
+produces = st.builds(
+    Produce,
+    # Few keys, so that keys repeat; b"" is an ordinary key; a null key is dropped.
+    key=st.sampled_from([b"", b"a", b"b", b"c"]) | st.just(None),
+    value=st.sampled_from([None, b""]) | st.binary(min_size=1, max_size=3),
+    # Small event times, so that ties happen.
+    event_time=st.none() | st.tuples(st.sampled_from(["decimal", "long", "junk"]), st.integers(-2, 3)),
+    partition=st.integers(0, PARTITIONS - 1),
+).map(lambda r: replace(r, value=b"") if r.key is None and r.value is None else r)  # the client refuses both null
+# Each step produces a few records (possibly none) and then compacts: at most 3 compactions per example.
+steps = st.lists(st.lists(produces, max_size=10), min_size=1, max_size=3)
+
+# -- the reference model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A produced record at the offset the broker gave it."""
+
+    offset: int
+    record: Produce
+
+    @property
+    def deletes(self) -> bool:
+        return not self.record.value
+
+
+def publishing_order(records: list[Logged]) -> Logged | None:
+    return records[-1]
+
+
+def event_time(records: list[Logged]) -> Logged | None:
+    # Having an event time beats not having one; then the higher event time; a tie goes to the higher
+    # offset. A tombstone competes like any record.
+    best = None
+    for cur in records:
+        et = cur.record.parsed_event_time
+        rank = (et is not None, et or 0, -cur.offset)
+        if best is None or rank > best[0]:
+            best = (rank, cur)
+    return best[1] if best else None
+
+
+def first_value(records: list[Logged]) -> Logged | None:
+    kept: Logged | None = None
+    for cur in records:
+        if cur.deletes:
+            kept = None
+        elif kept is None:
+            kept = cur
+    return kept
+
+
+@dataclass(frozen=True)
+class Mode:
+    strategy: str
+    settings: dict[str, Any]
+    winner: Callable[[list[Logged]], Logged | None]
+    markers: bool  # a winning tombstone stays in the ledger as a marker (never read)
+
+
+MODES = {
+    "publishing-order": Mode("publishing-order", {}, publishing_order, False),
+    "event-time": Mode("event-time", {"compaction_event_time_source": f"header:{HEADER}"}, event_time, True),
+    "first-value": Mode("first-value", {}, first_value, False),
+}
+
+
+def expected(mode: Mode, log: dict[int, list[Logged]]) -> tuple[dict[int, list[Logged]], int]:
+    """Per partition the live winners in offset order, and the number of deleted keys (markers)."""
+    live: dict[int, list[Logged]] = {}
+    markers = 0
+    for partition, records in log.items():
+        by_key: dict[bytes, list[Logged]] = {}
+        for rec in records:
+            if rec.record.key is not None:
+                by_key.setdefault(rec.record.key, []).append(rec)
+        winners = [mode.winner(recs) for recs in by_key.values()]
+        markers += sum(1 for w in winners if w is not None and w.deletes)
+        live[partition] = sorted((w for w in winners if w is not None and not w.deletes), key=lambda w: w.offset)
+    return live, (markers if mode.markers else 0)
+
+
+# -- the property ----------------------------------------------------------------------------------
+
+
+def as_tuple(e: Entry) -> tuple[Any, ...]:
+    return (e.offset, e.key, e.value, tuple(e.headers))
+
+
+def logged_tuple(rec: Logged) -> tuple[Any, ...]:
+    return (rec.offset, rec.record.key, rec.record.value, tuple(rec.record.headers()))
+
+
+_roots = itertools.count()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", list(MODES))
+@settings(
+    max_examples=16,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(program=steps)
+def test_ledger_equals_the_reference_model(kafka, make_factory, tmp_path, strategy, program):
+    mode = MODES[strategy]
+    topic = kafka.topic(partitions=PARTITIONS, prefix="prop")
+    factory = make_factory(
+        root=tmp_path / f"root-{next(_roots)}", compaction_strategy=mode.strategy, **mode.settings
+    )
+    try:
+        service = factory.new_topic_compaction_service(topic)
+        producer = kafka.producer()
+        log: dict[int, list[Logged]] = {p: [] for p in range(PARTITIONS)}
+        for batch in program:
+            futures = [
+                (rec, producer.send(topic, key=rec.key, value=rec.value, partition=rec.partition,
+                                    headers=rec.headers() or None))
+                for rec in batch
+            ]
+            producer.flush()
+            for rec, future in futures:
+                offset = future.get(timeout=30).offset  # the broker's offset, not an assumed one
+                log[rec.partition].append(Logged(offset, rec))
+            for records in log.values():
+                records.sort(key=lambda r: r.offset)
+
+            compact(service)
+
+            live, markers = expected(mode, log)
+            by_offset = {p: {r.offset: r for r in records} for p, records in log.items()}
+            # Offsets produced - 1 (the topic has no transactions, so no markers occupy offsets).
+            assert service.get_last_compacted_position() == {p: len(records) - 1 for p, records in log.items()}
+            for p in range(PARTITIONS):
+                got = entries(service, p)
+                offsets = [e.offset for e in got]
+                # A subsequence of the log, in offset order, each record as it was produced.
+                assert offsets == sorted(set(offsets)), f"partition {p}: offsets out of order {offsets}"
+                for e in got:
+                    assert e.offset in by_offset[p], f"partition {p}: offset {e.offset} is not in the log"
+                    assert as_tuple(e) == logged_tuple(by_offset[p][e.offset])
+                    assert e.partition == p
+                assert [as_tuple(e) for e in got] == [logged_tuple(r) for r in live[p]], f"partition {p}"
+                if mode.strategy == "event-time":
+                    assert [e.event_time for e in got] == [r.record.parsed_event_time for r in live[p]]
+            manifest = service.ledger_info()
+            assert manifest.records_kept == sum(len(v) for v in live.values())
+            assert manifest.markers == markers
+    finally:
+        factory.close()
