@@ -45,11 +45,13 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
 
 
 class Daemon:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, spark: SparkSessionManager | None = None) -> None:
+        """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it."""
         self.settings = settings
         self.store = LedgerStore(settings.compacted_ledger_root).open()
+        self._owns_spark = spark is None
         try:
-            self.spark = SparkSessionManager(settings)
+            self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
             self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store))
         except BaseException:
@@ -151,7 +153,7 @@ class Daemon:
             self.factory.close()
         finally:
             self.admin.close()
-            if self.fatal is None:
+            if self.fatal is None and self._owns_spark:
                 self.spark.stop()
             self.store.close()
 

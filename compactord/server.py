@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -15,7 +17,7 @@ from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactordError
 from compactord.logs import configure_logging
 
-__all__ = ["serve"]
+__all__ = ["ThreadedServer", "serve"]
 
 log = logging.getLogger("compactord")
 EXIT_CONFIG = 2
@@ -73,3 +75,33 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+class ThreadedServer:
+    """The HTTP API of an in-process daemon, served by uvicorn in a thread (the demo, tests)."""
+
+    def __init__(self, daemon: Daemon, host: str = "127.0.0.1", port: int | None = None) -> None:
+        from compactord.api.app import create_app
+        from compactord.embedded import free_port
+
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(create_app(daemon), host=host, port=self.port, log_level="warning",
+                                access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> ThreadedServer:
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise CompactordError(f"the HTTP server did not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(30)

@@ -266,7 +266,8 @@ def test_cancel_is_refused_while_switching_ledgers(kafka, make_factory, point):
 def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
     topic = kafka.topic()
     kafka.produce(topic, [("a", "1")])
-    service = make_factory().new_topic_compaction_service(topic)
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
     succeeded = compact(service)
     with pytest.raises(TaskNotCancellable, match="Succeed"):
         succeeded.cancel()
@@ -277,7 +278,7 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
     with pytest.raises(TaskNotCancellable, match="Cancelled"):
         cancelled.cancel()
 
-    failed = make_factory().new_topic_compaction_service("no-such-topic-for-cancel").compact()
+    failed = factory.new_topic_compaction_service("no-such-topic-for-cancel").compact()
     assert failed.result(TIMEOUT) is TaskState.FAILED
     with pytest.raises(TaskNotCancellable, match="Failed"):
         failed.cancel()

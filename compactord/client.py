@@ -1,0 +1,174 @@
+"""``CompactedReader``: the compacted view of a topic, like Pulsar's ``readCompacted``.
+
+It yields the compacted ledger up to the horizon (served by the daemon's HTTP API), then the live
+topic after the horizon up to the end offsets fixed when the read starts (tombstones included there),
+so that an application bootstraps its state without rewinding the whole log::
+
+    reader = CompactedReader("broker:9092", "prices", url="http://127.0.0.1:8642")
+    state = {}
+    for entry in reader:
+        if entry.is_tombstone:
+            state.pop(entry.key, None)
+        else:
+            state[entry.key] = entry.value
+
+Under the ``event-time`` strategy, ``apply_strategy=True`` yields a tail record only if it wins
+against what the reader has seen for its key (the ledger's deletion markers included), so that the
+application's state equals the strategy's view.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from compactord.config import Settings
+from compactord.errors import BrokerUnavailable, CompactordError, NotCompacted
+from compactord.model import Entry
+from compactord.strategies import event_time_extractor
+
+__all__ = ["CompactedReader"]
+
+
+def _b64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+def _rank(e: Entry) -> tuple[bool, int, int]:
+    return (e.event_time is not None, e.event_time if e.event_time is not None else 0, e.offset)
+
+
+class CompactedReader:
+    """Iterate the compacted view of ``topic``: ledger entries, then the tail after the horizon."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        apply_strategy: bool = False,
+        event_time_source: str = "timestamp",
+        page_size: int = 1000,
+        settings: Settings | None = None,
+    ) -> None:
+        self.topic = topic
+        self.url = (url or os.environ.get("COMPACTORD_URL") or "http://127.0.0.1:8642").rstrip("/")
+        self.token = token if token is not None else os.environ.get("COMPACTORD_TOKEN")
+        self.apply_strategy = apply_strategy
+        self.page_size = page_size
+        self.settings = settings or Settings(kafka_bootstrap_servers=bootstrap)
+        self._event_time = event_time_extractor(event_time_source)
+        self.ledger_entries = 0
+        self.tail_records = 0
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def _get(self, path: str, query: dict[str, Any] | None = None) -> Any:
+        quoted = urllib.parse.quote(self.topic, safe="")
+        url = f"{self.url}/v1/topics/{quoted}{path}" + ("?" + urllib.parse.urlencode(query) if query else "")
+        request = urllib.request.Request(url)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read() or b"{}")
+            if body.get("error") == NotCompacted.code:
+                raise NotCompacted(self.topic) from None
+            raise CompactordError(f"GET {url} failed ({exc.code}): {body.get('message')}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise CompactordError(f"cannot reach compactord at {self.url}: {exc}") from None
+
+    def horizon(self) -> dict[int, int]:
+        """The horizon per partition; empty if the topic was never compacted."""
+        try:
+            body = self._get("/horizon")
+        except NotCompacted:
+            return {}
+        return {p["partition"]: p["offset"] for p in body["partitions"]}
+
+    def _ledger(self, partition: int) -> Iterator[Entry]:
+        start: int | None = 0
+        while start is not None:
+            body = self._get("/compacted", {"partition": partition, "start": start, "limit": self.page_size,
+                                            "include_markers": "true" if self.apply_strategy else "false"})
+            for e in body["entries"]:
+                yield Entry(
+                    partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),
+                    timestamp=e["timestamp"], headers=tuple((h["key"], _b64(h["value"])) for h in e["headers"]),
+                    event_time=e.get("event_time"), marker=bool(e.get("marker", False)),
+                )
+            start = body["next_start"]
+
+    # -- the view -----------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Entry]:
+        from compactord.kafka.admin import KafkaAdmin
+
+        admin = KafkaAdmin(self.settings)
+        try:
+            ends = admin.offsets(self.topic)  # fixed now: the read ends there
+        finally:
+            admin.close()
+        horizon = self.horizon()
+        seen: dict[tuple[int, bytes], tuple[bool, int, int]] = {}
+        for partition in sorted(ends):
+            if partition in horizon:
+                for entry in self._ledger(partition):
+                    if entry.key is not None:
+                        seen[(partition, entry.key)] = _rank(entry)
+                    if not entry.marker:
+                        self.ledger_entries += 1
+                        yield entry
+        yield from self._tail(ends, horizon, seen)
+
+    def _tail(self, ends: dict[int, Any], horizon: dict[int, int],
+              seen: dict[tuple[int, bytes], tuple[bool, int, int]]) -> Iterator[Entry]:
+        from kafka import TopicPartition
+
+        from compactord.kafka.client import consumer, translate_kafka_errors
+
+        ranges = {p: (max(horizon.get(p, -1) + 1, o.log_start), o.end) for p, o in ends.items()}
+        ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
+        if not ranges:
+            return
+        bootstrap = self.settings.kafka_bootstrap_servers
+        with translate_kafka_errors(bootstrap, self.topic):
+            cons = consumer(self.settings.kafka_client_config())
+        try:
+            for p in sorted(ranges):
+                start, end = ranges[p]
+                tp = TopicPartition(self.topic, p)
+                with translate_kafka_errors(bootstrap, self.topic):
+                    cons.assign([tp])
+                    cons.seek(tp, start)
+                    deadline = time.monotonic() + 60
+                    while cons.position(tp) < end:
+                        if time.monotonic() > deadline:
+                            raise BrokerUnavailable(f"reading {self.topic}[{p}] stalled at {cons.position(tp)}")
+                        for r in cons.poll(timeout_ms=500).get(tp, ()):
+                            if r.offset >= end:
+                                break
+                            deadline = time.monotonic() + 60
+                            entry = Entry(partition=p, offset=r.offset, key=r.key, value=r.value,
+                                          timestamp=r.timestamp, headers=tuple(r.headers or ()),
+                                          event_time=self._event_time(r.timestamp, r.headers or ()))
+                            if self.apply_strategy and entry.key is not None:
+                                rank = _rank(entry)
+                                if rank <= seen.get((p, entry.key), (False, 0, -1)):
+                                    continue
+                                seen[(p, entry.key)] = rank
+                            self.tail_records += 1
+                            yield entry
+        finally:
+            cons.close()
