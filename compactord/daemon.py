@@ -59,6 +59,7 @@ class Daemon:
             raise
         self.admin = KafkaAdmin(settings)
         self.policies = PolicyStore(self.store)
+        self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended)
@@ -129,6 +130,16 @@ class Daemon:
         self.fatal = reason
         if self.on_fatal is not None:
             self.on_fatal()
+
+    def _apply_stored_strategies(self) -> None:
+        apply = getattr(self.factory, "set_topic_strategy", None)
+        for topic in self.store.topics():
+            try:
+                strategy = self.policies.get(topic).strategy
+                if strategy is not None and apply is not None:
+                    apply(topic, strategy)
+            except CompactordError as exc:
+                log.error("topic %s: its stored policies are not applied: %s", topic, exc)
 
     def liveness_problem(self) -> str | None:
         return self.fatal

@@ -46,6 +46,7 @@ class _Plan:
     previous: LedgerManifest | None
     previous_files: list[str]
     horizon: Horizon
+    strategy: tuple[str, CompactionStrategy, StrategySettings]  # fixed for the whole task
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -62,11 +63,8 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         settings = context.settings
         self.settings: Settings = settings
         self.strategy: CompactionStrategy = load_strategy(settings.compaction_strategy)
-        self.strategy_settings = StrategySettings(
-            strategy=strategy_name(self.strategy, settings.compaction_strategy),
-            event_time_source=settings.compaction_event_time_source,
-            retain_null_key=settings.topic_compaction_retain_null_key,
-        )
+        self.strategy_settings = self._strategy_settings(self.strategy, settings.compaction_strategy)
+        self._topic_strategies: dict[str, tuple[str, CompactionStrategy, StrategySettings]] = {}
         self.spark: SparkSessionManager = context.spark or SparkSessionManager(settings)
         self._owns_store = context.store is None
         self.store: LedgerStore = context.store or LedgerStore(settings.compacted_ledger_root).open()
@@ -74,6 +72,32 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         self.listeners: list[StateListener] = []
         self._services: dict[str, SparkTopicCompactionService] = {}
         self._lock = threading.Lock()
+
+    def _strategy_settings(self, strategy: CompactionStrategy, ref: str) -> StrategySettings:
+        return StrategySettings(
+            strategy=strategy_name(strategy, ref),
+            event_time_source=self.settings.compaction_event_time_source,
+            retain_null_key=self.settings.topic_compaction_retain_null_key,
+        )
+
+    def set_topic_strategy(self, topic: str, ref: str | None) -> None:
+        """A per-topic strategy (topic policy), or None for the configured one.
+
+        :raises ConfigError: ``ref`` is neither a built-in name nor a strategy class reference.
+        """
+        validate_topic_name(topic)
+        with self._lock:
+            if ref is None or ref == self.settings.compaction_strategy:
+                self._topic_strategies.pop(topic, None)
+            else:
+                strategy = load_strategy(ref, key="strategy")
+                self._topic_strategies[topic] = (ref, strategy, self._strategy_settings(strategy, ref))
+
+    def strategy_for(self, topic: str) -> tuple[str, CompactionStrategy, StrategySettings]:
+        """(reference, strategy, settings recorded in manifests) in force for ``topic``."""
+        with self._lock:
+            override = self._topic_strategies.get(topic)
+        return override or (self.settings.compaction_strategy, self.strategy, self.strategy_settings)
 
     def new_topic_compaction_service(self, topic: str) -> SparkTopicCompactionService:
         validate_topic_name(topic)
@@ -140,11 +164,11 @@ class SparkTopicCompactionService(TopicCompactionService):
             raise NotCompacted(self.topic)
         return handle
 
-    def read_compacted_entries(self, start: Position, n: int) -> list[Entry]:
+    def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
         if n < 1 or start.partition < 0 or start.offset < 0:
             raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
         with self._required().reading() as reader:
-            return reader.read(start.partition, start.offset, n)
+            return reader.read(start.partition, start.offset, n, include_markers=include_markers)
 
     def read_last_compacted_entry(self, partition: int) -> Entry | None:
         if partition < 0:
@@ -263,9 +287,11 @@ class SparkTopicCompactionService(TopicCompactionService):
         full = previous is None or ctx.rebuild
         if ctx.rebuild:
             reasons.append("a rebuild was requested")
-        if previous is not None and previous.strategy != self._f.strategy_settings:
+        strategy = self._f.strategy_for(self.topic)
+        wanted = strategy[2]
+        if previous is not None and previous.strategy != wanted:
             full = True
-            reasons.append(f"the strategy settings changed from {previous.strategy} to {self._f.strategy_settings}")
+            reasons.append(f"the strategy settings changed from {previous.strategy} to {wanted}")
         if previous is not None:
             for p, old in previous.horizon.items():
                 if p in offsets and offsets[p].end - 1 < old:
@@ -286,7 +312,7 @@ class SparkTopicCompactionService(TopicCompactionService):
         horizon = {p: o.end - 1 for p, o in offsets.items()}
         if previous is not None and not full:
             horizon = {p: max(h, previous.horizon.get(p, -1)) for p, h in horizon.items()}
-        return _Plan(offsets, full, split, previous, files, horizon, reasons)
+        return _Plan(offsets, full, split, previous, files, horizon, strategy, reasons)
 
     def _nothing_to_do(self, plan: _Plan) -> bool:
         prev = plan.previous
@@ -308,7 +334,7 @@ class SparkTopicCompactionService(TopicCompactionService):
             ranges=plan.ranges,
             ledger_files=plan.previous_files,
             output_path=output,
-            strategy_ref=settings.compaction_strategy,
+            strategy_ref=plan.strategy[0],
             event_time_source=settings.compaction_event_time_source,
             retain_null_key=settings.topic_compaction_retain_null_key,
             tombstone_retention_ms=settings.compaction_tombstone_retention_ms,
@@ -323,7 +349,7 @@ class SparkTopicCompactionService(TopicCompactionService):
         try:
             spark = self._f.spark
             spark.run(ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})",
-                      lambda: run_compaction_job(spark.spark, spec, self._f.strategy))
+                      lambda: run_compaction_job(spark.spark, spec, plan.strategy[1]))
         finally:
             stop.set()
             poller.join()
@@ -340,7 +366,8 @@ class SparkTopicCompactionService(TopicCompactionService):
         ctx.progress.records_read = plan.ledger_rows + tail["records"]
         ctx.progress.bytes_read = tail["bytes"]
         manifest = LedgerManifest(
-            ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=self._f.strategy_settings,
+            ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon,
+            strategy=plan.strategy[2],
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
             started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
             log_start={p: o.log_start for p, o in plan.offsets.items()},

@@ -59,8 +59,8 @@ def _encode(data: bytes | None, encoding: str) -> str | None:
     return base64.b64encode(data).decode("ascii")
 
 
-def entry_json(entry: Entry, encoding: str) -> dict[str, Any]:
-    return {
+def entry_json(entry: Entry, encoding: str, markers: bool = False) -> dict[str, Any]:
+    data = {
         "partition": entry.partition,
         "offset": entry.offset,
         "key": _encode(entry.key, encoding),
@@ -68,6 +68,9 @@ def entry_json(entry: Entry, encoding: str) -> dict[str, Any]:
         "timestamp": entry.timestamp,
         "headers": [{"key": k, "value": base64.b64encode(v or b"").decode("ascii")} for k, v in entry.headers],
     }
+    if markers:  # what the compacted reader needs to apply the event-time strategy
+        data.update(event_time=entry.event_time, marker=entry.marker)
+    return data
 
 
 def create_app(daemon: Daemon) -> FastAPI:
@@ -201,6 +204,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         start: int = Query(0, ge=0, le=2**63 - 1),
         limit: int = Query(100, ge=1, le=10000),
         encoding: Encoding = Query("base64"),
+        include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger."""
         validate_topic_name(topic)
@@ -209,13 +213,16 @@ def create_app(daemon: Daemon) -> FastAPI:
         if manifest is None:
             raise NotCompacted(topic)
         _check_partition(manifest.horizon, partition)
-        entries = service.read_compacted_entries(Position(partition, start), limit)
+        if include_markers:
+            entries = service.read_compacted_entries(Position(partition, start), limit, include_markers=True)
+        else:
+            entries = service.read_compacted_entries(Position(partition, start), limit)
         last = manifest.horizon[partition]
         more = len(entries) == limit and entries[-1].offset < last
         return {
             "topic": topic,
             "ledger_id": manifest.ledger_id,
-            "entries": [entry_json(e, encoding) for e in entries],
+            "entries": [entry_json(e, encoding, include_markers) for e in entries],
             "next_start": entries[-1].offset + 1 if more else None,
         }
 

@@ -113,8 +113,9 @@ class LedgerReader:
                 file=group.file.name,
             ) from exc
 
-    def read(self, partition: int, start: int, n: int) -> list[Entry]:
-        """Up to ``n`` live entries of ``partition`` with offset >= ``start``, in offset order.
+    def read(self, partition: int, start: int, n: int, include_markers: bool = False) -> list[Entry]:
+        """Up to ``n`` live entries of ``partition`` with offset >= ``start``, in offset order
+        (event-time deletion markers too if ``include_markers``: the compacted reader needs them).
 
         :raises InvalidArgument: ``partition`` or ``start`` is negative, or ``n`` < 1.
         """
@@ -133,10 +134,9 @@ class LedgerReader:
             if not group.may_hold(partition, start):
                 continue
             table = self.read_row_group(group)
-            mask = pc.and_(
-                pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start)),
-                _live(table),
-            )
+            mask = pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start))
+            if not include_markers:
+                mask = pc.and_(mask, _live(table))
             rows = table.filter(mask).slice(0, n - len(found)).to_pylist()
             found.extend(Entry.from_row(row) for row in rows)
             if len(found) >= n:

@@ -130,3 +130,21 @@ def test_custom_general_strategy(kafka, make_factory):
     service = factory.new_topic_compaction_service(topic)
     compact(service)
     assert view(service, 2) == {b"a": b"zzz", b"b": b"s"}
+
+
+def test_per_topic_strategy_override(kafka, make_factory):
+    factory = make_factory()
+    plain, special = kafka.topic(), kafka.topic()
+    for topic in (plain, special):
+        kafka.produce(topic, [("a", "1"), ("a", "2")])
+    factory.set_topic_strategy(special, "first-value")
+    compact(factory.new_topic_compaction_service(plain))
+    compact(factory.new_topic_compaction_service(special))
+    assert view(factory.new_topic_compaction_service(plain)) == {b"a": b"2"}
+    assert view(factory.new_topic_compaction_service(special)) == {b"a": b"1"}
+    assert factory.new_topic_compaction_service(special).ledger_info().strategy.strategy == "first-value"
+    factory.set_topic_strategy(special, None)  # back to the configured one: a full rebuild
+    kafka.produce(special, [("a", "3")])
+    ctx = compact(factory.new_topic_compaction_service(special))
+    assert ctx.stats["full_rebuild"] is True
+    assert view(factory.new_topic_compaction_service(special)) == {b"a": b"3"}

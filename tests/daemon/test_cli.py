@@ -1,0 +1,143 @@
+"""Every client command of the ``compactord`` CLI, run as a subprocess against the shared daemon.
+
+``--url`` and ``--token`` work before and after the subcommand, ``COMPACTORD_URL`` and
+``COMPACTORD_TOKEN`` stand in for them, ``--json`` prints the API's body unchanged, and an error is
+one line on stderr with a non-zero exit. (``cancel`` of a running task is in ``test_tasks.py``,
+whose daemon holds tasks long enough to cancel them.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from compactord.embedded import free_port
+
+from .conftest import SHARED_TOKEN, DaemonProcess, run_cli, wait_state
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def env(shared_daemon: DaemonProcess) -> dict[str, str]:
+    return {"COMPACTORD_URL": shared_daemon.url, "COMPACTORD_TOKEN": SHARED_TOKEN}
+
+
+@pytest.fixture(scope="module")
+def compacted(shared_daemon: DaemonProcess, kafka: Any, env: dict[str, str]) -> dict[str, Any]:
+    """A topic compacted with ``compact --wait`` (the URL before the subcommand, the token from the env)."""
+    topic = kafka.topic(partitions=2, prefix="cli")
+    kafka.produce(topic, [(f"k{i % 6}", f"v{i}", i % 2) for i in range(24)])
+    result = run_cli("--url", shared_daemon.url, "compact", topic, "--wait",
+                     env={"COMPACTORD_TOKEN": SHARED_TOKEN})
+    return {"topic": topic, "result": result}
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def failed(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """The command failed with one line on stderr that holds every fragment."""
+    assert result.returncode != 0, result.stdout
+    message = result.stderr.strip()
+    assert message.count("\n") == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert message.startswith("compactord: "), message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_compact_wait(compacted: dict[str, Any]) -> None:
+    out = ok(compacted["result"])
+    assert "status    SUCCESS" in out and "state     Succeed" in out
+    assert "24/24 records" in out
+
+
+def test_status(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    topic = compacted["topic"]
+    # the URL and token after the subcommand
+    out = ok(run_cli("status", topic, "--url", shared_daemon.url, "--token", SHARED_TOKEN))
+    assert "status    SUCCESS" in out
+    body = json.loads(ok(run_cli("status", topic, "--json", env=env)))
+    assert body == shared_daemon.http.get(f"/v1/topics/{topic}/compaction").json()
+    # --json before the subcommand, too
+    assert json.loads(ok(run_cli("--json", "status", topic, env=env))) == body
+
+
+def test_horizon(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    topic = compacted["topic"]
+    out = ok(run_cli("horizon", topic, env=env))
+    assert topic in out and "PARTITION" in out
+    assert [line.split() for line in out.splitlines()[2:]] == [["0", "11"], ["1", "11"]]
+    body = json.loads(ok(run_cli("horizon", topic, "--json", env=env)))
+    assert body == shared_daemon.http.get(f"/v1/topics/{topic}/horizon").json()
+
+
+def test_read(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    topic = compacted["topic"]
+    out = ok(run_cli("read", topic, "--partition", "1", env=env))
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert rows == [["1", "9", "k1", "v19"], ["1", "10", "k3", "v21"], ["1", "11", "k5", "v23"]]
+    paged = ok(run_cli("read", topic, "--partition", "0", "--limit", "2", env=env))
+    assert "(more: --start 11)" in paged
+    args = ["read", topic, "--partition", "0", "--start", "10", "--limit", "2", "--encoding", "base64", "--json"]
+    body = json.loads(ok(run_cli(*args, env=env)))
+    assert body == shared_daemon.http.get(
+        f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": 10, "limit": 2, "encoding": "base64"}
+    ).json()
+    assert [e["offset"] for e in body["entries"]] == [10, 11]
+    assert body["next_start"] is None
+
+
+def test_topics_and_tasks(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    topic = compacted["topic"]
+    line = next(row for row in ok(run_cli("topics", env=env)).splitlines() if row.startswith(topic))
+    assert "SUCCESS" in line and "Succeed" in line
+    topics = json.loads(ok(run_cli("topics", "--json", env=env)))
+    assert topic in {t["topic"] for t in topics["topics"]}
+    tasks_out = ok(run_cli("tasks", env=env))
+    assert any(row.startswith(topic) and "SUCCESS" in row for row in tasks_out.splitlines())
+    tasks = json.loads(ok(run_cli("tasks", "--json", env=env)))
+    assert tasks == shared_daemon.http.get("/v1/tasks").json()
+
+
+def test_rebuild(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    topic = compacted["topic"]
+    before = shared_daemon.http.get(f"/v1/topics/{topic}/horizon").json()
+    body = json.loads(ok(run_cli("rebuild", topic, "--wait", "--json", env=env)))
+    assert body == shared_daemon.http.get(f"/v1/topics/{topic}/compaction").json()
+    assert body["status"] == "SUCCESS"
+    # a full rebuild re-reads all 24 records (an incremental run would have nothing to read)
+    assert body["progress"]["records_read"] == 24
+    after = shared_daemon.http.get(f"/v1/topics/{topic}/horizon").json()
+    assert after["ledger_id"] > before["ledger_id"]
+    assert after["partitions"] == before["partitions"]
+
+
+def test_compact_without_wait(shared_daemon: DaemonProcess, kafka: Any, env: dict[str, str]) -> None:
+    topic = kafka.topic(prefix="cli")
+    kafka.produce(topic, [("k", "v")])
+    body = json.loads(ok(run_cli("compact", topic, "--json", env=env)))
+    assert body["topic"] == topic and body["status"] == "RUNNING"
+    final = wait_state(shared_daemon, topic, "Succeed", "Failed")
+    assert final["task_id"] == body["task_id"] and final["status"] == "SUCCESS"
+
+
+def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    failed(run_cli("compact", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
+    failed(run_cli("horizon", "cli-no-such-topic", env=env), "404", "not_compacted")
+    failed(run_cli("read", compacted["topic"], "--partition", "9", env=env), "422", "partition 9")
+    failed(run_cli("read", compacted["topic"], "--limit", "0", env=env), "422")
+    failed(run_cli("status", "bad/name", env=env), "422", "invalid_topic_name")
+    failed(run_cli("status", compacted["topic"], env={"COMPACTORD_URL": shared_daemon.url}), "401")
+    failed(run_cli("status", compacted["topic"], env={**env, "COMPACTORD_TOKEN": "wrong"}), "403")
+    down = f"http://127.0.0.1:{free_port()}"
+    failed(run_cli("--url", down, "topics"), "cannot reach compactord", down)
+    failed(run_cli("status", "t", env={"COMPACTORD_URL": down}), "cannot reach compactord")

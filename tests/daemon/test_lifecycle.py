@@ -1,0 +1,114 @@
+"""The daemon's life on one ledger root: a second daemon refuses the root, a restart reports the
+ledger it finds (status SUCCESS, state null) and keeps the policies, and SIGTERM during a compaction
+cancels the task, leaves no partial ledger and exits with code 0.
+
+The tests run in order: the first daemon compacts and is stopped, the second (with a task held
+after its ledger is written) is the one that gets SIGTERM during a compaction.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import DaemonProcess, Launcher, compact, ledger_dirs, status, wait_for
+
+pytestmark = pytest.mark.slow
+
+SIGTERM_BOUND_S = 45.0  # cancel, stop Spark, exit: seconds on an idle machine; generous for CI
+
+
+@pytest.fixture(scope="module")
+def state(launch: Launcher, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return {"root": tmp_path_factory.mktemp("lifecycle") / "ledgers"}
+
+
+@pytest.fixture(scope="module")
+def first(launch: Launcher, state: dict[str, Any], kafka: Any) -> DaemonProcess:
+    daemon = launch("first", root=state["root"])
+    topic = kafka.topic(prefix="life")
+    kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(16)])
+    state["topic"] = topic
+    state["final"] = compact(daemon, topic)
+    put = daemon.http.put(f"/v1/topics/{topic}/policies", json={"thresholdMessages": 7, "strategy": "first-value"})
+    assert put.status_code == 200, put.text
+    state["policies"] = put.json()
+    return daemon
+
+
+def test_a_second_daemon_refuses_the_root(launch: Launcher, state: dict[str, Any], first: DaemonProcess) -> None:
+    second = launch.prepare("second", root=state["root"]).start()
+    code = second.wait_exit(60)
+    assert code is not None and code != 0, second.log_tail()
+    log = second.log_text()
+    assert f"pid {first.pid}" in log, log
+    assert "Traceback" not in log
+    # the first daemon is unharmed
+    assert first.http.get("/readyz").status_code == 200
+    assert status(first, state["topic"])["status"] == "SUCCESS"
+
+
+def test_sigterm_when_idle_exits_0(first: DaemonProcess, state: dict[str, Any]) -> None:
+    assert first.process is not None
+    first.process.send_signal(signal.SIGTERM)
+    assert first.wait_exit(SIGTERM_BOUND_S) == 0, first.log_tail()
+    lock = Path(state["root"]) / "@compactord" / "lock"
+    assert lock.read_text() == ""  # released: no holder named any more
+
+
+@pytest.fixture(scope="module")
+def restarted(launch: Launcher, state: dict[str, Any], first: DaemonProcess) -> DaemonProcess:
+    first.stop()
+    # every compaction of this daemon stops after its ledger is written, until cancelled
+    return launch("restarted", root=state["root"], compactionTestPausePoints="written:600")
+
+
+def test_restart_reports_the_ledger(restarted: DaemonProcess, state: dict[str, Any]) -> None:
+    topic, before = state["topic"], state["final"]
+    after = status(restarted, topic)
+    assert after["status"] == "SUCCESS" and after["state"] is None and after["task_id"] is None
+    assert after["last_error"] is None
+    assert after["started_at"] is not None and after["finished_at"] is not None
+    assert after["started_at"][:19] == before["started_at"][:19]  # the manifest's times (ms rounding aside)
+    assert after["started_at"] <= after["finished_at"] <= before["finished_at"]
+    assert restarted.http.get("/v1/tasks", params={"topic": topic}).json()["tasks"] == []
+    horizon = restarted.http.get(f"/v1/topics/{topic}/horizon").json()
+    assert horizon["partitions"] == [{"partition": 0, "offset": 15}]
+    entries = restarted.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "encoding": "utf8"})
+    assert [(e["key"], e["value"]) for e in entries.json()["entries"]] == [
+        ("k0", "v12"), ("k1", "v13"), ("k2", "v14"), ("k3", "v15")]
+    assert restarted.http.get(f"/v1/topics/{topic}/policies").json() == state["policies"]
+    listing = {t["topic"]: t for t in restarted.http.get("/v1/topics").json()["topics"]}
+    assert listing[topic]["last_compaction"]["status"] == "SUCCESS"
+
+
+def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[str, Any], kafka: Any) -> None:
+    topic = kafka.topic(prefix="life")
+    kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(16)])
+    response = restarted.http.put(f"/v1/topics/{topic}/compaction")
+    assert response.status_code == 202, response.text
+    # held in Running after its new ledger was written (not yet switched to)
+    wait_for(lambda: "at test pause point 'written'" in restarted.log_text(), 120,
+             "the task to write its ledger", restarted)
+    assert status(restarted, topic)["state"] == "Running"
+    assert len(ledger_dirs(restarted.root, topic)) == 1  # the partial ledger
+    assert restarted.process is not None
+
+    started = time.monotonic()
+    restarted.process.send_signal(signal.SIGTERM)
+    code = restarted.wait_exit(SIGTERM_BOUND_S)
+    elapsed = time.monotonic() - started
+    assert code == 0, f"exit code {code} after {elapsed:.1f}s\n{restarted.log_tail()}"
+    assert elapsed < SIGTERM_BOUND_S
+    log = restarted.log_text()
+    assert f"compaction of topic {topic} (task {response.json()['task_id']}) cancelled" in log, log
+    # the task's partial ledger is gone, nothing points at it, the other topic's ledger is intact
+    root = Path(restarted.root)
+    assert ledger_dirs(root, topic) == []
+    assert not (root / topic / "CURRENT").exists()
+    assert list((root / "@compactord" / "progress").glob("*")) == []
+    assert len(ledger_dirs(root, state["topic"])) == 1

@@ -1,0 +1,162 @@
+"""The backlog monitor of a running daemon: each of the four triggers fires on its own, the topic
+pattern (a full match) excludes topics, per-topic policies override the broker-wide thresholds, and
+``/metrics`` shows what happened.
+
+One daemon with a one-second monitor: broker-wide, only ``compactionThresholdInMessages=1000`` is
+on; each trigger topic's policy enables the trigger under test and turns the others off.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import DaemonProcess, Launcher, compact, metric, metric_samples, wait_for, wait_state
+
+pytestmark = pytest.mark.slow
+
+PATTERN = "mon-[0-9]+-[0-9a-f]{6}"  # the names kafka.topic(prefix="mon") makes
+OFF = {"thresholdBytes": 0, "thresholdMessages": 0, "maxLagSeconds": 0, "minDirtyRatio": 0}
+MONITOR_WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def daemon(launch: Launcher) -> DaemonProcess:
+    return launch(
+        "monitor",
+        brokerServiceCompactionMonitorIntervalInSeconds=1,
+        brokerServiceCompactionThresholdInBytes=0,
+        compactionThresholdInMessages=1000,
+        compactionMaxLagSeconds=0,
+        compactionMinDirtyRatio=0,
+        compactionTopicsPattern=PATTERN,
+        compactionMaxConcurrentTasks=2,
+    )
+
+
+def tasks_of(daemon: DaemonProcess, topic: str) -> list[dict[str, Any]]:
+    response = daemon.http.get("/v1/tasks", params={"topic": topic})
+    assert response.status_code == 200, response.text
+    return response.json()["tasks"]
+
+
+def passes(daemon: DaemonProcess) -> float:
+    return metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0
+
+
+def wait_passes(daemon: DaemonProcess, count: int = 3) -> None:
+    start = passes(daemon)
+    wait_for(lambda: passes(daemon) >= start + count, 30, f"{count} monitor passes", daemon)
+
+
+def set_policy(daemon: DaemonProcess, topic: str, **overrides: Any) -> dict[str, Any]:
+    response = daemon.http.put(f"/v1/topics/{topic}/policies", json={**OFF, **overrides})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_triggered(daemon: DaemonProcess, topic: str, reason: str) -> dict[str, Any]:
+    """Wait for the monitor to start a task for ``topic``; check the log names ``reason``."""
+    tasks = wait_for(lambda: tasks_of(daemon, topic), MONITOR_WAIT_S, f"the monitor to compact {topic}", daemon)
+    wait_for(lambda: re.search(f"compacting topic {re.escape(topic)}: .*{reason}", daemon.log_text()), 10,
+             f"the log to say why {topic} was compacted ({reason})", daemon)
+    return tasks[0]
+
+
+def test_bytes_trigger(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    set_policy(daemon, topic, thresholdBytes=500)
+    kafka.produce(topic, [(f"key-{i % 4}", "x" * 100) for i in range(20)])  # ~2 KB
+    wait_triggered(daemon, topic, r"bytes > 500")
+
+
+def test_messages_trigger_overrides_the_broker_wide_threshold(daemon: DaemonProcess, kafka: Any) -> None:
+    topic, control = kafka.topic(prefix="mon"), kafka.topic(prefix="mon")
+    policy = set_policy(daemon, topic, thresholdMessages=5)
+    assert policy["effective"]["thresholdMessages"] == 5
+    assert daemon.http.get(f"/v1/topics/{control}/policies").json()["effective"]["thresholdMessages"] == 1000
+    for t in (topic, control):
+        kafka.produce(t, [(f"key-{i % 3}", f"v{i}") for i in range(10)])
+    wait_triggered(daemon, topic, r"10 records > 5")
+    wait_passes(daemon)
+    assert tasks_of(daemon, control) == []  # 10 records are not > 1000
+    assert metric(daemon, "compactord_backlog_records", topic=control) == 10
+
+
+def test_max_lag_trigger(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    set_policy(daemon, topic, maxLagSeconds=600)
+    an_hour_ago = int(time.time() * 1000) - 3600_000
+    kafka.produce(topic, [(f"key-{i}", "old", 0, an_hour_ago) for i in range(3)])
+    wait_triggered(daemon, topic, r"old > 600s")
+
+
+def test_dirty_ratio_trigger(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    kafka.produce(topic, [(f"key-{i}", "first") for i in range(20)])
+    first = compact(daemon, topic)  # ledger: 20 entries
+    set_policy(daemon, topic, minDirtyRatio=0.5)
+    kafka.produce(topic, [(f"key-{i}", "second") for i in range(5)])  # 5 / 25 = 0.2: not dirty enough
+    wait_passes(daemon)
+    assert [t["task_id"] for t in tasks_of(daemon, topic)] == [first["task_id"]]
+    assert metric(daemon, "compactord_dirty_ratio", topic=topic) == pytest.approx(0.2)
+    kafka.produce(topic, [(f"key-{i}", "third") for i in range(20)])  # 25 / 45 = 0.56
+    wait_for(lambda: len(tasks_of(daemon, topic)) == 2, MONITOR_WAIT_S, "the dirty-ratio trigger", daemon)
+    wait_for(lambda: re.search(f"compacting topic {topic}: dirty ratio 0.556 > 0.5", daemon.log_text()), 10,
+             "the log line of the dirty-ratio trigger", daemon)
+
+
+def test_pattern_must_match_the_whole_name(daemon: DaemonProcess, kafka: Any) -> None:
+    from kafka.admin import NewTopic
+
+    suffix = f"{time.time_ns() % 10**6}-abcdef"
+    longer, prefixed = f"mon-{suffix}-x", f"xmon-{suffix}"  # re.search would match both
+    kafka.admin.create_topics([NewTopic(longer, 1, 1), NewTopic(prefixed, 1, 1)])
+    for topic in (longer, prefixed):
+        set_policy(daemon, topic, thresholdMessages=1)
+        kafka.produce(topic, [(f"k{i}", "v") for i in range(10)])
+    wait_passes(daemon)
+    for topic in (longer, prefixed):
+        assert tasks_of(daemon, topic) == []
+        assert metric(daemon, "compactord_backlog_records", topic=topic) is None  # not even measured
+    # the pattern does not restrict a manual trigger
+    assert daemon.http.put(f"/v1/topics/{longer}/compaction").status_code == 202
+    assert wait_state(daemon, longer, "Succeed", "Failed")["status"] == "SUCCESS"
+
+
+def test_policies_are_persisted(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    put = set_policy(daemon, topic, thresholdMessages=7)
+    assert put["policies"] == {**OFF, "thresholdMessages": 7, "strategy": None}
+    assert daemon.http.get(f"/v1/topics/{topic}/policies").json() == put
+    assert (daemon.root / topic / "policies.json").is_file()
+    assert daemon.http.delete(f"/v1/topics/{topic}/policies").json()["effective"]["thresholdMessages"] == 1000
+    assert not (daemon.root / topic / "policies.json").exists()
+
+
+def test_metrics_after_compactions(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    kafka.produce(topic, [(f"key-{i % 3}", f"v{i}") for i in range(12)])  # 3 keys: 9 removed
+    final = compact(daemon, topic)
+    assert final["status"] == "SUCCESS"
+    assert metric(daemon, "compactord_compactions_total", topic=topic, result="succeeded") == 1
+    assert metric(daemon, "compactord_compactions_total", topic=topic, result="failed") in (None, 0)
+    assert metric(daemon, "compactord_removed_events_total", topic=topic) == 9
+    assert metric(daemon, "compactord_compacted_entries", topic=topic) == 3
+    assert metric(daemon, "compactord_compaction_duration_seconds_count", topic=topic) == 1
+    assert metric(daemon, "compactord_compaction_duration_seconds_bucket", topic=topic, le="+Inf") == 1
+    assert metric(daemon, "compactord_compaction_duration_seconds_sum", topic=topic) > 0
+    since = metric(daemon, "compactord_seconds_since_last_success", topic=topic)
+    assert since is not None and 0 <= since < 120
+    names = {name for name, _labels, _value in metric_samples(daemon)}
+    assert {"compactord_running_tasks", "compactord_pending_tasks", "compactord_ready"} <= names
+    assert metric(daemon, "compactord_running_tasks") >= 0
+    # the monitor measures the backlog after the horizon: none once compacted
+    wait_for(lambda: metric(daemon, "compactord_backlog_records", topic=topic) == 0, 30,
+             "the backlog metric to drop to 0 after the compaction", daemon)
+    kafka.produce(topic, [("key-0", "later")])
+    wait_for(lambda: metric(daemon, "compactord_backlog_records", topic=topic) == 1, 30,
+             "the backlog metric to count one new record", daemon)

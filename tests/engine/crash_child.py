@@ -1,0 +1,64 @@
+"""The process ``test_crash.py`` kills: one compaction of one topic on its own Spark session.
+
+Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [point:seconds,...]``
+
+Prints ``STATE <state> <epoch seconds>`` at every state change of the task and ``END <state>`` at
+the end (stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+
+def _pauses(raw: str) -> dict[str, float]:
+    points = {}
+    for item in filter(None, raw.split(",")):
+        name, _, seconds = item.partition(":")
+        points[name] = float(seconds)
+    return points
+
+
+def main(argv: list[str]) -> int:
+    bootstrap, root, topic = argv[:3]
+    pauses = _pauses(argv[3]) if len(argv) > 3 else {}
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from compactord.config import Settings
+    from compactord.interfaces import ServiceContext
+    from compactord.service import SparkCompactionServiceFactory
+    from compactord.task import CompactionTaskCtx, TaskState
+
+    settings = Settings(
+        kafka_bootstrap_servers=bootstrap,
+        kafka_request_timeout_ms=10000,
+        compacted_ledger_root=root,
+        spark_master="local[2]",
+        # Small and quiet, to start fast: the parent pays one session start per kill.
+        spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                    "spark.driver.memory": "512m"},
+        test_pause_points=pauses,
+    )
+    factory = SparkCompactionServiceFactory()
+    factory.initialize(ServiceContext(settings))  # opens the store: the lock and orphan removal
+
+    def on_state(_ctx: CompactionTaskCtx, _old: TaskState, new: TaskState) -> Any:
+        print(f"STATE {new.value} {time.time():.3f}", flush=True)
+
+    factory.listeners.append(on_state)
+    print(f"STARTED {time.time():.3f}", flush=True)
+    ctx = factory.new_topic_compaction_service(topic).compact()
+    state = ctx.result(600)
+    ctx.worker_done.wait(600)
+    print(f"END {state.value} {ctx.error or ''}", flush=True)
+    factory.close()
+    factory.spark.stop()
+    return 0 if state is TaskState.SUCCEED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

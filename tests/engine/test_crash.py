@@ -1,0 +1,256 @@
+"""The crash test: a process compacting a topic is killed with SIGKILL at random moments.
+
+Each time, ``CURRENT`` must name a complete ledger (``verify`` passes) whose view is the old or the
+new expected one, and the next start (opening the ledger root) must remove every orphan.
+
+The child (``crash_child.py``) has its own Spark session, so each kill costs one session start. Its
+task prints its state changes; a first, uninterrupted calibration run measures how long it spends
+between entering Running and Succeed, and the kills are spread over that window (stratified
+uniform), plus some aimed at the switch (widened by the pause points "written", "switch" and
+"switched").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compactord.ledger.reader import LedgerReader
+from compactord.ledger.store import LedgerStore
+
+from .helpers import compact, last_value_model
+
+REPO = Path(__file__).resolve().parents[2]
+KILLS_IN_RUNNING = 6
+KILLS_IN_SWITCH = 4
+PAUSES = {"written": 0.4, "switch": 0.5, "switched": 0.5}
+EVENT_TIMEOUT = 180
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children before grandchildren."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        children = parents.get(todo.pop(0), [])
+        found.extend(children)
+        todo.extend(children)
+    return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    stat = _stat(pid)
+    return stat[19] if stat else None  # field 22: start time, tells a reused PID apart
+
+
+def alive(pid: int, started: str | None = None) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and (started is None or stat[19] == started)
+
+
+class Child:
+    """The compaction process, in its own session (process group); its stdout read by a thread."""
+
+    def __init__(self, bootstrap: str, root: Path, topic: str, workdir: Path) -> None:
+        pauses = ",".join(f"{k}:{v}" for k, v in PAUSES.items())
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, TMPDIR=str(workdir), SPARK_LOCAL_DIRS=str(workdir))
+        self.log_path = workdir / "child.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.engine.crash_child", bootstrap, str(root), topic, pauses],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
+        )
+        self.events: dict[str, float] = {}  # first word of a line, or the state of a STATE line -> time
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._tree: dict[int, str | None] = {}  # pid -> start time
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.monotonic()
+            words = line.split()
+            if not words:
+                continue
+            name = words[1] if words[0] == "STATE" and len(words) > 1 else words[0]
+            with self._cond:
+                self.lines.append(line.rstrip())
+                self.events.setdefault(name, now)
+                self._cond.notify_all()
+        with self._cond:
+            self.events.setdefault("EOF", time.monotonic())
+            self._cond.notify_all()
+
+    def wait_event(self, name: str, timeout: float = EVENT_TIMEOUT) -> float | None:
+        """When the child printed ``name`` (monotonic), or None if it did not in time or exited."""
+        with self._cond:
+            self._cond.wait_for(lambda: name in self.events or "EOF" in self.events, timeout)
+            return self.events.get(name)
+
+    def remember_tree(self) -> None:
+        if self.proc.poll() is None:
+            for pid in descendants(self.proc.pid):
+                self._tree.setdefault(pid, start_time(pid))
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group and every descendant seen (pyspark's daemon has its own
+        group); idempotent, and never signals a PID that another process has taken since."""
+        self.remember_tree()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in self.leftovers():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self._reader.join(10)
+        deadline = time.monotonic() + 10
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._log.close()
+
+    def leftovers(self) -> list[int]:
+        return [pid for pid, started in self._tree.items() if alive(pid, started)]
+
+    def describe(self) -> str:
+        tail = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+        return f"child output: {self.lines}\nchild log tail:\n{tail}"
+
+
+def ledger_view(store: LedgerStore, topic: str, ledger_id: int) -> tuple[Any, dict[bytes, bytes]]:
+    manifest = store.verify(topic, ledger_id)  # raises LedgerCorrupt for an incomplete ledger
+    view: dict[bytes, bytes] = {}
+    for e in LedgerReader(store.ledger_path(topic, ledger_id), manifest).entries():
+        assert e.key not in view, f"key {e.key!r} twice in ledger {ledger_id}"
+        view[e.key] = e.value
+    return manifest, view
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_leaves_the_old_or_the_new_ledger(kafka, make_factory, broker, tmp_path):
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 1_000_000))
+    rng = random.Random(seed)
+    print(f"\ncrash test seed {seed} (CRASH_TEST_SEED={seed} repeats the kill times)")
+
+    topic = kafka.topic(partitions=2, prefix="crash")
+    old_records = [(f"k{i % 300}", f"old-{i}", (i % 300) % 2) for i in range(3000)]
+    new_records = [(f"k{i % 450}", f"new-{i}" if i % 11 else None, (i % 450) % 2) for i in range(1500)]
+    kafka.produce(topic, old_records)
+    root = tmp_path / "root"
+    factory = make_factory(root=root)
+    old_id = compact(factory.new_topic_compaction_service(topic)).ledger_id
+    factory.close()  # releases the root's lock: the child is the next daemon on this root
+    kafka.produce(topic, new_records)
+    old_view, new_view = last_value_model(old_records), last_value_model(old_records + new_records)
+    assert old_view != new_view
+    pristine = tmp_path / "pristine"
+    shutil.copytree(root, pristine)
+
+    def run_child(name: str) -> Child:
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(pristine, root)  # the old ledger is current, the new records not compacted
+        return Child(broker.bootstrap, root, topic, tmp_path / name)
+
+    def check(what: str) -> str:
+        store = LedgerStore(root)  # not opened: exactly what the kill left
+        current = store.current_ledger_id(topic)
+        assert current is not None, f"{what}: no CURRENT"
+        manifest, view = ledger_view(store, topic, current)
+        if current == old_id:
+            assert view == old_view, f"{what}: the old ledger {old_id} does not hold the old view"
+            outcome = "old"
+        else:
+            assert view == new_view, f"{what}: ledger {current} is neither the old nor the new view"
+            assert manifest.records_read == len(old_view) + len(new_records)
+            outcome = "new"
+        # The next start: opening the root removes every orphan and keeps the current ledger.
+        with LedgerStore(root) as reopened:
+            assert reopened.current_ledger_id(topic) == current
+            topic_dir = reopened.topic_dir(topic)
+            assert sorted(os.listdir(topic_dir)) == ["CURRENT", f"ledger-{current}"], what
+            files = sorted(os.listdir(topic_dir / f"ledger-{current}"))
+            assert files == sorted([*(f["name"] for f in manifest.files), "manifest.json"]), what
+            daemon_dir = root / "@compactord"
+            assert not [n for n in os.listdir(daemon_dir) if n.endswith(".tmp")], what
+            progress = daemon_dir / "progress"
+            assert not progress.exists() or not os.listdir(progress), f"{what}: progress files left"
+            ledger_view(reopened, topic, current)
+        return outcome
+
+    children: list[Child] = []
+    try:
+        # Calibration: an uninterrupted run; it must end with the new ledger.
+        started = time.monotonic()
+        child = run_child("calibration")
+        children.append(child)
+        assert child.wait_event("END") is not None, child.describe()
+        assert child.proc.wait(60) == 0, child.describe()
+        running = child.events["Running"]
+        ending = child.events["Ending_with_switch_ledger"]
+        succeed = child.events["Succeed"]
+        window, switch_window = succeed - running, succeed - ending
+        child.kill()
+        assert check("calibration") == "new"
+        print(f"calibration: start to Running {running - started:.1f}s, Running to Succeed {window:.2f}s "
+              f"(switch phase {switch_window:.2f}s)")
+
+        plan = [("Running", (i + rng.random()) / KILLS_IN_RUNNING * window * 0.95)
+                for i in range(KILLS_IN_RUNNING)]
+        plan += [("Ending_with_switch_ledger", (i + rng.random()) / KILLS_IN_SWITCH * switch_window * 0.95)
+                 for i in range(KILLS_IN_SWITCH)]
+        outcomes: list[str] = []
+        for n, (anchor, delay) in enumerate(plan):
+            child = run_child(f"kill-{n}")
+            children.append(child)
+            at = child.wait_event(anchor)
+            assert at is not None, f"kill {n}: the child never reached {anchor}\n{child.describe()}"
+            child.remember_tree()
+            time.sleep(max(0.0, at + delay - time.monotonic()))
+            last = child.lines[-1] if child.lines else ""
+            child.kill()
+            assert not child.leftovers(), f"kill {n}: processes survived SIGKILL: {child.leftovers()}"
+            assert "END" not in child.events, f"kill {n}: the child ended before the kill ({delay:.2f}s)"
+            outcome = check(f"kill {n} ({anchor} + {delay:.2f}s)")
+            outcomes.append(outcome)
+            print(f"kill {n}: {anchor} + {delay:.2f}s, last line {last!r} -> {outcome} ledger current")
+        assert len(outcomes) == KILLS_IN_RUNNING + KILLS_IN_SWITCH
+        # The kills in the switch phase land before and after the pointer replacement.
+        assert set(outcomes) == {"old", "new"}, outcomes
+    finally:
+        for child in children:
+            child.kill()
