@@ -138,7 +138,7 @@ def _wait(args: argparse.Namespace, topic: str) -> int:
 
 def _client(args: argparse.Namespace) -> int:
     cmd = args.command
-    topic = getattr(args, "topic", None)
+    topic: str = getattr(args, "topic", "")
     path = f"/v1/topics/{_quote(topic)}" if topic else ""
     if cmd in ("compact", "rebuild"):
         rebuild = cmd == "rebuild" or args.rebuild

@@ -105,7 +105,8 @@ class CompactedReader:
             for e in body["entries"]:
                 yield Entry(
                     partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),
-                    timestamp=e["timestamp"], headers=tuple((h["key"], _b64(h["value"])) for h in e["headers"]),
+                    timestamp=e["timestamp"],
+                    headers=tuple((h["key"], base64.b64decode(h["value"])) for h in e["headers"]),
                     event_time=e.get("event_time"), marker=bool(e.get("marker", False)),
                 )
             start = body["next_start"]

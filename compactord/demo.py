@@ -93,6 +93,7 @@ def run_demo(root: str | None = None, ticks: int = 5000, out: Callable[[str], No
             reader = CompactedReader(broker.bootstrap, TOPIC, url=server.url)
             latest: dict[str, str] = {}
             for entry in reader:
+                assert entry.key is not None  # the demo's records all have keys
                 latest[entry.key.decode()] = entry.value.decode() if entry.value else "(deleted: tombstone)"
                 out(f"  p{entry.partition} @{entry.offset:<6} {entry.key.decode()}: {latest[entry.key.decode()]}")
             out(f"{reader.ledger_entries} entries from the ledger + {reader.tail_records} from the tail "

@@ -55,10 +55,12 @@ class TopicCompactionService(ABC):
         """
 
     @abstractmethod
-    def read_compacted_entries(self, start: Position, n: int) -> list[Entry]:
+    def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
         """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset order.
 
-        Served from the current ledger with pyarrow, never through Spark. Markers are never returned.
+        Served from the current ledger with pyarrow, never through Spark. Event-time deletion markers
+        are returned only with ``include_markers`` (the compacted reader needs them to apply the
+        strategy); the read API for applications never asks for them.
 
         :raises NotCompacted: the topic has no ledger.
         :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.

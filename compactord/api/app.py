@@ -17,6 +17,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from compactord import __version__
 from compactord.errors import (
@@ -213,10 +214,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         if manifest is None:
             raise NotCompacted(topic)
         _check_partition(manifest.horizon, partition)
-        if include_markers:
-            entries = service.read_compacted_entries(Position(partition, start), limit, include_markers=True)
-        else:
-            entries = service.read_compacted_entries(Position(partition, start), limit)
+        entries = service.read_compacted_entries(Position(partition, start), limit, include_markers=include_markers)
         last = manifest.horizon[partition]
         more = len(entries) == limit and entries[-1].offset < last
         return {
@@ -313,12 +311,22 @@ def create_app(daemon: Daemon) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "PUT", "POST", "DELETE", "PATCH", "HEAD"],
                    include_in_schema=False)
-    def catch_all(path: str) -> JSONResponse:
+    def catch_all(path: str, request: Request) -> JSONResponse:
+        # Starlette tries the routes in order and this one matches every method, so a known path
+        # asked with another method lands here: answer 405, not "does not fit a topic route".
+        allowed = sorted({method for route in app.router.routes if route is not catch_all_route
+                          and route.matches(request.scope)[0] is Match.PARTIAL
+                          for method in getattr(route, "methods", None) or ()})
+        if allowed:
+            return _error(405, "method_not_allowed", f"{request.method} is not allowed on /{path}; "
+                          f"allowed: {', '.join(allowed)}", headers={"Allow": ", ".join(allowed)})
         if path.startswith("v1/topics/"):
             return _error(422, "invalid_topic_name",
                           f"/{path} does not fit a topic route: a topic name is 1 to 249 characters of "
                           "[a-zA-Z0-9._-] (no '/'), e.g. /v1/topics/<topic>/compaction")
         return _error(404, "not_found", f"no route /{path}; see /docs")
+
+    catch_all_route = app.router.routes[-1]
 
     return app
 

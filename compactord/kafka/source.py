@@ -81,7 +81,7 @@ class RangePartition(InputPartition):
 def records_to_batch(rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
     """Rows ``(partition, offset, timestamp, key, value, headers, event_time)`` as one Arrow batch."""
     n = len(rows)
-    cols = list(zip(*rows)) if rows else [()] * 7
+    cols = list(zip(*rows, strict=False)) if rows else [()] * 7
     headers = [[{"key": k, "value": v} for k, v in h] if h else [] for h in cols[5]]
     return pa.RecordBatch.from_arrays(
         [

@@ -24,7 +24,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +260,7 @@ class LedgerStore:
             # Only the one-bit column is decoded: cheap even for millions of rows.
             flags = pf.read(columns=["marker", "marker_at"]) if rows else None
             markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
-            oldest = pc.min(flags.column("marker_at")).as_py() if markers else None
+            oldest = pc.min(flags.column("marker_at")).as_py() if flags is not None and markers else None
         except (pa.ArrowException, OSError) as exc:
             if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
                 raise

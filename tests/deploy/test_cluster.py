@@ -151,7 +151,7 @@ def produce_mixed(kafka: Any, topic: str) -> None:
     records = []
     for i in range(600):
         key = None if i % 97 == 1 else f"key-{i % 40}"
-        value = None if i % 11 == 0 else b"" if i % 13 == 0 else f"value-{i}".encode()
+        value = None if i % 11 == 0 and key else b"" if i % 13 == 0 else f"value-{i}".encode()
         partition = (i % 40) % PARTITIONS  # a key stays in one partition
         headers = [("seq", str(i).encode()), ("bin", bytes([i % 256, 0, 255]))] if i % 3 == 0 else None
         records.append((key, value, partition, 1_700_000_000_000 + i * 1000, headers))
