@@ -26,10 +26,9 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY compactord ./compactord
-RUN pip install --no-cache-dir . && rm -rf /src
+COPY pyproject.toml README.md /tmp/compactord-src/
+COPY compactord /tmp/compactord-src/compactord
+RUN cd /tmp/compactord-src && pip install --no-cache-dir . && cd / && rm -rf /tmp/compactord-src
 
 # The default configuration: every key not set here has its default (broker.conf.example); override
 # one with COMPACTORD_CONF_<key>=value, or mount your own file over /etc/compactord/broker.conf.
@@ -44,7 +43,8 @@ RUN set -eux; \
       'compactedLedgerRoot=/var/lib/compactord/ledgers' \
       > /etc/compactord/broker.conf
 
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/compactord --shell /usr/sbin/nologin compactord \
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/compactord \
+        --shell /usr/sbin/nologin compactord \
     && mkdir -p /var/lib/compactord/ledgers \
     && chown -R compactord:compactord /var/lib/compactord
 
@@ -56,7 +56,8 @@ EXPOSE 8642
 
 # /healthz needs no token; it fails once the Spark JVM has died (the daemon then exits by itself).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8642/healthz', timeout=4)"]
+    CMD ["python", "-c", \
+         "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8642/healthz', timeout=4)"]
 
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/tini", "--"]

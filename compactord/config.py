@@ -85,6 +85,14 @@ def _ref(key: str, raw: str) -> str:
     return raw.strip()
 
 
+def _local_path(key: str, raw: str) -> str:
+    value = raw.strip()
+    if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
+        raise ConfigError(key, raw, "expected a file-system path (on a cluster: a shared mount at the same path "
+                                    "on every executor); URLs such as hdfs:// or s3a:// are not supported")
+    return value
+
+
 def _regex(key: str, raw: str) -> str:
     try:
         re.compile(raw)
@@ -174,7 +182,7 @@ KEYS: tuple[Key, ...] = (
     Key("kafkaSslCheckHostname", "kafka_ssl_check_hostname", _bool, "true", "broker",
         "Check that the broker's certificate matches its host name."),
     # Storage
-    Key("compactedLedgerRoot", "compacted_ledger_root", _str, "data/ledgers", "storage",
+    Key("compactedLedgerRoot", "compacted_ledger_root", _local_path, "data/ledgers", "storage",
         "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a cluster)."),
     # Compaction
     Key("compactionServiceFactoryClassName", "compaction_service_factory_class_name", _ref, DEFAULT_FACTORY,

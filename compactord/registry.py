@@ -242,3 +242,6 @@ class TaskRegistry:
         deadline = time.monotonic() + timeout
         for ctx in live:
             ctx.wait(max(0.0, deadline - time.monotonic()))
+            # A cancelled task has ended at once, but its worker may still be removing its partial
+            # ledger: let it finish before Spark stops and the process exits.
+            ctx.worker_done.wait(max(0.0, deadline - time.monotonic()))

@@ -30,8 +30,7 @@ def _warnings(settings: Settings) -> None:
         log.warning("httpBindAddress=%s is not a loopback address and httpAuthToken is empty: anyone who reaches "
                     "this port can trigger, cancel and delete compactions; set httpAuthToken", host)
     master = settings.spark_master
-    if not master.startswith("local") and not str(settings.compacted_ledger_root).startswith(
-            ("hdfs:", "s3a:", "gs:", "abfs:")):
+    if not master.startswith("local"):
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
                     "executor and this daemon can reach (a shared mount at the same path)", master,
                     Path(settings.compacted_ledger_root).resolve())

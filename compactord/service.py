@@ -11,21 +11,23 @@ A task runs in its own thread:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from compactord.config import Settings
 from compactord.errors import CompactionAlreadyRunning, CompactionCancelled, InvalidArgument, LedgerCorrupt, NotCompacted
 from compactord.interfaces import CompactionServiceFactory, CompactionStrategy, ServiceContext, TopicCompactionService
 from compactord.kafka.admin import KafkaAdmin, PartitionOffsets
 from compactord.kafka.source import CANCEL_FILE, OffsetRange, plan_ranges
-from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired
 from compactord.ledger.store import LedgerStore
 from compactord.model import Entry, Horizon, LedgerManifest, Position, StrategySettings, validate_topic_name
 from compactord.spark.job import CompactionJobSpec, run_compaction_job
@@ -36,6 +38,10 @@ from compactord.task import CompactionTaskCtx, StateListener, TaskState
 __all__ = ["SparkCompactionServiceFactory", "SparkTopicCompactionService"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# A read retries when a switch retires the ledger it found; more than one retry needs two switches
+# within one read, so this bound is never reached in practice.
+_READ_ATTEMPTS = 10
 
 
 @dataclass
@@ -48,6 +54,7 @@ class _Plan:
     horizon: Horizon
     strategy: tuple[str, CompactionStrategy, StrategySettings]  # fixed for the whole task
     reasons: list[str] = field(default_factory=list)
+    corrupt_id: int | None = None  # a corrupt current ledger this run replaces (deleted after the switch)
 
     @property
     def tail_records(self) -> int:
@@ -150,7 +157,11 @@ class SparkTopicCompactionService(TopicCompactionService):
                 raise
             self.corrupt = None
             handle = LedgerHandle(LedgerReader(self._f.store.ledger_path(self.topic, ledger_id), manifest))
-            self._install(handle, ledger_id)
+            displaced = self._install(handle, ledger_id)
+            if displaced is not None:
+                # CURRENT moved without this service's switch (another service on the store): readers
+                # of the stale ledger retry on the new one; its files are the switcher's to delete.
+                displaced.retire(lambda: None)
             return handle
 
     def _install(self, handle: LedgerHandle, ledger_id: int) -> LedgerHandle | None:
@@ -164,17 +175,32 @@ class SparkTopicCompactionService(TopicCompactionService):
             raise NotCompacted(self.topic)
         return handle
 
+    def _read(self, fn: Callable[[LedgerReader], T]) -> T:
+        """Run ``fn`` on the current ledger, which stays on disk until ``fn`` returns."""
+        attempt = 0
+        while True:
+            handle = self._required()
+            try:
+                reader = handle.acquire()
+            except LedgerRetired:
+                attempt += 1
+                if attempt >= _READ_ATTEMPTS:
+                    raise
+                continue  # a switch retired it between the lookup and the acquire: take the new one
+            try:
+                return fn(reader)
+            finally:
+                handle.release()
+
     def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
         if n < 1 or start.partition < 0 or start.offset < 0:
             raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
-        with self._required().reading() as reader:
-            return reader.read(start.partition, start.offset, n, include_markers=include_markers)
+        return self._read(lambda reader: reader.read(start.partition, start.offset, n, include_markers=include_markers))
 
     def read_last_compacted_entry(self, partition: int) -> Entry | None:
         if partition < 0:
             raise InvalidArgument(f"partition must be >= 0, got {partition}")
-        with self._required().reading() as reader:
-            return reader.last(partition)
+        return self._read(lambda reader: reader.last(partition))
 
     def ledger_info(self) -> LedgerManifest | None:
         ledger_id = self._f.store.current_ledger_id(self.topic)
@@ -208,7 +234,7 @@ class SparkTopicCompactionService(TopicCompactionService):
     def _run(self, ctx: CompactionTaskCtx) -> None:
         new_path: Path | None = None
         switched = False
-        progress_dir = self._f.store.root / "@compactord" / "progress" / ctx.task_id
+        progress_dir = self._f.store.progress_dir(ctx.task_id)
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
@@ -234,15 +260,21 @@ class SparkTopicCompactionService(TopicCompactionService):
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(ctx, plan, ledger_id, tail, started)
+            handle = LedgerHandle(LedgerReader(new_path, manifest))
             ctx.checkpoint("written")
             ctx.begin_switch()
             ctx.checkpoint("switch")
-            store.switch(self.topic, ledger_id)
-            switched = True
-            handle = LedgerHandle(LedgerReader(new_path, manifest))
-            old = self._install(handle, ledger_id)
+            # Pointer and in-memory swap under the lock that reads take to find the current ledger, so
+            # that no read installs the new ledger in between and leaves the old one unretired.
+            with self._lock:
+                store.switch(self.topic, ledger_id)
+                switched = True
+                old = self._install(handle, ledger_id)
+                self.corrupt = None
             ctx.checkpoint("switched")
             self._retire(old, plan.previous)
+            if plan.corrupt_id is not None and plan.corrupt_id != ledger_id:
+                self._delete_replaced(plan.corrupt_id)
             ctx.ledger_id = ledger_id
             ctx.transition(TaskState.SUCCEED)
             log.info("topic %s compacted into ledger %d: %d read, %d kept, %d removed in %.1fs",
@@ -279,11 +311,14 @@ class SparkTopicCompactionService(TopicCompactionService):
         offsets = self._f.admin.offsets(self.topic)
         reasons: list[str] = []
         previous: LedgerManifest | None = None
+        corrupt_id: int | None = None
         try:
             handle = self._current()
             previous = handle.manifest if handle is not None else None
         except LedgerCorrupt as exc:
             reasons.append(f"the current ledger is corrupt ({exc})")
+            with contextlib.suppress(LedgerCorrupt):
+                corrupt_id = self._f.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
         full = previous is None or ctx.rebuild
         if ctx.rebuild:
             reasons.append("a rebuild was requested")
@@ -298,7 +333,7 @@ class SparkTopicCompactionService(TopicCompactionService):
                     full = True
                     reasons.append(f"partition {p} now ends at {offsets[p].end} below the horizon {old} "
                                    "(topic recreated or truncated)")
-        if full and previous is not None:
+        if full and reasons:
             log.warning("topic %s: full rebuild because %s", self.topic, "; ".join(reasons))
         ranges = []
         for p, o in sorted(offsets.items()):
@@ -312,7 +347,7 @@ class SparkTopicCompactionService(TopicCompactionService):
         horizon = {p: o.end - 1 for p, o in offsets.items()}
         if previous is not None and not full:
             horizon = {p: max(h, previous.horizon.get(p, -1)) for p, h in horizon.items()}
-        return _Plan(offsets, full, split, previous, files, horizon, strategy, reasons)
+        return _Plan(offsets, full, split, previous, files, horizon, strategy, reasons, corrupt_id)
 
     def _nothing_to_do(self, plan: _Plan) -> bool:
         prev = plan.previous
@@ -398,6 +433,14 @@ class SparkTopicCompactionService(TopicCompactionService):
             old.retire(delete)
         else:
             delete()
+
+    def _delete_replaced(self, ledger_id: int) -> None:
+        try:
+            self._f.store.delete_ledger(self.topic, ledger_id)
+            log.info("topic %s: deleted corrupt ledger %d, replaced by a full rebuild", self.topic, ledger_id)
+        except Exception:
+            log.warning("could not delete corrupt ledger %d of topic %s (removed at next start-up)",
+                        ledger_id, self.topic, exc_info=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

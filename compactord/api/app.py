@@ -246,7 +246,8 @@ def create_app(daemon: Daemon) -> FastAPI:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
         daemon.policies.set_unloaded(topic, True)
-        outcome = daemon.registry.stop_topic(topic, cancel_timeout)
+        # 0.8, as DELETE /v1/topics/{topic} does: the answer itself must also fit in the timeout.
+        outcome = daemon.registry.stop_topic(topic, cancel_timeout * 0.8)
         body = {"topic": topic, "unloaded": True, "task": task_status(outcome.task) if outcome else None}
         return JSONResponse(body, status_code=202 if outcome and not outcome.stopped else 200)
 
@@ -318,8 +319,10 @@ def create_app(daemon: Daemon) -> FastAPI:
                           and route.matches(request.scope)[0] is Match.PARTIAL
                           for method in getattr(route, "methods", None) or ()})
         if allowed:
-            return _error(405, "method_not_allowed", f"{request.method} is not allowed on /{path}; "
-                          f"allowed: {', '.join(allowed)}", headers={"Allow": ", ".join(allowed)})
+            response = _error(405, "method_not_allowed",
+                              f"{request.method} is not allowed on /{path}; allowed: {', '.join(allowed)}")
+            response.headers["Allow"] = ", ".join(allowed)
+            return response
         if path.startswith("v1/topics/"):
             return _error(422, "invalid_topic_name",
                           f"/{path} does not fit a topic route: a topic name is 1 to 249 characters of "

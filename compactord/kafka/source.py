@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.model import RECORD_DDL, RECORD_SCHEMA
 
-__all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "records_to_batch"]
+__all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer", "records_to_batch"]
 
 FORMAT = "compactord_kafka"
 CANCEL_FILE = "CANCEL"
@@ -68,6 +68,13 @@ def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_si
         out.extend(OffsetRange(r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step))
     # Largest first, so that the longest tasks start early.
     return sorted(out, key=lambda r: -r.size)
+
+
+def range_consumer(client_config: dict[str, Any], batch_records: int) -> Any:
+    """The consumer a reading task uses (also the benchmark's floor, so that both read alike)."""
+    from compactord.kafka.client import consumer
+
+    return consumer(client_config, max_poll_records=batch_records)
 
 
 class RangePartition(InputPartition):
@@ -145,14 +152,16 @@ class RangeReadTask:
         self._last_progress = 0.0
 
     def run(self) -> Iterator[pa.RecordBatch]:
+        if os.environ.get("DEBUG_READS"):
+            with open(os.environ["DEBUG_READS"], "a") as f:
+                f.write(f"{time.time():.3f} {os.getpid()} {self.partition} {self.start} {self.end}\n")
         if self.end <= self.start:
             self._report(done=True)
             return
         from kafka import TopicPartition
 
-        from compactord.kafka.client import consumer
-
-        cons = consumer(self.spec["client"], max_poll_records=self.batch_records)
+        t0 = time.time(); c0 = time.process_time()
+        cons = range_consumer(self.spec["client"], self.batch_records)
         try:
             tp = TopicPartition(self.spec["topic"], self.partition)
             cons.assign([tp])
@@ -160,6 +169,10 @@ class RangeReadTask:
             yield from self._read(cons, tp)
         finally:
             cons.close()
+        if os.environ.get("DEBUG_READS"):
+            import sys
+            with open(os.environ["DEBUG_READS"], "a") as f:
+                f.write(f"END {os.getpid()} {self.start} wall={time.time()-t0:.2f} cpu={time.process_time()-c0:.2f} recs={self.records} py={sys.version.split()[0]} exe={sys.executable} trace={sys.gettrace()} prof={sys.getprofile()}\n")
         self._report(done=True)
 
     def _read(self, cons: Any, tp: Any) -> Iterator[pa.RecordBatch]:

@@ -5,6 +5,7 @@ Layout::
 
     <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
     <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
+    <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
     <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
     <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
 
@@ -24,7 +25,6 @@ import shutil
 import socket
 import threading
 import time
-
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 DAEMON_DIR = "@compactord"
 CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
-_LOCK, _SEQ = "lock", "ledger-seq"
+_LOCK, _SEQ, _PROGRESS = "lock", "ledger-seq", "progress"
 _LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 
 
@@ -97,6 +97,10 @@ class LedgerStore:
             os.fsync(fd)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + _TMP)).unlink()
+            # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
+            for task in _names(self._daemon_dir / _PROGRESS):
+                log.warning("removing progress files of interrupted task %s", task)
+                _remove(self._daemon_dir / _PROGRESS / task)
             for topic in self.topics():
                 try:
                     self.remove_orphans(topic)
@@ -154,6 +158,12 @@ class LedgerStore:
         if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 1:
             raise InvalidArgument(f"ledger id must be a positive integer, got: {ledger_id!r}")
         return self.topic_dir(topic) / ledger_dir_name(ledger_id)
+
+    def progress_dir(self, task_id: str) -> Path:
+        """The folder where a task's readers report progress (removed at ``open()`` if a crash left it)."""
+        if not task_id or Path(task_id).name != task_id or task_id.startswith("."):
+            raise InvalidArgument(f"task id must be a plain name, got: {task_id!r}")
+        return self._daemon_dir / _PROGRESS / task_id
 
     def topics(self) -> list[str]:
         """Sorted names of the topic directories under the root."""

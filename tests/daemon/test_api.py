@@ -151,8 +151,9 @@ def test_policies_body_must_be_valid(shared_daemon: DaemonProcess, kafka: Any) -
     for body in ({"thresholdMessage": 5}, {"thresholdMessages": -1}, {"thresholdBytes": "10"},
                  {"minDirtyRatio": 1.5}, {"maxLagSeconds": True}, {"strategy": "no-such-strategy"}, [1, 2]):
         assert_error(shared_daemon.http.put(path, json=body), 422)
-    assert_error(shared_daemon.http.put(path, content=b"{not json", headers={"content-type": "application/json"}),
-                 422)
+    not_json = shared_daemon.http.put(path, content=b"{not json",
+                                      headers={"content-type": "application/json"})
+    assert_error(not_json, 422)
     assert shared_daemon.http.get(path).json()["policies"]["thresholdMessages"] is None
     assert not (shared_daemon.root / topic / "policies.json").exists()
 
@@ -186,7 +187,8 @@ def test_unknown_route_and_method(shared_daemon: DaemonProcess) -> None:
     assert_error(shared_daemon.http.get("/nope"), 404, "not_found")
     assert_error(shared_daemon.http.get("/v2/topics"), 404, "not_found")
     assert_error(shared_daemon.http.post("/v1/topics/some-topic/compaction"), 405, "method_not_allowed")
-    assert_error(shared_daemon.http.patch("/v1/topics/some-topic/policies", json={}), 405, "method_not_allowed")
+    assert_error(shared_daemon.http.patch("/v1/topics/some-topic/policies", json={}), 405,
+                 "method_not_allowed")
 
 
 # -- horizon and reads ----------------------------------------------------------------------------
@@ -235,15 +237,17 @@ def test_read_utf8(shared_daemon: DaemonProcess, read_topic: dict[str, Any]) -> 
     topic = read_topic["topic"]
     body = shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
                                   params={"partition": 1, "encoding": "utf8", "limit": 3}).json()
-    assert [(e["key"], e["value"]) for e in body["entries"]] == [("k-00", "v-0"), ("k-01", "v-1"), ("k-02", "v-2")]
+    assert [(e["key"], e["value"]) for e in body["entries"]] == [
+        ("k-00", "v-0"), ("k-01", "v-1"), ("k-02", "v-2")]
     # headers stay base64 whatever the encoding
     p0 = shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
                                 params={"partition": 0, "encoding": "utf8", "limit": 2}).json()
     assert [(e["key"], e["value"]) for e in p0["entries"]] == [("k2", "a2"), ("k0", "b0")]
     assert p0["entries"][0]["headers"] == [{"key": k, "value": b64(v)} for k, v in HEADERS]
     # offset 5 holds bytes that are not UTF-8
-    body = assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
-                                               params={"partition": 0, "encoding": "utf8"}), 422, "invalid_argument")
+    not_utf8 = shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
+                                      params={"partition": 0, "encoding": "utf8"})
+    body = assert_error(not_utf8, 422, "invalid_argument")
     assert "base64" in body["message"]
 
 
@@ -273,7 +277,8 @@ def test_paged_reads(shared_daemon: DaemonProcess, read_topic: dict[str, Any]) -
                                     params={"partition": 0, "start": 4, "limit": 1}).json()
     assert [e["offset"] for e in middle["entries"]] == [5]
     assert middle["next_start"] == 6
-    beyond = shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 1, "start": 25}).json()
+    beyond = shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
+                                    params={"partition": 1, "start": 25}).json()
     assert beyond["entries"] == [] and beyond["next_start"] is None
 
 
@@ -311,7 +316,8 @@ def test_bad_read_parameters_are_422(shared_daemon: DaemonProcess, read_topic: d
 def test_read_limit_bounds_accepted(shared_daemon: DaemonProcess, read_topic: dict[str, Any]) -> None:
     topic = read_topic["topic"]
     for limit in (1, 10000):
-        response = shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 1, "limit": limit})
+        response = shared_daemon.http.get(f"/v1/topics/{topic}/compacted",
+                                          params={"partition": 1, "limit": limit})
         assert response.status_code == 200, response.text
         assert len(response.json()["entries"]) == min(limit, 25)
 

@@ -37,7 +37,8 @@ def compacted(shared_daemon: DaemonProcess, kafka: Any, env: dict[str, str]) -> 
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}")
     assert "Traceback" not in result.stderr
     return result.stdout
 
@@ -87,16 +88,16 @@ def test_read(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict
     assert rows == [["1", "9", "k1", "v19"], ["1", "10", "k3", "v21"], ["1", "11", "k5", "v23"]]
     paged = ok(run_cli("read", topic, "--partition", "0", "--limit", "2", env=env))
     assert "(more: --start 11)" in paged
-    args = ["read", topic, "--partition", "0", "--start", "10", "--limit", "2", "--encoding", "base64", "--json"]
-    body = json.loads(ok(run_cli(*args, env=env)))
-    assert body == shared_daemon.http.get(
-        f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": 10, "limit": 2, "encoding": "base64"}
-    ).json()
+    args = ["read", topic, "--partition", "0", "--start", "10", "--limit", "2", "--encoding", "base64"]
+    body = json.loads(ok(run_cli(*args, "--json", env=env)))
+    query = {"partition": 0, "start": 10, "limit": 2, "encoding": "base64"}
+    assert body == shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params=query).json()
     assert [e["offset"] for e in body["entries"]] == [10, 11]
     assert body["next_start"] is None
 
 
-def test_topics_and_tasks(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+def test_topics_and_tasks(shared_daemon: DaemonProcess, compacted: dict[str, Any],
+                          env: dict[str, str]) -> None:
     topic = compacted["topic"]
     line = next(row for row in ok(run_cli("topics", env=env)).splitlines() if row.startswith(topic))
     assert "SUCCESS" in line and "Succeed" in line
@@ -130,7 +131,8 @@ def test_compact_without_wait(shared_daemon: DaemonProcess, kafka: Any, env: dic
     assert final["task_id"] == body["task_id"] and final["status"] == "SUCCESS"
 
 
-def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, Any],
+                             env: dict[str, str]) -> None:
     failed(run_cli("compact", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
     failed(run_cli("horizon", "cli-no-such-topic", env=env), "404", "not_compacted")
     failed(run_cli("read", compacted["topic"], "--partition", "9", env=env), "422", "partition 9")

@@ -1,6 +1,6 @@
 """The daemon's life on one ledger root: a second daemon refuses the root, a restart reports the
-ledger it finds (status SUCCESS, state null) and keeps the policies, and SIGTERM during a compaction
-cancels the task, leaves no partial ledger and exits with code 0.
+ledger it finds (status SUCCESS, state null) and keeps the policies and the unload mark, and SIGTERM
+during a compaction cancels the task, leaves no partial ledger and exits with code 0.
 
 The tests run in order: the first daemon compacts and is stopped, the second (with a task held
 after its ledger is written) is the one that gets SIGTERM during a compaction.
@@ -34,13 +34,17 @@ def first(launch: Launcher, state: dict[str, Any], kafka: Any) -> DaemonProcess:
     kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(16)])
     state["topic"] = topic
     state["final"] = compact(daemon, topic)
-    put = daemon.http.put(f"/v1/topics/{topic}/policies", json={"thresholdMessages": 7, "strategy": "first-value"})
+    policies = {"thresholdMessages": 7, "strategy": "first-value"}
+    put = daemon.http.put(f"/v1/topics/{topic}/policies", json=policies)
     assert put.status_code == 200, put.text
     state["policies"] = put.json()
+    unload = daemon.http.post(f"/v1/topics/{topic}/unload")  # remembered under the root
+    assert unload.status_code == 200 and unload.json() == {"topic": topic, "unloaded": True, "task": None}
     return daemon
 
 
-def test_a_second_daemon_refuses_the_root(launch: Launcher, state: dict[str, Any], first: DaemonProcess) -> None:
+def test_a_second_daemon_refuses_the_root(launch: Launcher, state: dict[str, Any],
+                                          first: DaemonProcess) -> None:
     second = launch.prepare("second", root=state["root"]).start()
     code = second.wait_exit(60)
     assert code is not None and code != 0, second.log_tail()
@@ -84,6 +88,7 @@ def test_restart_reports_the_ledger(restarted: DaemonProcess, state: dict[str, A
     assert restarted.http.get(f"/v1/topics/{topic}/policies").json() == state["policies"]
     listing = {t["topic"]: t for t in restarted.http.get("/v1/topics").json()["topics"]}
     assert listing[topic]["last_compaction"]["status"] == "SUCCESS"
+    assert listing[topic]["unloaded"] is True
 
 
 def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[str, Any], kafka: Any) -> None:

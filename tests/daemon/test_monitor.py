@@ -60,7 +60,8 @@ def set_policy(daemon: DaemonProcess, topic: str, **overrides: Any) -> dict[str,
 
 def wait_triggered(daemon: DaemonProcess, topic: str, reason: str) -> dict[str, Any]:
     """Wait for the monitor to start a task for ``topic``; check the log names ``reason``."""
-    tasks = wait_for(lambda: tasks_of(daemon, topic), MONITOR_WAIT_S, f"the monitor to compact {topic}", daemon)
+    tasks = wait_for(lambda: tasks_of(daemon, topic), MONITOR_WAIT_S, f"the monitor to compact {topic}",
+                     daemon)
     wait_for(lambda: re.search(f"compacting topic {re.escape(topic)}: .*{reason}", daemon.log_text()), 10,
              f"the log to say why {topic} was compacted ({reason})", daemon)
     return tasks[0]

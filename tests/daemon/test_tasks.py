@@ -8,9 +8,9 @@ This daemon has no token: every endpoint is open.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -80,7 +80,7 @@ def view(daemon: DaemonProcess, topic: str) -> dict[str, Any]:
 
 def parse_time(value: str) -> datetime:
     assert value.endswith("Z"), value
-    return datetime.fromisoformat(value[:-1] + "+00:00")
+    return datetime.fromisoformat(value)
 
 
 def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
@@ -112,7 +112,8 @@ def test_trigger_conflict_and_states(daemon: DaemonProcess, kafka: Any, prepared
     assert task["finished_at"] is None and task["last_error"] is None
     assert abs((parse_time(task["started_at"]) - before).total_seconds()) < 5
 
-    conflict = assert_error(daemon.http.put(f"/v1/topics/{topic}/compaction"), 409, "compaction_already_running")
+    second = daemon.http.put(f"/v1/topics/{topic}/compaction")
+    conflict = assert_error(second, 409, "compaction_already_running")
     check_task(conflict["task"], topic)
     assert conflict["task"]["task_id"] == task["task_id"] and conflict["task"]["status"] == "RUNNING"
 
@@ -151,7 +152,8 @@ def test_trigger_conflict_and_states(daemon: DaemonProcess, kafka: Any, prepared
     assert [e["key"] for e in view(daemon, topic)["entries"]] == ["k0", "k1", "k2", "k3", "k4"]
 
 
-def test_cancel_keeps_the_previous_ledger(daemon: DaemonProcess, kafka: Any, prepared: dict[str, str]) -> None:
+def test_cancel_keeps_the_previous_ledger(daemon: DaemonProcess, kafka: Any,
+                                          prepared: dict[str, str]) -> None:
     topic = prepared["cancel"]
     before = first_ledger(daemon, topic)
     kept = ledger_dirs(daemon.root, topic)
@@ -248,7 +250,8 @@ def test_unload_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared:
 def test_delete_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared: dict[str, str]) -> None:
     topic = prepared["delete"]
     first_ledger(daemon, topic)
-    assert daemon.http.put(f"/v1/topics/{topic}/policies", json={"thresholdBytes": 1 << 30}).status_code == 200
+    policy = daemon.http.put(f"/v1/topics/{topic}/policies", json={"thresholdBytes": 1 << 30})
+    assert policy.status_code == 200, policy.text
     kafka.produce(topic, [(f"k{i}", f"second-{i}") for i in range(10)])
     task = daemon.http.put(f"/v1/topics/{topic}/compaction").json()
     wait_state(daemon, topic, "Running")
@@ -261,7 +264,8 @@ def test_delete_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared:
     assert (body["task"]["task_id"], body["task"]["state"]) == (task["task_id"], "Cancelled")
     assert not (daemon.root / topic).exists()
     assert_error(daemon.http.get(f"/v1/topics/{topic}/horizon"), 404, "not_compacted")
-    assert_error(daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}), 404, "not_compacted")
+    assert_error(daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}), 404,
+                 "not_compacted")
     assert daemon.http.get(f"/v1/topics/{topic}/policies").json()["policies"]["thresholdBytes"] is None
     assert status(daemon, topic)["status"] == "NOT_RUN"
     # deleting a topic the daemon knows nothing about (and the broker lacks) is fine too
@@ -274,32 +278,26 @@ def test_delete_and_unload_while_switching(daemon: DaemonProcess, kafka: Any) ->
     """A switching task cannot be cancelled: the hooks still answer within the bound (202), and the
     rest happens once the switch is over."""
     topics = {"delete": kafka.topic(prefix="tsk"), "unload": kafka.topic(prefix="tsk")}
-    results: dict[str, Any] = {}
+    hooks = {"delete": ("DELETE", "/v1/topics/{topic}"), "unload": ("POST", "/v1/topics/{topic}/unload")}
 
-    def act(name: str, method: str, path: str) -> None:
+    def when_switching(name: str) -> tuple[float, httpx.Response]:
+        """Call the hook as soon as the topic's task is switching (each topic has its own thread)."""
         topic = topics[name]
-        try:
-            wait_state(daemon, topic, "Ending_with_switch_ledger")
-            with daemon.client() as c:
-                results[name] = timed(c.request, method, path.format(topic=topic))
-        except BaseException as exc:  # reported by the main thread
-            results[name] = exc
+        method, path = hooks[name]
+        wait_state(daemon, topic, "Ending_with_switch_ledger")
+        with daemon.client() as c:
+            return timed(c.request, method, path.format(topic=topic))
 
     for topic in topics.values():
         kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(12)])
-    threads = [threading.Thread(target=act, args=("delete", "DELETE", "/v1/topics/{topic}")),
-               threading.Thread(target=act, args=("unload", "POST", "/v1/topics/{topic}/unload"))]
-    for thread in threads:
-        thread.start()
-    for topic in topics.values():
-        assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    for thread in threads:
-        thread.join(180)
+    with ThreadPoolExecutor(max_workers=len(topics)) as pool:
+        futures = {name: pool.submit(when_switching, name) for name in topics}
+        for topic in topics.values():
+            assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
+        results = {name: future.result(timeout=180) for name, future in futures.items()}
     for name in topics:
-        assert not isinstance(results.get(name), BaseException), results[name]
         elapsed, response = results[name]
         assert elapsed < HOOK_BOUND_S, (name, elapsed)
-        assert isinstance(response, httpx.Response)
         assert response.status_code == 202, (name, response.text)
         assert response.json()["task"]["state"] == "Ending_with_switch_ledger"
 

@@ -87,10 +87,12 @@ class StandaloneCluster:
         while time.monotonic() < deadline:
             for process, name in zip(self.processes, ("master", "worker"), strict=True):
                 if process.poll() is not None:
-                    raise AssertionError(f"the Spark {name} exited with code {process.returncode}:\n{self.log(name)}")
+                    raise AssertionError(
+                        f"the Spark {name} exited with code {process.returncode}:\n{self.log(name)}")
             try:
                 status = self.status()
-                alive = status.get("aliveworkers", sum(w.get("state") == "ALIVE" for w in status.get("workers", [])))
+                workers = status.get("workers", [])
+                alive = status.get("aliveworkers", sum(w.get("state") == "ALIVE" for w in workers))
                 if alive >= 1:
                     return self
             except (httpx.HTTPError, ValueError):
@@ -158,18 +160,20 @@ def produce_mixed(kafka: Any, topic: str) -> None:
     kafka.produce(topic, records)
 
 
-def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker: Any, make_factory: Any,
-                                                              tmp_path: Path) -> None:
+def local_mode_ledger(make_factory: Any, root: Path, topic: str) -> tuple[dict[int, int], list[Row]]:
+    """Compact ``topic`` in this process on the test session's local[2] Spark; its horizon and entries."""
+    local = make_factory(root=root).new_topic_compaction_service(topic)
+    compact(local)
+    rows = [_row(e) for p in range(PARTITIONS) for e in entries(local, p)]
+    manifest = local.ledger_info()
+    assert manifest is not None
+    return dict(manifest.horizon), rows
+
+
+def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker: Any, tmp_path: Path,
+                                                              request: pytest.FixtureRequest) -> None:
     topic = kafka.topic(partitions=PARTITIONS, prefix="cluster")
     produce_mixed(kafka, topic)
-
-    # Local mode first, in this process (the session's local[2] Spark), while the machine is quiet.
-    local = make_factory(root=tmp_path / "local-ledgers").new_topic_compaction_service(topic)
-    compact(local)
-    local_horizon = dict(local.ledger_info().horizon)
-    local_rows = [_row(e) for p in range(PARTITIONS) for e in entries(local, p)]
-    assert local_rows and len({r[2] for r in local_rows}) < 40, "tombstones should have deleted some keys"
-
     cluster = StandaloneCluster(tmp_path / "spark-cluster")
     port = DaemonProcess.free_port()
     token = "cluster-token"
@@ -191,6 +195,10 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     try:
         cluster.start()
         daemon.start()
+        # While the daemon's session starts on the cluster, the reference: local mode, in this process
+        # (asked for only now, so that a first start of the test session's Spark overlaps the daemon's).
+        local_horizon, local_rows = local_mode_ledger(request.getfixturevalue("make_factory"),
+                                                      tmp_path / "local-ledgers", topic)
         daemon.wait_ready()
         (app,) = [a for a in cluster.status()["activeapps"] if a["name"] == "compactord"]
         assert app["cores"] >= 1, f"the daemon's application got no executor cores: {app}"
@@ -198,13 +206,15 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         cluster_horizon, cluster_rows = ledger_over_http(daemon, topic)
     finally:
         try:
-            daemon.stop()
+            code = daemon.stop()
         finally:
             cluster.stop()
 
     log = daemon.log_text()
+    assert code == 0, f"SIGTERM should stop the daemon and its cluster application cleanly (exit code {code})"
     assert f"sparkMaster={cluster.master_url} runs executors on other machines" in log
     assert "must be a path every executor and this daemon can reach" in log
+    assert local_rows and len({r[2] for r in local_rows}) < 40, "tombstones should have deleted some keys"
     assert cluster_horizon == local_horizon
     assert cluster_rows == local_rows
     # The executors ran on the Worker: it kept the application's executor logs.

@@ -284,7 +284,7 @@ def test_deployment_mounts_the_config_the_secret_and_the_ledger_claim() -> None:
     secret_files = set(objects["Secret"].get("stringData", {})) | set(objects["Secret"].get("data", {}))
     for key in ("httpAuthToken", "kafkaSaslPassword"):
         value = conf[key]
-        assert value.startswith(f"file:{secret_path}/"), f"{key} must be read from the Secret, not written here"
+        assert value.startswith(f"file:{secret_path}/"), f"{key} must be read from the Secret, not given here"
         assert value.rsplit("/", 1)[1] in secret_files, f"{key} names a file the Secret does not hold"
 
 
@@ -297,7 +297,7 @@ def test_configmap_broker_conf_is_valid_and_holds_no_secret(tmp_path: Path) -> N
             assert conf[name].startswith("file:"), f"{name} holds a secret in the ConfigMap"
     # Validate every value as the daemon would, with the secret files where the Secret puts them.
     secret = manifests()["Secret"]["stringData"]
-    local = {}
+    local: dict[str, str] = {}
     for name, value in conf.items():
         if value.startswith("file:"):
             path = tmp_path / value.rsplit("/", 1)[1]
@@ -444,7 +444,8 @@ def test_every_metric_name_in_deploy_is_served_by_a_running_daemon(kafka: Any, b
                 response = anonymous.get("/metrics")
                 assert response.status_code == 200
                 text = response.text
-                if f'compactord_backlog_records{{topic="{topic}"}} 0.0' in text or time.monotonic() > deadline:
+                settled = f'compactord_backlog_records{{topic="{topic}"}} 0.0' in text
+                if settled or time.monotonic() > deadline:
                     break
                 time.sleep(1.0)
         declared, sampled = servable_names(text)
@@ -462,4 +463,4 @@ def test_every_metric_name_in_deploy_is_served_by_a_running_daemon(kafka: Any, b
         assert {"compactord_uncleanable_topics", "compactord_ready", "compactord_running_tasks"} <= sampled
     finally:
         code = daemon.stop()
-    assert code == 0, f"SIGTERM should stop the daemon cleanly (exit code {code})\n{daemon.log_text()[-3000:]}"
+    assert code == 0, f"SIGTERM should stop the daemon cleanly (exit {code})\n{daemon.log_text()[-3000:]}"

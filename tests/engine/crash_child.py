@@ -2,8 +2,9 @@
 
 Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [point:seconds,...]``
 
-Prints ``STATE <state> <epoch seconds>`` at every state change of the task and ``END <state>`` at
-the end (stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task.
+Prints ``STATE <state> <epoch seconds>`` at every state change of the task, ``POINT <name> <epoch
+seconds>`` when the task reaches a pause point (``task.PAUSE_POINTS``) and ``END <state>`` at the end
+(stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task.
 """
 
 from __future__ import annotations
@@ -50,8 +51,17 @@ def main(argv: list[str]) -> int:
         print(f"STATE {new.value} {time.time():.3f}", flush=True)
 
     factory.listeners.append(on_state)
+    factory.spark.start()  # as the daemon does before it takes work (it also warms up: not needed here)
     print(f"STARTED {time.time():.3f}", flush=True)
-    ctx = factory.new_topic_compaction_service(topic).compact()
+    ctx = factory.new_topic_compaction_service(topic).compact(start=False)
+    checkpoint = ctx.checkpoint
+
+    def announced_checkpoint(point: str) -> None:
+        print(f"POINT {point} {time.time():.3f}", flush=True)
+        checkpoint(point)
+
+    ctx.checkpoint = announced_checkpoint  # type: ignore[method-assign]
+    ctx.start()
     state = ctx.result(600)
     ctx.worker_done.wait(600)
     print(f"END {state.value} {ctx.error or ''}", flush=True)

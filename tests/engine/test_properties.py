@@ -67,7 +67,7 @@ produces = st.builds(
     partition=st.integers(0, PARTITIONS - 1),
 ).map(lambda r: replace(r, value=b"") if r.key is None and r.value is None else r)  # the client refuses both null
 # Each step produces a few records (possibly none) and then compacts: at most 3 compactions per example.
-steps = st.lists(st.lists(produces, max_size=10), min_size=1, max_size=3)
+steps = st.lists(st.lists(produces, max_size=8), min_size=1, max_size=3)
 
 # -- the reference model ---------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ _roots = itertools.count()
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(MODES))
 @settings(
-    max_examples=16,
+    max_examples=12,
     deadline=None,
     derandomize=True,
     database=None,

@@ -377,3 +377,10 @@ def test_example_marks_the_test_only_key() -> None:
     lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
     index = lines.index("compactionTestPausePoints=")
     assert "TEST ONLY" in lines[index - 1]
+
+
+@pytest.mark.parametrize("root", ["hdfs://nn/ledgers", "s3a://bucket/x", "file:///tmp/x", "gs:bucket"])
+def test_ledger_root_must_be_a_file_system_path(root):
+    with pytest.raises(ConfigError) as info:
+        settings_from_properties({"compactedLedgerRoot": root}, env={})
+    assert "compactedLedgerRoot" in str(info.value) and "shared mount" in str(info.value)

@@ -1,0 +1,467 @@
+"""Benchmark: a compaction on Spark against the floor of reading the topic with the same Kafka client.
+
+Usage (from the repository root, with the project's venv)::
+
+    .venv/bin/python bench/compaction.py                      # 1,000,000 records, 10,000 keys, 4 partitions
+    .venv/bin/python bench/compaction.py --quick              # a smoke run of a few seconds per figure
+    .venv/bin/python bench/compaction.py --distinct-keys-mode --records 1000000   # default driver memory
+    .venv/bin/python bench/compaction.py --distinct-keys-mode # 5,000,000 distinct keys, spark.driver.memory=1g
+
+It starts the bundled broker, builds the topic with several kafka-python producer processes, then
+measures, in one run and on one warm Spark session:
+
+- the **floor**: the same kafka-python consumer as the data source (same settings), reading the whole
+  topic once outside Spark, with Spark's parallelism: as many processes as Spark has cores, over the
+  offset ranges ``plan_ranges`` gives the compaction, only iterating the records;
+- a **full** compaction (``rebuild=True``) through the service, after one untimed warm-up compaction;
+- an **incremental** compaction after producing 10% more records (ledger + tail).
+
+Floor and full compaction alternate; each figure is the median of ``--runs`` runs. Every compaction's
+ledger is checked against the number of live keys the generator implies. The last two lines are
+``full/floor=<ratio>`` and ``incremental/full=<ratio>`` (ratios of medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_MASK = (1 << 64) - 1
+TOPIC = "bench"
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread, deterministic hash of an index."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Record ``i`` of the topic, as a pure function of ``i`` (so that producer processes agree)."""
+
+    keys: int  # 0: every record has its own key
+    partitions: int
+    value_bytes: int
+    tombstone_ratio: float
+    seed: int = 1
+
+    def key_id(self, i: int) -> int:
+        return i if self.keys == 0 else _mix(i ^ (self.seed << 40)) % self.keys
+
+    def partition(self, key_id: int) -> int:
+        # Explicit partitions (no pure-Python murmur2 per record); a key stays in one partition.
+        return key_id % self.partitions
+
+    def is_tombstone(self, i: int) -> bool:
+        return (_mix(i ^ (self.seed << 48) ^ 0x5A5A) % 1_000_000) < self.tombstone_ratio * 1_000_000
+
+    @staticmethod
+    def key(key_id: int) -> bytes:
+        return b"key-%010d" % key_id
+
+    def value_pool(self) -> bytes:
+        return bytes(_mix(self.seed * 7919 + j) & 0xFF for j in range(4096 + self.value_bytes))
+
+    def live_keys(self, records: int) -> int:
+        """How many keys a compaction of records ``0 .. records-1`` keeps (publishing order)."""
+        if self.keys == 0:
+            return sum(1 for i in range(records) if not self.is_tombstone(i))
+        last: dict[int, int] = {}
+        for i in range(records):
+            last[self.key_id(i)] = i
+        return sum(1 for i in last.values() if not self.is_tombstone(i))
+
+
+def _produce_share(args: tuple[Workload, str, int, int, list[int]]) -> int:
+    """A producer process: records ``lo .. hi-1`` whose partition it owns, in index order.
+
+    Owning whole partitions (so whole keys) keeps each key's records in index order in the log, which
+    makes the expected result of a compaction independent of how the processes interleave.
+    """
+    from kafka import KafkaProducer
+
+    workload, bootstrap, lo, hi, owned = args
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=1 << 20, max_request_size=8 << 20,
+        compression_type=None,
+    )
+    pool = workload.value_pool()
+    owned_set = set(owned)
+    vb = workload.value_bytes
+    sent = 0
+    send = producer.send
+    for i in range(lo, hi):
+        key_id = workload.key_id(i)
+        p = workload.partition(key_id)
+        if p not in owned_set:
+            continue
+        if workload.is_tombstone(i):
+            value = None
+        else:
+            start = _mix(i) % 4096
+            value = pool[start : start + vb]
+        send(TOPIC, key=workload.key(key_id), value=value, partition=p)
+        sent += 1
+    producer.flush()
+    producer.close()
+    return sent
+
+
+def produce(pool: Any, processes: int, workload: Workload, bootstrap: str, lo: int, hi: int) -> tuple[int, float]:
+    """Produce records ``lo .. hi-1`` with one process per group of partitions; (records, seconds)."""
+    groups = [list(range(g, workload.partitions, processes)) for g in range(processes)]
+    started = time.monotonic()
+    sent = sum(pool.map(_produce_share, [(workload, bootstrap, lo, hi, g) for g in groups if g], chunksize=1))
+    return sent, time.monotonic() - started
+
+
+# -- the floor -------------------------------------------------------------------------------------
+
+
+def _floor_range(args: tuple[dict[str, Any], str, int, int, int, int]) -> int:
+    """Read one offset range with the data source's consumer, only iterating the records."""
+    from kafka import TopicPartition
+
+    from compactord.kafka.source import range_consumer
+
+    client, topic, partition, start, end, batch_records = args
+    cons = range_consumer(client, batch_records)
+    try:
+        tp = TopicPartition(topic, partition)
+        cons.assign([tp])
+        cons.seek(tp, start)
+        n = 0
+        position = start
+        while position < end:
+            for r in cons.poll(timeout_ms=500, max_records=batch_records).get(tp, ()):
+                if r.offset >= end:
+                    break
+                n += 1
+            position = cons.position(tp)
+        return n
+    finally:
+        cons.close()
+
+
+def _warm_worker(_: int) -> int:
+    import kafka  # noqa: F401
+
+    import compactord.kafka.source  # noqa: F401
+
+    return os.getpid()
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+
+def _status_kb(pid: int | str, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _descendants(root: int) -> Iterator[int]:
+    tree = _children()
+    todo = list(tree.get(root, []))
+    while todo:
+        pid = todo.pop()
+        yield pid
+        todo.extend(tree.get(pid, []))
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class MemorySampler:
+    """Peak RSS of the Spark driver JVM and of Spark's Python workers (the JVM's Python children).
+
+    VmHWM is the kernel's own peak of a process, so the JVM's figure is exact; the workers come and go,
+    so their peak is sampled (every 0.2 s) as the largest sum over live workers.
+    """
+
+    def __init__(self) -> None:
+        self.jvm_pid: int | None = None
+        self.jvm_hwm_kb = 0
+        self.workers_peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def start(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _find_jvm(self) -> int | None:
+        for pid in _descendants(os.getpid()):
+            if _comm(pid) == "java":
+                return pid
+        return None
+
+    def _sample(self) -> None:
+        if self.jvm_pid is None:
+            self.jvm_pid = self._find_jvm()
+        if self.jvm_pid is None:
+            return
+        self.jvm_hwm_kb = max(self.jvm_hwm_kb, _status_kb(self.jvm_pid, "VmHWM"))
+        workers = sum(_status_kb(pid, "VmRSS") for pid in _descendants(self.jvm_pid) if _comm(pid).startswith("python"))
+        self.workers_peak_kb = max(self.workers_peak_kb, workers)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def _mb(kb: int) -> str:
+    return f"{kb / 1024:.0f} MB"
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{_median(xs):.2f} s (runs: {', '.join(f'{x:.2f}' for x in xs)})"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, help="records in the topic (default 1,000,000; 5,000,000 with --distinct-keys-mode)")
+    ap.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10,000)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--tombstone-ratio", type=float, default=0.02)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per figure (the median is reported)")
+    ap.add_argument("--incremental-ratio", type=float, default=0.10, help="new records before an incremental run")
+    ap.add_argument("--distinct-keys-mode", action="store_true",
+                    help="every record has its own key (memory at scale); default 5,000,000 records and "
+                         "spark.driver.memory=1g")
+    ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
+    ap.add_argument("--producers", type=int, default=0, help="producer processes (default: one per partition, at most 8)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 40,000 records, 1,000 keys, 1 run")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the broker log and ledger root (printed)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.records = args.records or 40_000
+        args.keys = min(args.keys, 1_000)
+        args.runs = 1 if "--runs" not in (argv if argv is not None else sys.argv) else args.runs
+    if args.distinct_keys_mode:
+        args.records = args.records or 5_000_000
+        args.driver_memory = args.driver_memory or "1g"
+    args.records = args.records or 1_000_000
+    for name in ("records", "partitions", "runs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be positive, got: {getattr(args, name)}")
+    if not args.distinct_keys_mode and args.keys < 1:
+        ap.error(f"--keys must be positive, got: {args.keys}")
+    if not 0 <= args.tombstone_ratio < 1:
+        ap.error(f"--tombstone-ratio must be in [0, 1), got: {args.tombstone_ratio}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from compactord.embedded import EmbeddedBroker
+
+    workload = Workload(
+        keys=0 if args.distinct_keys_mode else args.keys, partitions=args.partitions,
+        value_bytes=args.value_bytes, tombstone_ratio=args.tombstone_ratio,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="compactord-bench-"))
+    broker = EmbeddedBroker(log_path=tmp / "tansu.log")
+    ctx = mp.get_context("spawn")  # never fork a process that has a JVM gateway and threads
+    producers = args.producers or min(args.partitions, 8)
+    sampler: MemorySampler | None = None
+    manager = factory = None
+    workers = None
+    try:
+        broker.start()
+        print(f"broker {broker.bootstrap} (pid {broker.pid}); scratch {tmp}", flush=True)
+        print(f"workload: {args.records:,} records, "
+              f"{'distinct keys' if workload.keys == 0 else f'{workload.keys:,} keys'}, "
+              f"{args.partitions} partitions, {args.value_bytes}-byte values, "
+              f"{args.tombstone_ratio:.0%} tombstones; {args.runs} runs per figure", flush=True)
+        with ctx.Pool(producers) as pool:
+            from kafka import KafkaAdminClient
+            from kafka.admin import NewTopic
+
+            admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+            admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])
+            admin.close()
+            sent, seconds = produce(pool, producers, workload, broker.bootstrap, 0, args.records)
+        print(f"build: {sent:,} records in {seconds:.1f} s ({sent / seconds:,.0f} records/s, "
+              f"{producers} producer processes)", flush=True)
+        produced = args.records
+
+        from compactord.config import Settings
+        from compactord.interfaces import ServiceContext
+        from compactord.kafka.admin import KafkaAdmin
+        from compactord.kafka.source import OffsetRange, plan_ranges
+        from compactord.service import SparkCompactionServiceFactory
+        from compactord.spark.session import SparkSessionManager
+        from compactord.task import TaskState
+
+        spark_conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
+        settings = Settings(kafka_bootstrap_servers=broker.bootstrap, compacted_ledger_root=str(tmp / "ledgers"),
+                            spark_conf=spark_conf)
+        started = time.monotonic()
+        manager = SparkSessionManager(settings)
+        manager.start()
+        sampler = MemorySampler().start()
+        manager.warm_up()
+        cores = manager.cores
+        print(f"spark: master {settings.spark_master}, {cores} cores, driver memory "
+              f"{args.driver_memory or 'default (1g)'}; session up and warm in {time.monotonic() - started:.1f} s",
+              flush=True)
+        factory = SparkCompactionServiceFactory()
+        factory.initialize(ServiceContext(settings, spark=manager))
+        service = factory.new_topic_compaction_service(TOPIC)
+
+        workers = ctx.Pool(cores)  # the floor's readers: one process per Spark core, started once
+        workers.map(_warm_worker, range(cores), chunksize=1)
+        client = settings.kafka_client_config()
+
+        def floor() -> float:
+            kafka_admin = KafkaAdmin(settings)
+            try:
+                offsets = kafka_admin.offsets(TOPIC)
+            finally:
+                kafka_admin.close()
+            ranges = plan_ranges([OffsetRange(p, o.log_start, o.end) for p, o in sorted(offsets.items())],
+                                 cores, settings.compaction_read_ranges_per_core)
+            tasks = [(client, TOPIC, r.partition, r.start, r.end, settings.compaction_reader_batch_records)
+                     for r in ranges]
+            t0 = time.monotonic()
+            n = sum(workers.map(_floor_range, tasks, chunksize=1))  # largest first, handed out as cores free
+            elapsed = time.monotonic() - t0
+            total = sum(o.end - o.log_start for o in offsets.values())
+            if n != total:
+                raise RuntimeError(f"the floor read {n} records, the topic has {total}")
+            return elapsed
+
+        def compaction(rebuild: bool, expect_records: int) -> tuple[float, dict[str, Any]]:
+            t0 = time.monotonic()
+            task = service.compact(rebuild=rebuild)
+            state = task.result(3600)
+            elapsed = time.monotonic() - t0
+            if state is not TaskState.SUCCEED:
+                raise RuntimeError(f"compaction ended {state.value}: {task.error}")
+            task.worker_done.wait(60)
+            kept = service.ledger_info().records_kept
+            want = workload.live_keys(expect_records)
+            if kept != want:
+                raise RuntimeError(f"the ledger kept {kept} entries, the workload has {want} live keys")
+            return elapsed, dict(task.stats)
+
+        t_warm, _ = compaction(True, produced)
+        t_floor_warm = floor()
+        print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s", flush=True)
+
+        floors: list[float] = []
+        fulls: list[float] = []
+        for run in range(args.runs):
+            floors.append(floor())
+            t, stats = compaction(True, produced)
+            fulls.append(t)
+            print(f"run {run + 1}: floor {floors[-1]:.2f} s, full {t:.2f} s "
+                  f"(read {stats['records_read']:,}, kept {stats['records_kept']:,})", flush=True)
+
+        incrementals: list[float] = []
+        step = max(1, int(args.records * args.incremental_ratio))
+        with ctx.Pool(producers) as pool:
+            for run in range(args.runs):
+                sent, seconds = produce(pool, producers, workload, broker.bootstrap, produced, produced + step)
+                produced += step
+                t, stats = compaction(False, produced)
+                if stats.get("full_rebuild"):
+                    raise RuntimeError("the incremental compaction was a full rebuild")
+                incrementals.append(t)
+                print(f"incremental {run + 1}: +{sent:,} records (produced in {seconds:.1f} s), {t:.2f} s "
+                      f"(ledger rows {stats['ledger_rows_read']:,} + tail {stats['tail_records']:,}, "
+                      f"kept {stats['records_kept']:,})", flush=True)
+
+        sampler.stop()
+        py_hwm = _status_kb("self", "VmHWM")
+        floor_m, full_m, inc_m = _median(floors), _median(fulls), _median(incrementals)
+        print()
+        print(f"floor (kafka-python, {cores} processes): {_fmt(floors)}")
+        print(f"full compaction (warm session):        {_fmt(fulls)}")
+        print(f"incremental compaction (+{args.incremental_ratio:.0%}):      {_fmt(incrementals)}")
+        print(f"records/s: floor {args.records / floor_m:,.0f}, full {args.records / full_m:,.0f}")
+        print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
+        print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
+        print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")
+        print(f"full/floor={full_m / floor_m:.2f}")
+        print(f"incremental/full={inc_m / full_m:.2f}")
+        return 0
+    finally:
+        if sampler is not None and sampler._thread.is_alive():
+            sampler.stop()
+        if workers is not None:
+            workers.terminate()
+        if factory is not None:
+            factory.close()
+        if manager is not None:
+            manager.stop()
+        broker.stop()  # by PID (its process group)
+        if args.keep_logs:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
