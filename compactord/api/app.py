@@ -208,15 +208,11 @@ def create_app(daemon: Daemon) -> FastAPI:
         include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger."""
-        validate_topic_name(topic)
-        service = daemon.registry.service(topic)
-        manifest = service.ledger_info()
-        if manifest is None:
-            raise NotCompacted(topic)
-        _check_partition(manifest.horizon, partition)
-        entries = service.read_compacted_entries(Position(partition, start), limit, include_markers=include_markers)
-        last = manifest.horizon[partition]
-        more = len(entries) == limit and entries[-1].offset < last
+        service, manifest, entries = _read_consistent(
+            topic, partition,
+            lambda svc: svc.read_compacted_entries(Position(partition, start), limit, include_markers=include_markers),
+        )
+        more = len(entries) == limit and entries[-1].offset < manifest.horizon[partition]
         return {
             "topic": topic,
             "ledger_id": manifest.ledger_id,
@@ -228,16 +224,26 @@ def create_app(daemon: Daemon) -> FastAPI:
     def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
                        encoding: Encoding = Query("base64")) -> dict[str, Any]:
         """The last live entry of a partition (404 for an empty partition)."""
-        validate_topic_name(topic)
-        service = daemon.registry.service(topic)
-        manifest = service.ledger_info()
-        if manifest is None:
-            raise NotCompacted(topic)
-        _check_partition(manifest.horizon, partition)
-        entry = service.read_last_compacted_entry(partition)
+        _, _, entry = _read_consistent(topic, partition, lambda svc: svc.read_last_compacted_entry(partition))
         if entry is None:
             raise EntryNotFound(f"partition {partition} of topic {topic!r} has no compacted entry")
         return entry_json(entry, encoding)
+
+    def _read_consistent(topic: str, partition: int, read: Any) -> tuple[Any, Any, Any]:
+        """``read(service)`` with the manifest of the ledger it read: a switch in between is retried,
+        so that the ledger id and horizon of a reply belong to the entries in it."""
+        validate_topic_name(topic)
+        service = daemon.registry.service(topic)
+        for _ in range(3):
+            manifest = service.ledger_info()
+            if manifest is None:
+                raise NotCompacted(topic)
+            _check_partition(manifest.horizon, partition)
+            result = read(service)
+            after = service.ledger_info()
+            if after is not None and after.ledger_id == manifest.ledger_id:
+                break
+        return service, manifest, result
 
     # -- topic lifecycle (broker hooks) ---------------------------------------------------------
 
