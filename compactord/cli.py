@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     read.add_argument("--partition", type=int, default=0)
     read.add_argument("--start", type=int, default=0)
     read.add_argument("--limit", type=int, default=20)
-    read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8")
+    read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8",
+                      help="utf8 (the CLI's default, for reading text) or base64 (the API's default)")
     client("topics", "every known topic with its backlog and last compaction", topic=False)
     client("tasks", "recent tasks", topic=False)
     return parser

@@ -64,6 +64,12 @@ class EntryNotFound(CompactordError, LookupError):
     code = "entry_not_found"
 
 
+class PoliciesUnreadable(CompactordError):
+    """A topic's stored policies file is corrupt (PUT or DELETE the policies to repair it)."""
+
+    code = "policies_unreadable"
+
+
 class NotReady(CompactordError):
     """The daemon is starting or its broker or Spark session is down."""
 
@@ -155,6 +161,7 @@ HTTP_STATUS: dict[type[CompactordError], int] = {
     NoTaskRunning: 404,
     EntryNotFound: 404,
     NotReady: 503,
+    PoliciesUnreadable: 500,
     BrokerUnavailable: 503,
     CompactionAlreadyRunning: 409,
     TaskNotCancellable: 409,

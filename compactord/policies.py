@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import InvalidArgument
+from compactord.errors import InvalidArgument, PoliciesUnreadable
 
 __all__ = ["PolicyStore", "TopicPolicies"]
 
@@ -93,11 +93,21 @@ class PolicyStore:
         return Path(self._store.topic_dir(topic)) / name
 
     def get(self, topic: str) -> TopicPolicies:
+        """The topic's overrides (none if it has no file).
+
+        :raises CompactordError: the file is unreadable or holds bad overrides (e.g. edited by hand);
+            the monitor then skips this topic only, and a PUT or DELETE of the policies repairs it.
+        """
         path = self._path(topic, POLICIES)
         try:
             return TopicPolicies.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
             return TopicPolicies()
+        except (OSError, ValueError) as exc:  # InvalidArgument is a ValueError too
+            raise PoliciesUnreadable(
+                f"policies file {path} of topic {topic!r} is not usable ({exc}); replace it with "
+                f"PUT /v1/topics/{topic}/policies or remove it with DELETE"
+            ) from exc
 
     def put(self, topic: str, policies: TopicPolicies) -> None:
         path = self._path(topic, POLICIES)

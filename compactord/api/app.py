@@ -140,7 +140,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     def docs() -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="compactord API")
 
-    @app.get("/healthz", tags=["health"])
+    @app.api_route("/healthz", methods=["GET", "HEAD"], tags=["health"])
     def healthz() -> JSONResponse:
         """Liveness: the process serves and its Spark session is up (once started)."""
         problem = daemon.liveness_problem()
@@ -148,7 +148,7 @@ def create_app(daemon: Daemon) -> FastAPI:
             return _error(503, "unhealthy", problem)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz", tags=["health"])
+    @app.api_route("/readyz", methods=["GET", "HEAD"], tags=["health"])
     def readyz() -> JSONResponse:
         """Readiness: the broker answers and the Spark session is up and warmed."""
         problems = daemon.readiness_problems()

@@ -19,10 +19,13 @@ records produced during the run are left for the next one.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
 from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,8 @@ CANCEL_FILE = "CANCEL"
 # with few hot keys down to a small fraction of its rows.
 REDUCE_WINDOW = 200_000
 PROGRESS_EVERY_S = 0.5
+# Fields of kafka-python's ConsumerRecord, read a whole poll at a time.
+_OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +147,8 @@ class RangeReadTask:
 
         self.spec = spec
         self.partition, self.start, self.end = partition, start, end
-        self.event_time = event_time_extractor(spec["event_time_source"])
+        self.event_time_source = spec["event_time_source"]
+        self.event_time = event_time_extractor(self.event_time_source)
         self.reduce = reducer_for(load_strategy(spec["strategy"]))
         self.retain_null_key = bool(spec["retain_null_key"])
         self.batch_records = int(spec["batch_records"])
@@ -152,16 +158,19 @@ class RangeReadTask:
         self._last_progress = 0.0
 
     def run(self) -> Iterator[pa.RecordBatch]:
-        if os.environ.get("DEBUG_READS"):
-            with open(os.environ["DEBUG_READS"], "a") as f:
-                f.write(f"{time.time():.3f} {os.getpid()} {self.partition} {self.start} {self.end}\n")
         if self.end <= self.start:
             self._report(done=True)
             return
         from kafka import TopicPartition
 
-        t0 = time.time(); c0 = time.process_time()
         cons = range_consumer(self.spec["client"], self.batch_records)
+        # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
+        # rows (tuples, header lists): every collection re-scans them, which cost more CPU than all the
+        # rest of the per-record work together (measured: ~2.3 -> ~0.1-0.9 us per record beyond the
+        # client). Reference counting still frees everything the read drops; the few cycles the client
+        # makes wait for the end of the task.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             tp = TopicPartition(self.spec["topic"], self.partition)
             cons.assign([tp])
@@ -169,32 +178,23 @@ class RangeReadTask:
             yield from self._read(cons, tp)
         finally:
             cons.close()
-        if os.environ.get("DEBUG_READS"):
-            import sys
-            with open(os.environ["DEBUG_READS"], "a") as f:
-                f.write(f"END {os.getpid()} {self.start} wall={time.time()-t0:.2f} cpu={time.process_time()-c0:.2f} recs={self.records} py={sys.version.split()[0]} exe={sys.executable} trace={sys.gettrace()} prof={sys.getprofile()}\n")
+            if collecting:
+                gc.enable()
         self._report(done=True)
 
     def _read(self, cons: Any, tp: Any) -> Iterator[pa.RecordBatch]:
         keyed: list[tuple[Any, ...]] = []
         nulls: list[tuple[Any, ...]] = []
-        end, partition, event_time = self.end, self.partition, self.event_time
+        end, partition = self.end, self.partition
         stall_limit = max(30.0, 2 * int(self.spec["client"].get("request_timeout_ms", 30000)) / 1000)
         last_move = time.monotonic()
         position = self.start
         while position < end:
-            records = cons.poll(timeout_ms=500, max_records=self.batch_records).get(tp, ())
-            for r in records:
-                if r.offset >= end:
-                    break
-                self.records += 1
-                self.bytes += (len(r.key) if r.key else 0) + (len(r.value) if r.value else 0)
-                row = (partition, r.offset, r.timestamp, r.key, r.value, r.headers,
-                       event_time(r.timestamp, r.headers))
-                if r.key is not None:
-                    keyed.append(row)
-                elif self.retain_null_key:
-                    nulls.append(row)
+            records = cons.poll(timeout_ms=500, max_records=self.batch_records).get(tp)
+            if records:
+                if records[-1].offset >= end:  # offsets grow within a partition: only the last poll
+                    records = [r for r in records if r.offset < end]
+                self._add(records, keyed, nulls)
             new_position = cons.position(tp)
             now = time.monotonic()
             if new_position != position:
@@ -210,8 +210,44 @@ class RangeReadTask:
             self._progress(now)
         yield from self._flush(keyed, nulls)
 
+    def _add(self, records: Sequence[Any], keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
+        """Turn one poll's records into rows, column by column.
+
+        The per-record work is the cost of a compaction beyond the client's own decoding, so it runs
+        in C (``map`` over ``attrgetter``, ``zip``) instead of a Python loop over the records: measured
+        5-10 times cheaper per record than building each row in Python.
+        """
+        n = len(records)
+        offsets = list(map(_OFFSET, records))
+        timestamps = list(map(_TIMESTAMP, records))
+        keys = list(map(_KEY, records))
+        values = list(map(_VALUE, records))
+        headers = list(map(_HEADERS, records))
+        self.records += n
+        self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        rows = zip(repeat(self.partition, n), offsets, timestamps, keys, values, headers,
+                   self._event_times(timestamps, headers))
+        if None not in keys:
+            keyed.extend(rows)
+        elif self.retain_null_key:
+            for row in rows:
+                (keyed if row[3] is not None else nulls).append(row)
+        else:
+            keyed.extend(row for row in rows if row[3] is not None)
+
+    def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
+        if self.event_time_source == "timestamp":
+            # The rule (``strategies.event_time_extractor``): a timestamp is the event time unless it
+            # is negative or missing. Usually every one is valid, and the column is the timestamps.
+            try:
+                if not timestamps or min(timestamps) >= 0:
+                    return timestamps
+            except TypeError:  # a missing (None) timestamp: old message format
+                pass
+        return list(map(self.event_time, timestamps, headers))
+
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
-        kept = [keyed[i] for i in self.reduce(keyed)] if keyed else []
+        kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
         for i in range(0, len(kept), self.batch_records):
             yield records_to_batch(kept[i : i + self.batch_records])

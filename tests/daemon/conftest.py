@@ -1,10 +1,10 @@
 """The real daemon, as ``compactord run --config FILE`` in a subprocess, driven over HTTP.
 
 A daemon start costs 15-25 s (Spark start and warm-up on the 2-core CI machine), so each test module
-starts the daemons it needs once (``launch``, module-scoped), and the modules that only read and fuzz
-share one package-scoped daemon (``shared_daemon``). Every daemon is stopped by PID in teardown, also
-when a test fails: SIGTERM, a wait, then SIGKILL to its process group (the Spark JVM and its Python
-workers are in it).
+starts the daemons it needs once (``launch``, module-scoped), and the modules that read, fuzz, run
+the CLI and watch the backlog monitor share one package-scoped daemon (``shared_daemon``). Every
+daemon is stopped by PID in teardown, also when a test fails: SIGTERM, a wait, then SIGKILL to its
+process group (the Spark JVM and its Python workers are in it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ STOP_TIMEOUT_S = 60.0
 TASK_TIMEOUT_S = 120.0  # a small topic's compaction, pauses included, on a busy 2-core machine
 NEVER = "(?!)"  # a compactionTopicsPattern that matches no topic: the monitor compacts nothing
 SHARED_TOKEN = "s3cret-shared-token"
+# The shared daemon's monitor: every second, over the topics kafka.topic(prefix="mon") makes only;
+# broker-wide, only the messages trigger is on (test_monitor.py turns triggers on per topic).
+MONITOR_PATTERN = "mon-[0-9]+-[0-9a-f]{6}"
+SHARED_THRESHOLD_MESSAGES = 1000
 OWN_TOKEN = object()  # DaemonProcess.client(): send the daemon's own token
 
 
@@ -234,10 +238,17 @@ def launch(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="package")
 def shared_daemon(broker: EmbeddedBroker,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon with a bearer token (given as file:/path) for the modules that read, list and fuzz."""
+    """One daemon with a bearer token (given as file:/path), null keys retained and a one-second
+    monitor over the ``mon-*`` topics."""
     launcher = Launcher(broker, tmp_path_factory.mktemp("shared"))
     try:
-        yield launcher("shared", token=SHARED_TOKEN, topicCompactionRetainNullKey="true")
+        yield launcher(
+            "shared", token=SHARED_TOKEN, topicCompactionRetainNullKey="true",
+            brokerServiceCompactionMonitorIntervalInSeconds=1,
+            compactionThresholdInMessages=SHARED_THRESHOLD_MESSAGES,
+            compactionTopicsPattern=MONITOR_PATTERN,
+            compactionMaxConcurrentTasks=2,
+        )
     finally:
         launcher.stop_all()
 
@@ -262,14 +273,17 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str,
 def status(daemon: DaemonProcess, topic: str) -> dict[str, Any]:
     response = daemon.http.get(f"/v1/topics/{topic}/compaction")
     assert response.status_code == 200, response.text
-    return response.json()
+    body: dict[str, Any] = response.json()
+    return body
 
 
 def wait_state(daemon: DaemonProcess, topic: str, *states: str,
                timeout: float = TASK_TIMEOUT_S) -> dict[str, Any]:
     """Wait until the topic's status reports one of ``states``; return that status."""
-    return wait_for(lambda: (s := status(daemon, topic))["state"] in states and s, timeout,
-                    f"topic {topic} to reach state {' or '.join(states)}", daemon, interval=0.05)
+    found: dict[str, Any] = wait_for(
+        lambda: (s := status(daemon, topic))["state"] in states and s, timeout,
+        f"topic {topic} to reach state {' or '.join(states)}", daemon, interval=0.05)
+    return found
 
 
 def compact(daemon: DaemonProcess, topic: str, timeout: float = TASK_TIMEOUT_S) -> dict[str, Any]:
@@ -286,7 +300,7 @@ def compact(daemon: DaemonProcess, topic: str, timeout: float = TASK_TIMEOUT_S) 
 def assert_error(response: httpx.Response, status_code: int, code: str | None = None) -> dict[str, Any]:
     """The response is an error of the API's one shape: ``{"error", "message"}`` (409 adds ``task``)."""
     assert response.status_code == status_code, f"{response.status_code} {response.text}"
-    body = response.json()
+    body: dict[str, Any] = response.json()
     allowed = {"error", "message", "task"} if status_code == 409 else {"error", "message"}
     assert {"error", "message"} <= set(body) <= allowed, body
     assert isinstance(body["error"], str) and isinstance(body["message"], str) and body["message"], body

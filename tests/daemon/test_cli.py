@@ -90,7 +90,7 @@ def test_read(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict
     assert "(more: --start 11)" in paged
     args = ["read", topic, "--partition", "0", "--start", "10", "--limit", "2", "--encoding", "base64"]
     body = json.loads(ok(run_cli(*args, "--json", env=env)))
-    query = {"partition": 0, "start": 10, "limit": 2, "encoding": "base64"}
+    query: dict[str, str | int] = {"partition": 0, "start": 10, "limit": 2, "encoding": "base64"}
     assert body == shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params=query).json()
     assert [e["offset"] for e in body["entries"]] == [10, 11]
     assert body["next_start"] is None

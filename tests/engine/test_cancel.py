@@ -7,6 +7,7 @@ the job takes seconds.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,7 +163,8 @@ def spark_jobs(spark_manager: Any, group: str) -> tuple[list[int], list[int]]:
     return ids, [i for i in ids if i in active]
 
 
-def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_factory, spark_manager):
+def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_factory, spark_manager, caplog):
+    caplog.set_level(logging.WARNING, logger="compactord")
     topic, expected = big_topic
     factory = make_factory()
     service = factory.new_topic_compaction_service(topic)
@@ -218,6 +220,8 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
           f"later: {spark_jobs(spark_manager, ctx.task_id)[0]}): worker done {worker_done:.3f}s after cancel()")
     assert snapshot(service, 2) == before
     assert_cleaned_up(factory.store, topic, ctx, [f"ledger-{before[0]}"])
+    # Both JVM calls (cancelJobGroup, cancelJobGroupAndFutureJobs) worked each time.
+    assert not [r for r in caplog.records if "cancelling Spark job group" in r.getMessage()]
 
 
 # -- Ending_with_switch_ledger ----------------------------------------------------------------------
