@@ -4,8 +4,8 @@ Usage (from the repository root, with the project's venv)::
 
     .venv/bin/python bench/compaction.py                      # 1,000,000 records, 10,000 keys, 4 partitions
     .venv/bin/python bench/compaction.py --quick              # a smoke run of a few seconds per figure
-    .venv/bin/python bench/compaction.py --distinct-keys-mode --records 1000000   # default driver memory
-    .venv/bin/python bench/compaction.py --distinct-keys-mode # 5,000,000 distinct keys, spark.driver.memory=1g
+    .venv/bin/python bench/compaction.py --distinct-keys-check  # 1,000,000 distinct keys, default driver memory
+    .venv/bin/python bench/compaction.py --distinct-keys-mode   # 5,000,000 distinct keys, spark.driver.memory=1g
 
 It starts the bundled broker, builds the topic with several kafka-python producer processes, then
 measures, in one run and on one warm Spark session:
@@ -24,6 +24,7 @@ ledger is checked against the number of live keys the generator implies. The las
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -79,6 +80,7 @@ class Workload:
     def value_pool(self) -> bytes:
         return bytes(_mix(self.seed * 7919 + j) & 0xFF for j in range(4096 + self.value_bytes))
 
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of workloads per process)
     def live_keys(self, records: int) -> int:
         """How many keys a compaction of records ``0 .. records-1`` keeps (publishing order)."""
         if self.keys == 0:
@@ -89,7 +91,7 @@ class Workload:
         return sum(1 for i in last.values() if not self.is_tombstone(i))
 
 
-def _produce_share(args: tuple[Workload, str, int, int, list[int]]) -> int:
+def _produce_share(args: tuple[Workload, str, str, int, int, list[int]]) -> int:
     """A producer process: records ``lo .. hi-1`` whose partition it owns, in index order.
 
     Owning whole partitions (so whole keys) keeps each key's records in index order in the log, which
@@ -97,7 +99,7 @@ def _produce_share(args: tuple[Workload, str, int, int, list[int]]) -> int:
     """
     from kafka import KafkaProducer
 
-    workload, bootstrap, lo, hi, owned = args
+    workload, bootstrap, topic, lo, hi, owned = args
     producer = KafkaProducer(
         bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=1 << 20, max_request_size=8 << 20,
         compression_type=None,
@@ -117,18 +119,21 @@ def _produce_share(args: tuple[Workload, str, int, int, list[int]]) -> int:
         else:
             start = _mix(i) % 4096
             value = pool[start : start + vb]
-        send(TOPIC, key=workload.key(key_id), value=value, partition=p)
+        send(topic, key=workload.key(key_id), value=value, partition=p)
         sent += 1
     producer.flush()
     producer.close()
     return sent
 
 
-def produce(pool: Any, processes: int, workload: Workload, bootstrap: str, lo: int, hi: int) -> tuple[int, float]:
+def produce(
+    pool: Any, processes: int, workload: Workload, bootstrap: str, lo: int, hi: int, topic: str = TOPIC
+) -> tuple[int, float]:
     """Produce records ``lo .. hi-1`` with one process per group of partitions; (records, seconds)."""
     groups = [list(range(g, workload.partitions, processes)) for g in range(processes)]
     started = time.monotonic()
-    sent = sum(pool.map(_produce_share, [(workload, bootstrap, lo, hi, g) for g in groups if g], chunksize=1))
+    shares = [(workload, bootstrap, topic, lo, hi, g) for g in groups if g]
+    sent = sum(pool.map(_produce_share, shares, chunksize=1))
     return sent, time.monotonic() - started
 
 
@@ -206,6 +211,31 @@ def _descendants(root: int) -> Iterator[int]:
         todo.extend(tree.get(pid, []))
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of its children that have ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
+
+
+def tree_cpu(exclude: int | None) -> float:
+    """CPU seconds used so far by this process and its descendants, except the subtree of ``exclude``."""
+    tree = _children()
+    total = _cpu_seconds(os.getpid())
+    todo = [p for p in tree.get(os.getpid(), []) if p != exclude]
+    while todo:
+        pid = todo.pop()
+        total += _cpu_seconds(pid)
+        todo.extend(p for p in tree.get(pid, []) if p != exclude)
+    return total
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -218,7 +248,7 @@ class MemorySampler:
     """Peak RSS of the Spark driver JVM and of Spark's Python workers (the JVM's Python children).
 
     VmHWM is the kernel's own peak of a process, so the JVM's figure is exact; the workers come and go,
-    so their peak is sampled (every 0.2 s) as the largest sum over live workers.
+    so their peak is sampled (every 0.5 s) as the largest sum over live workers.
     """
 
     def __init__(self) -> None:
@@ -253,7 +283,7 @@ class MemorySampler:
         self.workers_peak_kb = max(self.workers_peak_kb, workers)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(0.5):
             self._sample()
 
 
@@ -284,6 +314,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--distinct-keys-mode", action="store_true",
                     help="every record has its own key (memory at scale); default 5,000,000 records and "
                          "spark.driver.memory=1g")
+    ap.add_argument("--distinct-keys-check", action="store_true",
+                    help="every record has its own key; default 1,000,000 records and Spark's default driver memory")
     ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
     ap.add_argument("--producers", type=int, default=0, help="producer processes (default: one per partition, at most 8)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 40,000 records, 1,000 keys, 1 run")
@@ -293,9 +325,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.records = args.records or 40_000
         args.keys = min(args.keys, 1_000)
         args.runs = 1 if "--runs" not in (argv if argv is not None else sys.argv) else args.runs
+    if args.distinct_keys_mode and args.distinct_keys_check:
+        ap.error("--distinct-keys-mode and --distinct-keys-check exclude each other")
     if args.distinct_keys_mode:
         args.records = args.records or 5_000_000
         args.driver_memory = args.driver_memory or "1g"
+    if args.distinct_keys_check:
+        args.distinct_keys_mode = True
+        args.records = args.records or 1_000_000
     args.records = args.records or 1_000_000
     for name in ("records", "partitions", "runs"):
         if getattr(args, name) < 1:
@@ -374,6 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         workers.map(_warm_worker, range(cores), chunksize=1)
         client = settings.kafka_client_config()
 
+        cpu: dict[str, list[tuple[float, float]]] = {"floor": [], "full": [], "incremental": []}
+
+        def cpu_now() -> tuple[float, float]:
+            return tree_cpu(exclude=broker.pid), _cpu_seconds(broker.pid or 0)
+
+        def cpu_since(start: tuple[float, float]) -> tuple[float, float]:
+            end = cpu_now()
+            return end[0] - start[0], end[1] - start[1]
+
         def floor() -> float:
             kafka_admin = KafkaAdmin(settings)
             try:
@@ -384,23 +430,30 @@ def main(argv: list[str] | None = None) -> int:
                                  cores, settings.compaction_read_ranges_per_core)
             tasks = [(client, TOPIC, r.partition, r.start, r.end, settings.compaction_reader_batch_records)
                      for r in ranges]
+            c0 = cpu_now()
             t0 = time.monotonic()
             n = sum(workers.map(_floor_range, tasks, chunksize=1))  # largest first, handed out as cores free
             elapsed = time.monotonic() - t0
+            cpu["floor"].append(cpu_since(c0))
             total = sum(o.end - o.log_start for o in offsets.values())
             if n != total:
                 raise RuntimeError(f"the floor read {n} records, the topic has {total}")
             return elapsed
 
         def compaction(rebuild: bool, expect_records: int) -> tuple[float, dict[str, Any]]:
+            c0 = cpu_now()
             t0 = time.monotonic()
             task = service.compact(rebuild=rebuild)
             state = task.result(3600)
             elapsed = time.monotonic() - t0
+            cpu["full" if rebuild else "incremental"].append(cpu_since(c0))
             if state is not TaskState.SUCCEED:
                 raise RuntimeError(f"compaction ended {state.value}: {task.error}")
             task.worker_done.wait(60)
-            kept = service.ledger_info().records_kept
+            manifest = service.ledger_info()
+            if manifest is None:
+                raise RuntimeError("the compaction succeeded but the topic has no current ledger")
+            kept = manifest.records_kept
             want = workload.live_keys(expect_records)
             if kept != want:
                 raise RuntimeError(f"the ledger kept {kept} entries, the workload has {want} live keys")
@@ -408,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
 
         t_warm, _ = compaction(True, produced)
         t_floor_warm = floor()
+        for runs in cpu.values():
+            runs.clear()
         print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s", flush=True)
 
         floors: list[float] = []
@@ -441,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"full compaction (warm session):        {_fmt(fulls)}")
         print(f"incremental compaction (+{args.incremental_ratio:.0%}):      {_fmt(incrementals)}")
         print(f"records/s: floor {args.records / floor_m:,.0f}, full {args.records / full_m:,.0f}")
+        pairs = [full / fl for fl, full in zip(floors, fulls)]
+        print(f"full/floor of each run (measured back to back): {', '.join(f'{x:.2f}' for x in pairs)}; "
+              f"median {_median(pairs):.2f}")
+        for name, runs in cpu.items():
+            own, served = _median([c for c, _ in runs]), _median([b for _, b in runs])
+            print(f"CPU seconds, {name}: {own:.2f} (readers, Spark and this process), broker {served:.2f} (medians)")
         print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
         print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
         print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")

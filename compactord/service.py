@@ -140,22 +140,29 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     # -- the current ledger ---------------------------------------------------------------------
 
-    def _current(self) -> LedgerHandle | None:
-        """The verified current ledger (loaded once); raises ``LedgerCorrupt`` for a bad one."""
+    def _current(self, *, recheck: bool = False) -> LedgerHandle | None:
+        """The verified current ledger (loaded once; its files checked again if ``recheck``); raises
+        ``LedgerCorrupt`` for a bad one."""
         with self._lock:
             ledger_id = self._f.store.current_ledger_id(self.topic)
             if ledger_id is None:
                 return None
-            if self._handle is not None and self._handle_id == ledger_id:
-                return self._handle
+            cached = self._handle if self._handle is not None and self._handle_id == ledger_id else None
+            if cached is not None and not recheck:
+                return cached
             try:
                 manifest = self._f.store.verify(self.topic, ledger_id)
             except LedgerCorrupt as exc:
                 if self.corrupt is None or str(self.corrupt) != str(exc):
                     log.error("compacted ledger of topic %s is not served: %s", self.topic, exc)
                 self.corrupt = exc
+                if cached is not None:  # its files went bad after it was loaded: stop serving it
+                    self._handle = self._handle_id = None
+                    cached.retire(lambda: None)
                 raise
             self.corrupt = None
+            if cached is not None:
+                return cached
             handle = LedgerHandle(LedgerReader(self._f.store.ledger_path(self.topic, ledger_id), manifest))
             displaced = self._install(handle, ledger_id)
             if displaced is not None:
@@ -195,7 +202,7 @@ class SparkTopicCompactionService(TopicCompactionService):
     def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
         if n < 1 or start.partition < 0 or start.offset < 0:
             raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
-        return self._read(lambda reader: reader.read(start.partition, start.offset, n, include_markers=include_markers))
+        return self._read(lambda r: r.read(start.partition, start.offset, n, include_markers=include_markers))
 
     def read_last_compacted_entry(self, partition: int) -> Entry | None:
         if partition < 0:
@@ -313,7 +320,9 @@ class SparkTopicCompactionService(TopicCompactionService):
         previous: LedgerManifest | None = None
         corrupt_id: int | None = None
         try:
-            handle = self._current()
+            # Checked again, not only when loaded: a ledger whose files went bad since must not be
+            # the base of the next one (it would fail every run, or carry the damage over).
+            handle = self._current(recheck=True)
             previous = handle.manifest if handle is not None else None
         except LedgerCorrupt as exc:
             reasons.append(f"the current ledger is corrupt ({exc})")

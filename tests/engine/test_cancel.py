@@ -52,7 +52,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT, interval: 
 
 def snapshot(service: Any, partitions: int = 1) -> tuple[Any, ...]:
     info = service.ledger_info()
-    return (info.ledger_id if info else None, service.get_last_compacted_position(), big_view(service, partitions))
+    ledger_id = info.ledger_id if info else None
+    return ledger_id, service.get_last_compacted_position(), big_view(service, partitions)
 
 
 def big_view(service: Any, partitions: int) -> dict[bytes, bytes]:
@@ -163,7 +164,8 @@ def spark_jobs(spark_manager: Any, group: str) -> tuple[list[int], list[int]]:
     return ids, [i for i in ids if i in active]
 
 
-def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_factory, spark_manager, caplog):
+def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_factory, spark_manager,
+                                                                caplog):
     caplog.set_level(logging.WARNING, logger="compactord")
     topic, expected = big_topic
     factory = make_factory()
@@ -186,7 +188,8 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     jobs_stopped = time.monotonic() - started
     assert ctx.worker_done.wait(WORKER_DONE_BOUND_S)
     worker_done = time.monotonic() - started
-    print(f"\ncancel during the Spark job (warm, {read_at_cancel} of {ctx.progress.records_total} records read): "
+    print(f"\ncancel during the Spark job (warm, {read_at_cancel} of {ctx.progress.records_total} "
+          "records read): "
           f"cancel() returned in {cancel_returned:.3f}s, Spark jobs stopped {jobs_stopped:.3f}s, "
           f"worker done {worker_done:.3f}s after cancel()")
     assert worker_done < CANCEL_BOUND_S
@@ -216,8 +219,9 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     assert ctx.state is TaskState.CANCELLED
     assert ctx.worker_done.wait(WORKER_DONE_BOUND_S), "the cancelled work never stopped"
     worker_done = time.monotonic() - started
+    later = spark_jobs(spark_manager, ctx.task_id)[0]
     print(f"cancel inside spark.run before submission (jobs of the group at cancel: {jobs_at_cancel}, "
-          f"later: {spark_jobs(spark_manager, ctx.task_id)[0]}): worker done {worker_done:.3f}s after cancel()")
+          f"later: {later}): worker done {worker_done:.3f}s after cancel()")
     assert snapshot(service, 2) == before
     assert_cleaned_up(factory.store, topic, ctx, [f"ledger-{before[0]}"])
     # Both JVM calls (cancelJobGroup, cancelJobGroupAndFutureJobs) worked each time.

@@ -22,7 +22,9 @@ from .helpers import TIMEOUT, compact, last_value_model, view
 
 def ledger_dirs(store: Any, topic: str) -> list[str]:
     topic_dir = store.topic_dir(topic)
-    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-")) if topic_dir.exists() else []
+    if not topic_dir.exists():
+        return []
+    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))
 
 
 def snapshot(service: Any) -> tuple[Any, ...]:
@@ -32,6 +34,17 @@ def snapshot(service: Any) -> tuple[Any, ...]:
 # -- a corrupt current ledger -----------------------------------------------------------------------
 
 
+def damage_ledger(store: Any, topic: str, ledger_id: int, damage: str) -> None:
+    manifest = store.load_manifest(topic, ledger_id)
+    part = store.ledger_path(topic, ledger_id) / manifest.files[0]["name"]
+    if damage == "flip-a-byte":
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
+    else:
+        part.unlink()
+
+
 @pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])
 def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_factory, caplog, damage):
     topic = kafka.topic()
@@ -39,14 +52,7 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
     kafka.produce(topic, records)
     factory = make_factory()
     corrupt_id = compact(factory.new_topic_compaction_service(topic)).ledger_id
-    manifest = factory.store.load_manifest(topic, corrupt_id)
-    part = factory.store.ledger_path(topic, corrupt_id) / manifest.files[0]["name"]
-    if damage == "flip-a-byte":
-        data = bytearray(part.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        part.write_bytes(bytes(data))
-    else:
-        part.unlink()
+    damage_ledger(factory.store, topic, corrupt_id, damage)
 
     # The next start (a new service on the same root) verifies the ledger before serving it.
     service = make_factory(store=factory.store).new_topic_compaction_service(topic)
@@ -65,6 +71,31 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
     assert service.ledger_info().ledger_id == ctx.ledger_id != corrupt_id
     assert view(service) == last_value_model(records)
     # the rebuilt ledger replaced the corrupt one, which is gone
+    assert ledger_dirs(factory.store, topic) == [f"ledger-{ctx.ledger_id}"]
+
+
+@pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])
+def test_ledger_damaged_after_it_was_loaded_is_rebuilt_not_built_upon(kafka, make_factory, caplog, damage):
+    """The running daemon already serves the ledger when its files go bad: the next run checks them
+    again before it reads the ledger as the base of an incremental run, and rebuilds instead."""
+    topic = kafka.topic()
+    first = [(f"k{i % 8}", f"v{i}") for i in range(50)]
+    kafka.produce(topic, first)
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    corrupt_id = compact(service).ledger_id
+    assert view(service) == last_value_model(first)  # loaded and served
+    damage_ledger(factory.store, topic, corrupt_id, damage)
+    second = [("k1", "new"), ("z", "new")]
+    kafka.produce(topic, second)
+
+    with caplog.at_level(logging.WARNING, logger="compactord"):
+        ctx = service.compact()
+        assert ctx.result(TIMEOUT) is TaskState.SUCCEED, ctx.error
+    assert ctx.stats["full_rebuild"] is True
+    assert ctx.stats["records_read"] == len(first) + len(second)
+    assert any(r.levelno >= logging.ERROR and "not served" in r.getMessage() for r in caplog.records)
+    assert view(service) == last_value_model(first + second)
     assert ledger_dirs(factory.store, topic) == [f"ledger-{ctx.ledger_id}"]
 
 

@@ -30,7 +30,8 @@ def tx_producer(kafka) -> Iterator[Any]:
         producer.close()
 
 
-def transaction(producer: Any, topic: str, records: list[tuple[str, str | None]], *, commit: bool = True) -> None:
+def transaction(producer: Any, topic: str, records: list[tuple[str, str | None]], *,
+                commit: bool = True) -> None:
     producer.begin_transaction()
     for key, value in records:
         producer.send(topic, key=key.encode(), value=None if value is None else value.encode(), partition=0)
@@ -105,7 +106,8 @@ def test_the_job_drops_entries_below_the_log_start(kafka, make_factory, spark_ma
     service = factory.new_topic_compaction_service(topic)
     compact(service)
     manifest = service.ledger_info()
-    ledger_files = [str(factory.store.ledger_path(topic, manifest.ledger_id) / f["name"]) for f in manifest.files]
+    ledger_dir = factory.store.ledger_path(topic, manifest.ledger_id)
+    ledger_files = [str(ledger_dir / f["name"]) for f in manifest.files]
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10, 15)] + [("k2", "v2-again")])
 
     def winners(log_start: int, ledger: bool = True) -> list[tuple[int, bytes]]:
@@ -153,7 +155,8 @@ def test_records_deleted_on_the_broker_vanish_from_the_next_ledger(own_broker, m
         for i in range(10):
             producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=0)
         producer.flush()
-        service = make_factory(kafka_bootstrap_servers=own_broker.bootstrap).new_topic_compaction_service(topic)
+        factory = make_factory(kafka_bootstrap_servers=own_broker.bootstrap)
+        service = factory.new_topic_compaction_service(topic)
         compact(service)
         assert len(view(service)) == 10
         admin.delete_records({TopicPartition(topic, 0): 5}, timeout_ms=5000)
