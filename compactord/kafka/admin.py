@@ -50,39 +50,38 @@ class KafkaAdmin:
         self._client_config = settings.kafka_client_config()
         self._lock = threading.Lock()
         self._admin: Any = None
-        self._consumer: Any = None
 
     def close(self) -> None:
         with self._lock:
             self._reset()
 
     def _reset(self) -> None:
-        for client in (self._admin, self._consumer):
-            if client is not None:
-                try:
-                    client.close()
-                except Exception:  # closing a broken client must not hide the original error
-                    log.debug("error closing a kafka client", exc_info=True)
-        self._admin = self._consumer = None
+        admin, self._admin = self._admin, None
+        _close_quietly(admin)
 
-    def _clients(self) -> tuple[Any, Any]:
-        if self._admin is None:
-            self._admin = admin_client(self._client_config)
-        if self._consumer is None:
-            self._consumer = consumer(self._client_config, max_poll_records=100_000)
-        return self._admin, self._consumer
-
-    def _call(self, topic: str | None, fn: Any) -> Any:
+    def _call(self, topic: str | None, fn: Any, *, reads: bool = False) -> Any:
         with self._lock:
+            cons = None
             try:
                 with translate_kafka_errors(self._bootstrap, topic):
-                    admin, cons = self._clients()
-                    return fn(admin, cons)
+                    if self._admin is None:
+                        self._admin = admin_client(self._client_config)
+                    if reads:
+                        # A consumer per call, never auto-creating: kafka-python's assign([]) does not
+                        # stop a consumer from tracking a topic (ClusterMetadata.set_topics ignores an
+                        # empty list), so a long-lived one keeps asking for the metadata of every topic
+                        # it once read; a broker that auto-creates topics (Kafka's default, and Tansu
+                        # 0.6 even when asked not to) then re-creates a topic just deleted.
+                        cons = consumer(self._client_config, max_poll_records=100_000,
+                                        allow_auto_create_topics=False)
+                    return fn(self._admin, cons)
             except TopicNotFound:
                 raise
             except Exception:
                 self._reset()  # a client that failed may be half-connected: start afresh next time
                 raise
+            finally:
+                _close_quietly(cons)
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -122,7 +121,7 @@ class KafkaAdmin:
                 for tp in tps
             }
 
-        return self._call(topic, fetch)
+        return self._call(topic, fetch, reads=True)
 
     def _walk_to_end(
         self, cons: Any, tps: list[TopicPartition], starts: dict[Any, int], listed: dict[Any, int]
@@ -175,4 +174,13 @@ class KafkaAdmin:
             finally:
                 cons.assign([])
 
-        return self._call(topic, read)
+        return self._call(topic, read, reads=True)
+
+
+def _close_quietly(client: Any) -> None:
+    if client is None:
+        return
+    try:
+        client.close()
+    except Exception:  # closing a broken client must not hide the original error
+        log.debug("error closing a kafka client", exc_info=True)

@@ -47,6 +47,9 @@ def consumer(client_config: Mapping[str, Any], **overrides: Any) -> KafkaConsume
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
+        # Never create a topic by asking for its metadata: a reader running while a topic is deleted
+        # would bring it back (brokers auto-create by default).
+        allow_auto_create_topics=False,
         max_partition_fetch_bytes=READ_FETCH_BYTES,
         fetch_max_bytes=READ_FETCH_BYTES * 4,
         bootstrap_timeout_ms=min(int(cfg.get("request_timeout_ms", 30000)), 10000),

@@ -231,49 +231,43 @@ def test_insufficient_disk_space_fails_the_task_and_keeps_the_ledger(kafka, make
 # -- a topic recreated under its ledger -------------------------------------------------------------
 
 
+def produce_alone(kafka: Any, topic: str, records: list[tuple[str, str, int]]) -> None:
+    """Produce with a producer of its own, closed after: a long-lived client that knows a topic asks
+    for its metadata again and again, and Tansu then auto-creates the topic just deleted."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    try:
+        for key, value, partition in records:
+            producer.send(topic, key=key.encode(), value=value.encode(), partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
 def recreate_topic(kafka: Any, topic: str, partitions: int) -> None:
-    """Delete the topic and create it again (Tansu 0.6 supports both).
-
-    A client that still knows the topic (the shared producer, the service's consumer) may re-create
-    it by auto-creation as soon as it is gone; a topic with a new id and the wanted partitions is
-    the recreated topic either way.
-    """
+    """Delete the topic and create it again (Tansu 0.6 supports both)."""
     from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
 
-    def describe() -> tuple[Any, int]:
-        (meta,) = kafka.admin.describe_topics([topic])
-        return meta.get("topic_id"), len(meta.get("partitions") or ())
-
-    old_id, _ = describe()
     kafka.admin.delete_topics([topic])
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            kafka.admin.create_topics([NewTopic(topic, partitions, 1)])
-            return
-        except TopicAlreadyExistsError:
-            topic_id, count = describe()
-            if topic_id != old_id and count == partitions:
-                return  # auto-created again, as wanted
-            if time.monotonic() > deadline:
-                raise
-            if topic_id != old_id:  # auto-created with other partitions: once more
-                kafka.admin.delete_topics([topic])
-            time.sleep(0.2)
+    # The engine's clients know the topic; none of them may bring it back by auto-creation (its
+    # long-lived consumer did: Tansu auto-creates even when asked not to).
+    time.sleep(1.5)
+    assert topic not in kafka.admin.list_topics(), "the deleted topic was re-created"
+    kafka.admin.create_topics([NewTopic(topic, partitions, 1)])
 
 
 def test_topic_recreated_with_fewer_records_forces_a_full_rebuild(kafka, make_factory, caplog):
     topic = kafka.topic(partitions=2)
     first = [(f"k{i}", f"old{i}", i % 2) for i in range(20)]
-    kafka.produce(topic, first)
+    produce_alone(kafka, topic, first)
     service = make_factory().new_topic_compaction_service(topic)
     compact(service)
     assert service.get_last_compacted_position() == {0: 9, 1: 9}
 
     recreate_topic(kafka, topic, 2)
     second = [("k0", "new0", 0), ("x", "new1", 0), ("k1", "new2", 1)]
-    kafka.produce(topic, second)
+    produce_alone(kafka, topic, second)
     with caplog.at_level(logging.WARNING, logger="compactord"):
         ctx = compact(service)
     assert ctx.stats["full_rebuild"] is True
