@@ -224,16 +224,36 @@ def _cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
 
 
-def tree_cpu(exclude: int | None) -> float:
-    """CPU seconds used so far by this process and its descendants, except the subtree of ``exclude``."""
+ROLES = ("daemon", "spark jvm", "spark python", "floor readers", "broker")
+
+
+def cpu_by_role(broker: int | None, jvm: int | None) -> dict[str, float]:
+    """CPU seconds used so far by this process and its descendants, by role.
+
+    ``daemon`` is this process (the daemon's own, with the py4j client); ``spark python`` are the JVM's
+    Python workers and planning daemons; ``floor readers`` the floor's processes (and producers that ended).
+    """
     tree = _children()
-    total = _cpu_seconds(os.getpid())
-    todo = [p for p in tree.get(os.getpid(), []) if p != exclude]
-    while todo:
-        pid = todo.pop()
-        total += _cpu_seconds(pid)
-        todo.extend(p for p in tree.get(pid, []) if p != exclude)
-    return total
+    roles = dict.fromkeys(ROLES, 0.0)
+    roles["daemon"] = _cpu_seconds(os.getpid())
+
+    def walk(root: int, role: str) -> None:
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            roles[role] += _cpu_seconds(pid)
+            todo.extend(tree.get(pid, []))
+
+    for child in tree.get(os.getpid(), []):
+        if child == broker:
+            walk(child, "broker")
+        elif child == jvm:
+            roles["spark jvm"] += _cpu_seconds(child)
+            for worker in tree.get(child, []):
+                walk(worker, "spark python")
+        else:
+            walk(child, "floor readers")
+    return roles
 
 
 def _comm(pid: int) -> str:
@@ -259,6 +279,7 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
 
     def start(self) -> MemorySampler:
+        self._sample()  # finds the JVM now, so that CPU accounting sees it from the first measurement
         self._thread.start()
         return self
 
@@ -317,8 +338,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--distinct-keys-check", action="store_true",
                     help="every record has its own key; default 1,000,000 records and Spark's default driver memory")
     ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
+    ap.add_argument("--conf", action="append", default=[], metavar="spark.KEY=VALUE",
+                    help="a Spark setting for the daemon's session (repeatable), as a spark.* key of broker.conf")
     ap.add_argument("--producers", type=int, default=0, help="producer processes (default: one per partition, at most 8)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 40,000 records, 1,000 keys, 1 run")
+    ap.add_argument("--no-incremental", dest="incremental", action="store_false",
+                    help="skip the incremental runs (their figure and ratio print as nan)")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="skip the untimed warm-up compaction and floor (for the long distinct-keys runs)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the broker log and ledger root (printed)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -339,6 +366,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name} must be positive, got: {getattr(args, name)}")
     if not args.distinct_keys_mode and args.keys < 1:
         ap.error(f"--keys must be positive, got: {args.keys}")
+    for item in args.conf:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.startswith("spark."):
+            ap.error(f"--conf must be spark.KEY=VALUE, got: {item}")
     if not 0 <= args.tombstone_ratio < 1:
         ap.error(f"--tombstone-ratio must be in [0, 1), got: {args.tombstone_ratio}")
     return args
@@ -391,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         from compactord.spark.session import SparkSessionManager
         from compactord.task import TaskState
 
-        spark_conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
+        spark_conf = dict(item.split("=", 1) for item in args.conf)
+        if args.driver_memory:
+            spark_conf["spark.driver.memory"] = args.driver_memory
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap, compacted_ledger_root=str(tmp / "ledgers"),
                             spark_conf=spark_conf)
         started = time.monotonic()
@@ -401,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         manager.warm_up()
         cores = manager.cores
         print(f"spark: master {settings.spark_master}, {cores} cores, driver memory "
-              f"{args.driver_memory or 'default (1g)'}; session up and warm in {time.monotonic() - started:.1f} s",
-              flush=True)
+              f"{args.driver_memory or 'default (1g)'}, settings {spark_conf or 'the daemon defaults'}; "
+              f"session up and warm in {time.monotonic() - started:.1f} s", flush=True)
         factory = SparkCompactionServiceFactory()
         factory.initialize(ServiceContext(settings, spark=manager))
         service = factory.new_topic_compaction_service(TOPIC)
@@ -411,14 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         workers.map(_warm_worker, range(cores), chunksize=1)
         client = settings.kafka_client_config()
 
-        cpu: dict[str, list[tuple[float, float]]] = {"floor": [], "full": [], "incremental": []}
+        cpu: dict[str, list[dict[str, float]]] = {"floor": [], "full": [], "incremental": []}
 
-        def cpu_now() -> tuple[float, float]:
-            return tree_cpu(exclude=broker.pid), _cpu_seconds(broker.pid or 0)
+        def cpu_now() -> dict[str, float]:
+            return cpu_by_role(broker.pid, sampler.jvm_pid if sampler else None)
 
-        def cpu_since(start: tuple[float, float]) -> tuple[float, float]:
+        def cpu_since(start: dict[str, float]) -> dict[str, float]:
             end = cpu_now()
-            return end[0] - start[0], end[1] - start[1]
+            return {role: end[role] - start[role] for role in ROLES}
 
         def floor() -> float:
             kafka_admin = KafkaAdmin(settings)
@@ -459,11 +492,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"the ledger kept {kept} entries, the workload has {want} live keys")
             return elapsed, dict(task.stats)
 
-        t_warm, _ = compaction(True, produced)
-        t_floor_warm = floor()
-        for runs in cpu.values():
-            runs.clear()
-        print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s", flush=True)
+        if args.warmup:
+            t_warm, _ = compaction(True, produced)
+            t_floor_warm = floor()
+            for runs in cpu.values():
+                runs.clear()
+            print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s", flush=True)
 
         floors: list[float] = []
         fulls: list[float] = []
@@ -477,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         incrementals: list[float] = []
         step = max(1, int(args.records * args.incremental_ratio))
         with ctx.Pool(producers) as pool:
-            for run in range(args.runs):
+            for run in range(args.runs if args.incremental else 0):
                 sent, seconds = produce(pool, producers, workload, broker.bootstrap, produced, produced + step)
                 produced += step
                 t, stats = compaction(False, produced)
@@ -500,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"full/floor of each run (measured back to back): {', '.join(f'{x:.2f}' for x in pairs)}; "
               f"median {_median(pairs):.2f}")
         for name, runs in cpu.items():
-            own, served = _median([c for c, _ in runs]), _median([b for _, b in runs])
-            print(f"CPU seconds, {name}: {own:.2f} (readers, Spark and this process), broker {served:.2f} (medians)")
+            if runs:
+                total = _median([sum(v for k, v in r.items() if k != "broker") for r in runs])
+                parts = ", ".join(f"{role} {_median([r[role] for r in runs]):.2f}" for role in ROLES)
+                print(f"CPU seconds (medians), {name}: {total:.2f} without the broker; {parts}")
         print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
         print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
         print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")

@@ -1,10 +1,11 @@
 """The process ``test_crash.py`` kills: one compaction of one topic on its own Spark session.
 
-Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [point:seconds,...]``
+Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``
 
 Prints ``STATE <state> <epoch seconds>`` at every state change of the task, ``POINT <name> <epoch
 seconds>`` when the task reaches a pause point (``task.PAUSE_POINTS``) and ``END <state>`` at the end
-(stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task.
+(stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task. At the pause point
+HOLD the task waits for a line on stdin (the parent kills it there instead).
 """
 
 from __future__ import annotations
@@ -15,17 +16,9 @@ import time
 from typing import Any
 
 
-def _pauses(raw: str) -> dict[str, float]:
-    points = {}
-    for item in filter(None, raw.split(",")):
-        name, _, seconds = item.partition(":")
-        points[name] = float(seconds)
-    return points
-
-
 def main(argv: list[str]) -> int:
     bootstrap, root, topic = argv[:3]
-    pauses = _pauses(argv[3]) if len(argv) > 3 else {}
+    hold = argv[3] if len(argv) > 3 else ""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -42,7 +35,6 @@ def main(argv: list[str]) -> int:
         # Small and quiet, to start fast: the parent pays one session start per kill.
         spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
                     "spark.driver.memory": "512m"},
-        test_pause_points=pauses,
     )
     factory = SparkCompactionServiceFactory()
     factory.initialize(ServiceContext(settings))  # opens the store: the lock and orphan removal
@@ -58,6 +50,8 @@ def main(argv: list[str]) -> int:
 
     def announced_checkpoint(point: str) -> None:
         print(f"POINT {point} {time.time():.3f}", flush=True)
+        if point == hold:
+            sys.stdin.readline()
         checkpoint(point)
 
     ctx.checkpoint = announced_checkpoint  # type: ignore[method-assign]

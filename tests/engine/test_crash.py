@@ -4,10 +4,12 @@ Each time, ``CURRENT`` must name a complete ledger (``verify`` passes) whose vie
 new expected one, and the next start (opening the ledger root) must remove every orphan.
 
 The child (``crash_child.py``) has its own Spark session, so each kill costs one session start. Its
-task prints its state changes and pause points. The first kills aim at the switch (widened by the
-pause points "written", "switch" and "switched"); those runs also measure how long the task spends
-in Running before its ledger is written, and the remaining kills are spread over that window
-(stratified uniform), so most land inside the Spark job.
+task prints its state changes and pause points. The first kills hold the child at a pause point of
+the switch ("written": the new ledger is finalized but not current; "switch": before the pointer is
+replaced; "switched": after it) and kill it there, so they cannot miss however late the parent reads
+the child's output on a busy machine. Those runs also measure how long the task spends in Running
+before its ledger is written, and the remaining kills are spread over that window (stratified
+uniform), so most land inside the Spark job.
 """
 
 from __future__ import annotations
@@ -32,12 +34,9 @@ from compactord.ledger.store import LedgerStore
 from .helpers import compact, last_value_model
 
 REPO = Path(__file__).resolve().parents[2]
-KILLS_IN_RUNNING = 6
-KILLS_IN_SWITCH = 4
-PAUSES = {"written": 0.5, "switch": 0.8, "switched": 0.8}
-# Kills aimed at a pause land in its first part: the child's line reaches the parent with some delay
-# on a busy machine, and the kill should still fall inside the pause.
-AIM_FRACTION = 0.6
+KILLS_IN_RUNNING = 5
+# The pause points of the switch, in order, and the ledger current while the child is held there.
+HOLDS = {"written": "old", "switch": "old", "switched": "new"}
 EVENT_TIMEOUT = 180
 
 
@@ -85,15 +84,14 @@ def alive(pid: int, started: str | None = None) -> bool:
 class Child:
     """The compaction process, in its own session (process group); its stdout read by a thread."""
 
-    def __init__(self, bootstrap: str, root: Path, topic: str, workdir: Path) -> None:
-        pauses = ",".join(f"{k}:{v}" for k, v in PAUSES.items())
+    def __init__(self, bootstrap: str, root: Path, topic: str, workdir: Path, hold: str) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, TMPDIR=str(workdir), SPARK_LOCAL_DIRS=str(workdir))
         self.log_path = workdir / "child.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.crash_child", bootstrap, str(root), topic, pauses],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
+            [sys.executable, "-m", "tests.engine.crash_child", bootstrap, str(root), topic, hold],
+            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
         )
         self.events: dict[str, float] = {}  # first word of a line, or the state of a STATE line -> time
         self.stamps: dict[str, float] = {}  # the same names -> the child's own clock (time.time())
@@ -189,11 +187,11 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_ledger(kafka, make_
     pristine = tmp_path / "pristine"
     shutil.copytree(root, pristine)
 
-    def run_child(name: str) -> Child:
+    def run_child(name: str, hold: str) -> Child:
         if root.exists():
             shutil.rmtree(root)
         shutil.copytree(pristine, root)  # the old ledger is current, the new records not compacted
-        return Child(broker.bootstrap, root, topic, tmp_path / name)
+        return Child(broker.bootstrap, root, topic, tmp_path / name, hold)
 
     def check(what: str) -> str:
         store = LedgerStore(root)  # not opened: exactly what the kill left
@@ -224,21 +222,18 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_ledger(kafka, make_
     children: list[Child] = []
     outcomes: list[str] = []
 
-    def kill_once(n: int, anchor: str, delay: float) -> float:
-        """Run a child, SIGKILL it ``delay`` s after it printed ``anchor`` (by its own clock); return
-        how long it had been in Running when it printed ``anchor``."""
-        child = run_child(f"kill-{n}")
+    def kill_once(n: int, anchor: str, delay: float = 0.0) -> float:
+        """Run a child and SIGKILL it: held at the pause point ``anchor``, or ``delay`` s after it
+        entered Running (by its own clock; held at "written" if it gets there first). Return how long
+        it had been in Running when it printed ``anchor``."""
+        hold = anchor if anchor in HOLDS else "written"
+        child = run_child(f"kill-{n}", hold)
         children.append(child)
         reached = child.wait_event(anchor)
         assert reached is not None, f"kill {n}: the child never reached {anchor}\n{child.describe()}"
         child.remember_tree()
-        target = child.stamps[anchor] + delay
         if anchor == "Running":
-            # A run faster than the measured ones is killed when it has written its ledger (in the
-            # "written" pause) rather than after its end.
-            child.wait_event("written", max(0.0, target - time.time()))
-        else:
-            time.sleep(max(0.0, target - time.time()))
+            child.wait_event(hold, max(0.0, child.stamps[anchor] + delay - time.time()))
         last = child.lines[-1] if child.lines else ""
         killed_at = time.time()
         child.kill()
@@ -249,30 +244,22 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_ledger(kafka, make_
         outcomes.append(outcome)
         print(f"kill {n}: {anchor} + {actual:.2f}s (aimed at {delay:.2f}s), last line {last!r} -> "
               f"{outcome} ledger current")
-        # The pointer is replaced at the end of the "switch" pause, and only there.
-        if anchor == "switched":
-            assert outcome == "new", f"kill {n}: killed after the pointer was replaced, yet {outcome}"
-        elif anchor in ("written", "switch"):
-            replaced_after = PAUSES["switch"] + (PAUSES["written"] if anchor == "written" else 0.0)
-            if actual < replaced_after:
-                assert outcome == "old", f"kill {n}: killed before the pointer was replaced, yet {outcome}"
+        if anchor in HOLDS:
+            assert outcome == HOLDS[anchor], f"kill {n}: killed held at {anchor}, yet {outcome} ledger current"
+        elif hold in child.events:
+            assert outcome == "old", f"kill {n}: killed before the switch, yet {outcome} ledger current"
         return child.stamps[anchor] - child.stamps["Running"]
 
     try:
-        # Kills aimed at the switch, widened by the pause points: in "written" (the new ledger is
-        # finalized but not current) and "switch" (before the pointer is replaced) the old ledger
-        # stays; in "switched" (after it) the new one is current and the old one is left to remove.
-        # These runs also measure how long the task spends in Running.
-        aims = ["written", "switch", "switched", rng.choice(["written", "switch", "switched"])]
-        running_times = [kill_once(i, point, rng.random() * PAUSES[point] * AIM_FRACTION)
-                         for i, point in enumerate(aims)]
+        # Kills held in the switch; these runs also measure how long the task spends in Running.
+        running_times = [kill_once(i, point) for i, point in enumerate(HOLDS)]
         # Kills spread over [enters Running, reaches "written"]: mostly inside the Spark job.
         window = min(running_times)
         print(f"Running lasted {min(running_times):.2f}-{max(running_times):.2f}s before the ledger was "
               f"written; kills spread over {window:.2f}s")
         for i in range(KILLS_IN_RUNNING):
-            kill_once(KILLS_IN_SWITCH + i, "Running", (i + rng.random()) / KILLS_IN_RUNNING * window)
-        assert len(outcomes) == KILLS_IN_RUNNING + KILLS_IN_SWITCH
+            kill_once(len(HOLDS) + i, "Running", (i + rng.random()) / KILLS_IN_RUNNING * window)
+        assert len(outcomes) == KILLS_IN_RUNNING + len(HOLDS)
         assert set(outcomes) == {"old", "new"}, outcomes
     finally:
         for child in children:
