@@ -5,12 +5,13 @@ Processes started here are stopped here, by PID, also when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,6 @@ class Kafka:
     """Topic and produce helpers on the test broker."""
 
     bootstrap: str
-    producers: dict[str, Any] = field(default_factory=dict)
     admin: Any = None
 
     def topic(self, partitions: int = 1, prefix: str = "t") -> str:
@@ -79,34 +79,39 @@ class Kafka:
         self.admin.create_topics([NewTopic(name, partitions, 1)])
         return name
 
-    def producer(self, compression: str | None = None, transactional_id: str | None = None) -> Any:
+    @contextlib.contextmanager
+    def producer(self, compression: str | None = None) -> Iterator[Any]:
+        """A producer of its own, closed after use.
+
+        Not one shared producer: kafka-python 3.0.12's sender spins at 100% CPU once a topic it has sent
+        to drops out of its metadata (``RecordAccumulator.ready`` flags an unknown leader for the
+        topic's empty batch queue and asks for metadata again without backing off), which slowed the
+        whole suite threefold; it also makes Tansu auto-create a topic a test has just deleted.
+        """
         from kafka import KafkaProducer
 
-        cache_key = f"{compression}:{transactional_id}"
-        if cache_key not in self.producers:
-            kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "linger_ms": 5}
-            if compression:
-                kwargs["compression_type"] = compression
-            if transactional_id:
-                kwargs["transactional_id"] = transactional_id
-            self.producers[cache_key] = KafkaProducer(**kwargs)
-        return self.producers[cache_key]
+        kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap, "linger_ms": 5}
+        if compression:
+            kwargs["compression_type"] = compression
+        producer = KafkaProducer(**kwargs)
+        try:
+            yield producer
+        finally:
+            producer.close(timeout=10)
 
     def produce(self, topic: str, records: list[tuple], *, compression: str | None = None) -> None:
         """``records``: (key, value[, partition[, timestamp_ms[, headers]]]) tuples; str is UTF-8 encoded."""
-        producer = self.producer(compression)
-        for rec in records:
-            key, value, *rest = rec
-            partition = rest[0] if len(rest) > 0 else 0
-            timestamp = rest[1] if len(rest) > 1 else None
-            headers = rest[2] if len(rest) > 2 else None
-            producer.send(topic, key=_b(key), value=_b(value), partition=partition,
-                          timestamp_ms=timestamp, headers=headers)
-        producer.flush()
+        with self.producer(compression) as producer:
+            for rec in records:
+                key, value, *rest = rec
+                partition = rest[0] if len(rest) > 0 else 0
+                timestamp = rest[1] if len(rest) > 1 else None
+                headers = rest[2] if len(rest) > 2 else None
+                producer.send(topic, key=_b(key), value=_b(value), partition=partition,
+                              timestamp_ms=timestamp, headers=headers)
+            producer.flush()
 
     def close(self) -> None:
-        for p in self.producers.values():
-            p.close()
         if self.admin is not None:
             self.admin.close()
 

@@ -231,20 +231,6 @@ def test_insufficient_disk_space_fails_the_task_and_keeps_the_ledger(kafka, make
 # -- a topic recreated under its ledger -------------------------------------------------------------
 
 
-def produce_alone(kafka: Any, topic: str, records: list[tuple[str, str, int]]) -> None:
-    """Produce with a producer of its own, closed after: a long-lived client that knows a topic asks
-    for its metadata again and again, and Tansu then auto-creates the topic just deleted."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
-    try:
-        for key, value, partition in records:
-            producer.send(topic, key=key.encode(), value=value.encode(), partition=partition)
-        producer.flush()
-    finally:
-        producer.close()
-
-
 def recreate_topic(kafka: Any, topic: str, partitions: int) -> None:
     """Delete the topic and create it again (Tansu 0.6 supports both)."""
     from kafka.admin import NewTopic
@@ -260,14 +246,14 @@ def recreate_topic(kafka: Any, topic: str, partitions: int) -> None:
 def test_topic_recreated_with_fewer_records_forces_a_full_rebuild(kafka, make_factory, caplog):
     topic = kafka.topic(partitions=2)
     first = [(f"k{i}", f"old{i}", i % 2) for i in range(20)]
-    produce_alone(kafka, topic, first)
+    kafka.produce(topic, first)
     service = make_factory().new_topic_compaction_service(topic)
     compact(service)
     assert service.get_last_compacted_position() == {0: 9, 1: 9}
 
     recreate_topic(kafka, topic, 2)
     second = [("k0", "new0", 0), ("x", "new1", 0), ("k1", "new2", 1)]
-    produce_alone(kafka, topic, second)
+    kafka.produce(topic, second)
     with caplog.at_level(logging.WARNING, logger="compactord"):
         ctx = compact(service)
     assert ctx.stats["full_rebuild"] is True

@@ -185,18 +185,18 @@ def test_ledger_equals_the_reference_model(kafka, make_factory, tmp_path, strate
     )
     try:
         service = factory.new_topic_compaction_service(topic)
-        producer = kafka.producer()
         log: dict[int, list[Logged]] = {p: [] for p in range(PARTITIONS)}
         for batch in program:
-            futures = [
-                (rec, producer.send(topic, key=rec.key, value=rec.value, partition=rec.partition,
-                                    headers=rec.headers() or None))
-                for rec in batch
-            ]
-            producer.flush()
-            for rec, future in futures:
-                offset = future.get(timeout=30).offset  # the broker's offset, not an assumed one
-                log[rec.partition].append(Logged(offset, rec))
+            with kafka.producer() as producer:
+                futures = [
+                    (rec, producer.send(topic, key=rec.key, value=rec.value, partition=rec.partition,
+                                        headers=rec.headers() or None))
+                    for rec in batch
+                ]
+                producer.flush()
+                for rec, future in futures:
+                    offset = future.get(timeout=30).offset  # the broker's offset, not an assumed one
+                    log[rec.partition].append(Logged(offset, rec))
             for records in log.values():
                 records.sort(key=lambda r: r.offset)
 
