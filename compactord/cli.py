@@ -177,7 +177,7 @@ def _print_table(cmd: str, body: Any) -> None:
     elif cmd == "read":
         print(f"{'PARTITION':>9}  {'OFFSET':>10}  {'KEY':<24}  VALUE")
         for e in body["entries"]:
-            print(f"{e['partition']:>9}  {e['offset']:>10}  {str(e['key']):<24}  {e['value']}")
+            print(f"{e['partition']:>9}  {e['offset']:>10}  {e['key']!s:<24}  {e['value']}")
         if body.get("next_start") is not None:
             print(f"(more: --start {body['next_start']})")
     elif cmd == "topics":

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, PluginLoadError
+from compactord.errors import CompactionAlreadyRunning, CompactordError, PluginLoadError
 from compactord.interfaces import CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
@@ -225,10 +225,7 @@ class Daemon:
             apply(topic, policies.strategy if policies is not None else None)
 
     def list_topics(self) -> list[dict[str, Any]]:
-        try:
-            on_broker = set(self.admin.list_topics())
-        except BrokerUnavailable:
-            raise
+        on_broker = set(self.admin.list_topics())  # BrokerUnavailable: the API answers 503
         known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
         out = []
         for topic in sorted(known):

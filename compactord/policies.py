@@ -27,10 +27,10 @@ UNLOADED = "UNLOADED"
 class TopicPolicies:
     """Overrides of one topic; None means the broker-wide setting."""
 
-    thresholdBytes: int | None = None  # noqa: N815 - the API's JSON names
-    thresholdMessages: int | None = None  # noqa: N815
-    maxLagSeconds: int | None = None  # noqa: N815
-    minDirtyRatio: float | None = None  # noqa: N815
+    thresholdBytes: int | None = None
+    thresholdMessages: int | None = None
+    maxLagSeconds: int | None = None
+    minDirtyRatio: float | None = None
     strategy: str | None = None
 
     @classmethod

@@ -23,8 +23,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from compactord.config import Settings
-from compactord.errors import CompactionAlreadyRunning, CompactionCancelled, InvalidArgument, LedgerCorrupt, NotCompacted
-from compactord.interfaces import CompactionServiceFactory, CompactionStrategy, ServiceContext, TopicCompactionService
+from compactord.errors import (
+    CompactionAlreadyRunning,
+    CompactionCancelled,
+    InvalidArgument,
+    LedgerCorrupt,
+    NotCompacted,
+)
+from compactord.interfaces import (
+    CompactionServiceFactory,
+    CompactionStrategy,
+    ServiceContext,
+    TopicCompactionService,
+)
 from compactord.kafka.admin import KafkaAdmin, PartitionOffsets
 from compactord.kafka.source import CANCEL_FILE, OffsetRange, plan_ranges
 from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired

@@ -24,8 +24,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 _REPO = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, os.environ.get("PYTHONPATH")]))
 
-from compactord.config import Settings  # noqa: E402
-from compactord.embedded import EmbeddedBroker  # noqa: E402
+from compactord.config import Settings
+from compactord.embedded import EmbeddedBroker
 
 _counter = itertools.count()
 

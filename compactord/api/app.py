@@ -208,7 +208,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger."""
-        service, manifest, entries = _read_consistent(
+        _, manifest, entries = _read_consistent(
             topic, partition,
             lambda svc: svc.read_compacted_entries(Position(partition, start), limit, include_markers=include_markers),
         )

@@ -32,10 +32,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt
-from compactord.errors import LedgerRootLocked
-from compactord.ledger.files import _DISK_FULL, _TMP, _check_file, _disk_errors, _fsync, _names, _read_holder
-from compactord.ledger.files import _remove, _write_atomic, file_crc32c, ledger_dir_name
+from compactord.errors import (
+    CompactordError,
+    InsufficientDiskSpace,
+    InvalidArgument,
+    LedgerCorrupt,
+    LedgerRootLocked,
+)
+from compactord.ledger.files import (
+    _DISK_FULL,
+    _TMP,
+    _check_file,
+    _disk_errors,
+    _fsync,
+    _names,
+    _read_holder,
+    _remove,
+    _write_atomic,
+    file_crc32c,
+    ledger_dir_name,
+)
 from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]

@@ -83,7 +83,7 @@ def test_reader_before_any_compaction_reads_the_raw_topic(kafka, daemon_api):
 def test_reader_apply_strategy_event_time_respects_markers(kafka, daemon_api):
     daemon, server = daemon_api(compaction_strategy="event-time", compaction_event_time_source="header:et")
     topic = kafka.topic()
-    et = lambda n: [("et", str(n).encode())]  # noqa: E731
+    et = lambda n: [("et", str(n).encode())]
     kafka.produce(topic, [("a", "v10", 0, None, et(10)), ("gone", "x", 0, None, et(5)), ("gone", None, 0, None, et(9))])
     compact(daemon, topic)
     kafka.produce(topic, [("a", "stale", 0, None, et(3)), ("gone", "late", 0, None, et(7)),

@@ -101,7 +101,7 @@ def test_cancel_ends_the_task(state: TaskState) -> None:
     task.add_cancel_hook(lambda: calls.append("first"))
     task.add_cancel_hook(lambda: 1 / 0)  # a failing hook does not stop the others
     task.add_cancel_hook(lambda: calls.append("second"))
-    removed = lambda: calls.append("removed")  # noqa: E731
+    removed = lambda: calls.append("removed")
     task.add_cancel_hook(removed)
     task.remove_cancel_hook(removed)
     task.cancel("operator asked")
