@@ -13,7 +13,8 @@ measures, in one run and on one warm Spark session:
 - the **floor**: the same kafka-python consumer as the data source (same settings), reading the whole
   topic once outside Spark, with Spark's parallelism: as many processes as Spark has cores, over the
   offset ranges ``plan_ranges`` gives the compaction, only iterating the records;
-- a **full** compaction (``rebuild=True``) through the service, after one untimed warm-up compaction;
+- a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
+  one of the topic; a full and an incremental one of a side topic, which warm the incremental path);
 - an **incremental** compaction after producing 10% more records (ledger + tail).
 
 Floor and full compaction alternate; each figure is the median of ``--runs`` runs. Every compaction's
@@ -41,6 +42,7 @@ from typing import Any
 
 _MASK = (1 << 64) - 1
 TOPIC = "bench"
+WARMUP_TOPIC = "bench-warm-up"
 
 # -- the workload ----------------------------------------------------------------------------------
 
@@ -407,9 +409,13 @@ def main(argv: list[str] | None = None) -> int:
             from kafka.admin import NewTopic
 
             admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-            admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])
+            admin.create_topics([NewTopic(TOPIC, args.partitions, 1), NewTopic(WARMUP_TOPIC, args.partitions, 1)])
             admin.close()
             sent, seconds = produce(pool, producers, workload, broker.bootstrap, 0, args.records)
+            if args.warmup and args.incremental:
+                # The warm-up topic: one incremental-sized slice to compact fully, and one more after it.
+                step = max(1, int(args.records * args.incremental_ratio))
+                produce(pool, producers, workload, broker.bootstrap, 0, step, topic=WARMUP_TOPIC)
         print(f"build: {sent:,} records in {seconds:.1f} s ({sent / seconds:,.0f} records/s, "
               f"{producers} producer processes)", flush=True)
         produced = args.records
@@ -495,9 +501,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             t_warm, _ = compaction(True, produced)
             t_floor_warm = floor()
+            warm_incremental = ""
+            if args.incremental:
+                # A long-running daemon compacts incrementally again and again: its JVM has compiled that
+                # path (reading the ledger's Parquet next to the tail) too. Warm it on a topic of its own.
+                warm_service = factory.new_topic_compaction_service(WARMUP_TOPIC)
+                for rebuild in (True, False):
+                    if not rebuild:
+                        with ctx.Pool(producers) as pool:
+                            produce(pool, producers, workload, broker.bootstrap, step, 2 * step, topic=WARMUP_TOPIC)
+                    t0 = time.monotonic()
+                    task = warm_service.compact(rebuild=rebuild)
+                    if task.result(3600) is not TaskState.SUCCEED:
+                        raise RuntimeError(f"the warm-up compaction ended {task.state.value}: {task.error}")
+                    task.worker_done.wait(60)
+                warm_incremental = f", incremental on {WARMUP_TOPIC} {time.monotonic() - t0:.2f} s"
             for runs in cpu.values():
                 runs.clear()
-            print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s", flush=True)
+            print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s{warm_incremental}",
+                  flush=True)
 
         floors: list[float] = []
         fulls: list[float] = []

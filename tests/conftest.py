@@ -46,7 +46,7 @@ def settings_for(broker: EmbeddedBroker, root: Path, **overrides: Any) -> Settin
         kafka_request_timeout_ms=10000,
         compacted_ledger_root=str(root),
         spark_master="local[2]",
-        spark_conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"},
+        spark_conf={"spark.driver.memory": "1g"},
     )
     base.update(overrides)
     return Settings(**base)

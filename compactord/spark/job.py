@@ -23,11 +23,30 @@ from compactord.kafka.source import FORMAT, OffsetRange
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 from compactord.strategies import EventTimeOrder, FirstValue, fold
 
-__all__ = ["CompactionJobSpec", "run_compaction_job"]
+__all__ = ["CompactionJobSpec", "run_compaction_job", "shuffle_partitions_for"]
 
 _COLUMNS = [f.name for f in RECORD_SCHEMA]
 # Row groups of ~64k rows keep the read API's pruning fine-grained on large ledgers.
 _ROW_GROUP_BYTES = 8 * 1024 * 1024
+# Rows per shuffle partition when the width is sized from the job's rows (~64 MiB of 130-byte records,
+# AQE's advisory partition size), and at least ~100k rows per partition to spread a job over the cores.
+ROWS_PER_SHUFFLE_PARTITION = 500_000
+MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
+
+
+def shuffle_partitions_for(rows: int, cores: int) -> tuple[int, int]:
+    """The shuffle widths (aggregation, output files) of a job over ``rows`` records (an upper bound:
+    readers drop losers).
+
+    Spark's default of 200 partitions (which AQE coalesces only after the map side has written them)
+    costs ~0.8 s per shuffle on a small job here, so a compaction is sized from what it reads: one
+    partition per 500,000 rows, and for the aggregation at least one per core once there are 100,000
+    rows per core. The sort into the ledger's files samples its input to find range bounds unless it
+    writes a single file, so it is not widened for the cores.
+    """
+    by_size = max(1, -(-rows // ROWS_PER_SHUFFLE_PARTITION))
+    by_cores = min(cores, -(-rows // MIN_ROWS_PER_SHUFFLE_PARTITION))
+    return max(by_size, by_cores), by_size
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,10 @@ class CompactionJobSpec:
     log_start: Mapping[int, int]
     batch_records: int
     progress_dir: str
+    # The shuffle widths of the aggregation and of the sort into the ledger's files (0: the session's
+    # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
+    shuffle_partitions: int = 0
+    output_files: int = 0
 
 
 def _reader_spec(spec: CompactionJobSpec) -> str:
@@ -105,6 +128,9 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
         records = tail.unionByName(ledger)
 
     keyed = records.where(F.col("key").isNotNull())
+    if spec.shuffle_partitions:
+        # The aggregations below group by (partition, key): this exchange is the only one they need.
+        keyed = keyed.repartition(spec.shuffle_partitions, "partition", "key")
     deleted = F.col("marker") | F.col("value").isNull() | (F.length("value") == 0)
     sql_order = getattr(type(strategy), "sql_order", None)
     if sql_order is not None and isinstance(strategy, OrderedCompactionStrategy):
@@ -124,7 +150,9 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
             .select("w.*")
         )
     else:
-        sorted_rows = keyed.repartition("partition", "key").sortWithinPartitions("partition", "key", "offset")
+        if not spec.shuffle_partitions:
+            keyed = keyed.repartition("partition", "key")
+        sorted_rows = keyed.sortWithinPartitions("partition", "key", "offset")
         winners = spark.createDataFrame(sorted_rows.rdd.mapPartitions(_fold_partition(strategy)), RECORD_DDL)
 
     if isinstance(strategy, EventTimeOrder):
@@ -154,8 +182,14 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
 def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:
     """Compute the winners and write them, sorted by (partition, offset), to ``spec.output_path``."""
     result = build_winners(spark, spec, strategy)
+    if spec.output_files:
+        # repartitionByRange(1) samples nothing and costs no more than a plain exchange.
+        ordered = result.repartitionByRange(spec.output_files, "partition", "offset")
+        ordered = ordered.sortWithinPartitions("partition", "offset")
+    else:
+        ordered = result.orderBy("partition", "offset")
     (
-        result.orderBy("partition", "offset")
+        ordered
         .write.mode("errorifexists")
         .option("compression", "snappy")
         .option("parquet.block.size", _ROW_GROUP_BYTES)

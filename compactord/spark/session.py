@@ -109,27 +109,32 @@ class SparkSessionManager:
             return False
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
-        """Run a first job through the Kafka data source, a group-by and a Parquet write and read.
+        """Run the compaction job twice on an empty range: a full run, then an incremental one that
+        reads the first one's output as its ledger.
 
         A new session's first job is about 3 times slower than a warm one (planning a Python data
-        source starts several Python workers); the daemon is ready only after this.
+        source starts several Python workers, and the JVM compiles the job's code paths); the daemon is
+        ready only after this, and its first real compaction, full or incremental, runs warm.
         """
-        from pyspark.sql import functions as F
+        from compactord.kafka.source import OffsetRange
+        from compactord.spark.job import CompactionJobSpec, run_compaction_job, shuffle_partitions_for
+        from compactord.strategies import load_strategy
 
-        from compactord.kafka.source import FORMAT
-
-        spark = self.spark
-        spec = {"client": {}, "topic": "warm-up", "ranges": [[0, 0, 0]], "strategy": "publishing-order",
-                "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
-                "progress_dir": ""}
-        import json
-
+        strategy = load_strategy("publishing-order")
+        widths = shuffle_partitions_for(0, self.cores)
         with tempfile.TemporaryDirectory(prefix="compactord-warmup-", dir=scratch) as tmp:
-            with self.job_group("warm-up", "compactord warm-up"):
-                df = spark.read.format(FORMAT).option("spec", json.dumps(spec)).load()
-                grouped = df.groupBy("partition", "key").agg(F.max_by("offset", "offset").alias("o"))
-                grouped.write.mode("overwrite").parquet(str(Path(tmp) / "w"))
-                spark.read.parquet(str(Path(tmp) / "w")).count()
+            ledger: list[str] = []
+            for run in ("full", "incremental"):
+                spec = CompactionJobSpec(
+                    topic="warm-up", client_config={}, ranges=[OffsetRange(0, 0, 0)], ledger_files=ledger,
+                    output_path=str(Path(tmp) / run), strategy_ref="publishing-order",
+                    event_time_source="timestamp", retain_null_key=False, tombstone_retention_ms=0, now_ms=0,
+                    log_start={}, batch_records=1000, progress_dir="",
+                    shuffle_partitions=widths[0], output_files=widths[1],
+                )
+                self.run("warm-up", f"compactord warm-up ({run} compaction)",
+                         lambda spec=spec: run_compaction_job(self.spark, spec, strategy))
+                ledger = sorted(str(f) for f in (Path(tmp) / run).glob("*.parquet"))
         self.warmed = True
         log.info("Spark session warmed up")
 

@@ -199,7 +199,6 @@ class Launcher:
             "compactedLedgerRoot": root,
             "httpPort": port,
             "sparkMaster": "local[2]",
-            "spark.sql.shuffle.partitions": 4,
             "spark.driver.memory": "1g",
             "brokerServiceCompactionThresholdInBytes": 0,
             "compactionTopicsPattern": NEVER,

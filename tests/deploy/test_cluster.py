@@ -187,7 +187,6 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         "spark.driver.memory": "1g",
         "spark.executor.memory": "1g",
         "spark.cores.max": "2",
-        "spark.sql.shuffle.partitions": "4",
         "compactionTopicsPattern": topic,
         "brokerServiceCompactionThresholdInBytes": "0",
     })

@@ -424,7 +424,6 @@ def test_every_metric_name_in_deploy_is_served_by_a_running_daemon(kafka: Any, b
         "httpAuthToken": f"file:{tmp_path / 'token'}",
         "sparkMaster": "local[2]",
         "spark.driver.memory": "1g",
-        "spark.sql.shuffle.partitions": "4",
         # the monitor measures only this topic and never triggers (every threshold off)
         "compactionTopicsPattern": topic,
         "brokerServiceCompactionThresholdInBytes": "0",

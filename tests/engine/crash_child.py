@@ -33,8 +33,7 @@ def main(argv: list[str]) -> int:
         compacted_ledger_root=root,
         spark_master="local[2]",
         # Small and quiet, to start fast: the parent pays one session start per kill.
-        spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
-                    "spark.driver.memory": "512m"},
+        spark_conf={"spark.ui.enabled": "false", "spark.driver.memory": "512m"},
     )
     factory = SparkCompactionServiceFactory()
     factory.initialize(ServiceContext(settings))  # opens the store: the lock and orphan removal

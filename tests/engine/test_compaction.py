@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFound
@@ -206,3 +208,60 @@ def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_fa
     assert after == before
     dirs = [p.name for p in service._f.store.topic_dir(topic).iterdir() if p.name.startswith("ledger-")]
     assert dirs == [f"ledger-{before[0]}"]
+
+
+# -- the job's shuffle widths ------------------------------------------------------------------------
+
+
+def _file_keys(service: Any) -> list[list[tuple[int, int]]]:
+    """The (partition, offset) rows of each ledger file, files in name order."""
+    import pyarrow.parquet as pq
+
+    manifest = service.ledger_info()
+    path = service._f.store.ledger_path(service.topic, manifest.ledger_id)
+    out = []
+    for f in sorted(manifest.files, key=lambda f: f["name"]):
+        table = pq.read_table(path / f["name"], columns=["partition", "offset"])
+        out.append(list(zip(table["partition"].to_pylist(), table["offset"].to_pylist(), strict=True)))
+    return out
+
+
+def test_a_ledger_of_several_files_is_sorted_across_them(kafka, make_factory, monkeypatch):
+    """Sized down so that 1,200 records need several shuffle partitions and output files: the range
+    sort must leave the files in (partition, offset) order, as the read API's bisection assumes."""
+    from compactord.spark import job
+
+    monkeypatch.setattr(job, "ROWS_PER_SHUFFLE_PARTITION", 150)
+    monkeypatch.setattr(job, "MIN_ROWS_PER_SHUFFLE_PARTITION", 100)
+    assert job.shuffle_partitions_for(1200, 2) == (8, 8)
+    topic = kafka.topic(partitions=3)
+    records = [(f"k{i % 500}", f"v{i}" if i % 13 else None, (i % 500) % 3) for i in range(1200)]
+    kafka.produce(topic, records)
+    service = make_factory().new_topic_compaction_service(topic)
+    compact(service)
+    files = _file_keys(service)
+    assert len(files) > 1, files
+    rows = [row for f in files for row in f]
+    assert rows == sorted(rows) and len(set(rows)) == len(rows)
+    assert view(service, 3) == last_value_model(records)
+    # An incremental run (ledger files + tail) keeps the order too.
+    more = [(f"k{i % 700}", f"w{i}", (i % 700) % 3) for i in range(600)]
+    kafka.produce(topic, more)
+    compact(service)
+    rows = [row for f in _file_keys(service) for row in f]
+    assert rows == sorted(rows)
+    assert view(service, 3) == last_value_model(records + more)
+    for p in range(3):
+        assert service.read_last_compacted_entry(p) == entries(service, p)[-1]
+
+
+def test_a_configured_shuffle_width_is_used_as_set(kafka, make_factory):
+    topic = kafka.topic(partitions=2)
+    records = [(f"k{i % 40}", f"v{i}", (i % 40) % 2) for i in range(300)]
+    kafka.produce(topic, records)
+    factory = make_factory(spark_conf={"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "3"})
+    service = factory.new_topic_compaction_service(topic)
+    compact(service)
+    assert view(service, 2) == last_value_model(records)
+    rows = [row for f in _file_keys(service) for row in f]
+    assert rows == sorted(rows)
