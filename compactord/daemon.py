@@ -62,7 +62,7 @@ class Daemon:
         self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
-                                     on_end=self._task_ended)
+                                     on_end=self._task_ended, release_after_s=settings.task_timeout_seconds)
         self.monitor = BacklogMonitor(settings, self, self.registry, self.policies, self.metrics)
         self.fatal: str | None = None
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop

@@ -75,8 +75,10 @@ class TaskRegistry:
         max_concurrent: int,
         monitor_interval_s: float,
         on_end: Callable[[CompactionTaskCtx], None] | None = None,
+        release_after_s: float = 600.0,
     ) -> None:
         self._factory = factory
+        self._release_after = release_after_s
         self._max = max_concurrent
         self._starve_after = 2 * monitor_interval_s
         self._on_end = on_end
@@ -143,11 +145,20 @@ class TaskRegistry:
     def _on_state(self, ctx: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
         if not new.terminal:
             return
-        with self._lock:
-            self._running.discard(ctx.task_id)
         if self._on_end is not None:
             self._on_end(ctx)
-        threading.Thread(target=self._dispatch, name="dispatch", daemon=True).start()
+        threading.Thread(target=self._release, args=(ctx,), name="release", daemon=True).start()
+
+    def _release(self, ctx: CompactionTaskCtx) -> None:
+        """Free the task's slot once its work has ended, not when its state did: a cancelled task is
+        Cancelled at once while its Spark work may still be stopping, and a new task must not run beside
+        it beyond ``compactionMaxConcurrentTasks``. Work that never ends is not waited for forever."""
+        if not ctx.worker_done.wait(self._release_after):
+            log.warning("task %s of topic %s ended %ds ago but its work has not stopped; its slot is freed",
+                        ctx.task_id, ctx.topic, self._release_after)
+        with self._lock:
+            self._running.discard(ctx.task_id)
+        self._dispatch()
 
     def kick(self) -> None:
         """Re-run the dispatch (e.g. after waiting tasks aged past the starvation bound)."""

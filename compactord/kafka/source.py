@@ -161,6 +161,7 @@ class RangeReadTask:
         if self.end <= self.start:
             self._report(done=True)
             return
+        self._check_cancel()  # a task cancelled before this one started: no consumer, no fetch
         from kafka import TopicPartition
 
         cons = range_consumer(self.spec["client"], self.batch_records)
@@ -256,9 +257,12 @@ class RangeReadTask:
         if now - self._last_progress < PROGRESS_EVERY_S:
             return
         self._last_progress = now
+        self._check_cancel()
+        self._report(done=False)
+
+    def _check_cancel(self) -> None:
         if self.progress_dir is not None and (self.progress_dir / CANCEL_FILE).exists():
             raise RuntimeError(f"compaction cancelled while reading partition {self.partition}")
-        self._report(done=False)
 
     def _report(self, done: bool) -> None:
         if self.progress_dir is None:

@@ -282,3 +282,20 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
     assert failed.result(TIMEOUT) is TaskState.FAILED
     with pytest.raises(TaskNotCancellable, match="Failed"):
         failed.cancel()
+
+
+def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path):
+    """A range read that Spark starts after the cancel (its CANCEL file already written) reads nothing."""
+    from compactord.kafka.source import CANCEL_FILE, RangeReadTask
+
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(50)])
+    spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
+            "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
+            "progress_dir": str(tmp_path)}
+    assert sum(b.num_rows for b in RangeReadTask(spec, 0, 0, 50).run()) == 50  # not cancelled: reads
+    (tmp_path / CANCEL_FILE).touch()
+    task = RangeReadTask(spec, 0, 0, 50)
+    with pytest.raises(RuntimeError, match="cancelled"):
+        next(iter(task.run()))
+    assert task.records == 0

@@ -1,0 +1,103 @@
+"""The task registry's slots, with an in-process service whose work the test controls (the registry's
+own logic: the engine and the daemon tests run it on real Kafka and Spark)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from compactord.registry import TaskRegistry
+from compactord.task import CompactionTaskCtx, TaskState
+
+
+class HeldService:
+    """``compact`` returns a task whose worker runs until the test lets it go (even after a cancel)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.release = threading.Event()
+
+    def compact(self, *, rebuild: bool = False, start: bool = True) -> CompactionTaskCtx:
+        ctx = CompactionTaskCtx(self.topic, rebuild=rebuild)
+
+        def work() -> None:
+            try:
+                ctx.transition(TaskState.CREATING_RAW_READER)
+                ctx.transition(TaskState.RUNNING)
+                self.release.wait(30)  # Spark work that ignores the cancel for a while
+                if not ctx.done:
+                    ctx.begin_switch()
+                    ctx.transition(TaskState.SUCCEED)
+            finally:
+                ctx.worker_done.set()
+
+        ctx.set_start_hook(threading.Thread(target=work, daemon=True).start)
+        if start:
+            ctx.start()
+        return ctx
+
+
+class Factory:
+    def __init__(self) -> None:
+        self.services: dict[str, HeldService] = {}
+
+    def new_topic_compaction_service(self, topic: str) -> Any:
+        return self.services.setdefault(topic, HeldService(topic))
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
+    event = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return True
+        event.wait(0.01)
+    return predicate()
+
+
+def test_a_cancelled_task_keeps_its_slot_until_its_work_has_stopped():
+    factory = Factory()
+    registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60)  # type: ignore[arg-type]
+    a = registry.trigger("a")
+    assert wait_for(lambda: a.state is TaskState.RUNNING)
+    b = registry.trigger("b")
+    assert b.state is TaskState.PENDING and registry.pending_count() == 1
+
+    outcome = registry.cancel("a", timeout=0.2)
+    assert a.state is TaskState.CANCELLED and not outcome.stopped  # its work is still stopping
+    threading.Event().wait(0.3)
+    assert b.state is TaskState.PENDING, "b started beside a's work: two jobs on one slot"
+    assert registry.running_count() == 1
+
+    factory.services["a"].release.set()  # a's work ends: its slot goes to b
+    assert wait_for(lambda: b.state is TaskState.RUNNING)
+    assert registry.running_count() == 1 and registry.pending_count() == 0
+    factory.services["b"].release.set()
+    assert b.result(10) is TaskState.SUCCEED
+    assert wait_for(lambda: registry.running_count() == 0)
+
+
+def test_work_that_never_stops_frees_its_slot_after_the_bound():
+    factory = Factory()
+    registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60, release_after_s=0.5)  # type: ignore[arg-type]
+    a = registry.trigger("a")
+    assert wait_for(lambda: a.state is TaskState.RUNNING)
+    b = registry.trigger("b")
+    registry.cancel("a", timeout=0.0)
+    assert wait_for(lambda: b.state is TaskState.RUNNING, timeout=5)
+    factory.services["a"].release.set()
+    factory.services["b"].release.set()
+    assert b.result(10) is TaskState.SUCCEED
+
+
+def test_a_pending_task_cancelled_never_held_a_slot():
+    factory = Factory()
+    registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60)  # type: ignore[arg-type]
+    a = registry.trigger("a")
+    b = registry.trigger("b")
+    c = registry.trigger("c")
+    registry.cancel("b", timeout=1)
+    assert b.state is TaskState.CANCELLED and b.worker_done.is_set()
+    factory.services["a"].release.set()
+    assert wait_for(lambda: c.state is TaskState.RUNNING)
+    factory.services["c"].release.set()
+    assert a.result(10) is TaskState.SUCCEED and c.result(10) is TaskState.SUCCEED
