@@ -27,6 +27,7 @@ UNLOADED = "UNLOADED"
 class TopicPolicies:
     """Overrides of one topic; None means the broker-wide setting."""
 
+    # mixedCase: the API's JSON names (Pulsar's policy names)
     thresholdBytes: int | None = None
     thresholdMessages: int | None = None
     maxLagSeconds: int | None = None
