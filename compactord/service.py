@@ -41,7 +41,7 @@ from compactord.kafka.source import CANCEL_FILE, OffsetRange, plan_ranges
 from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired
 from compactord.ledger.store import LedgerStore
 from compactord.model import Entry, Horizon, LedgerManifest, Position, StrategySettings, validate_topic_name
-from compactord.spark.job import CompactionJobSpec, run_compaction_job, shuffle_partitions_for
+from compactord.spark.job import CompactionJobSpec, run_compaction_job
 from compactord.spark.session import SparkSessionManager
 from compactord.strategies import load_strategy, strategy_name
 from compactord.task import CompactionTaskCtx, StateListener, TaskState
@@ -383,9 +383,7 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     def _spark_job(self, ctx: CompactionTaskCtx, plan: _Plan, output: str, progress_dir: str) -> dict[str, int]:
         settings = self._f.settings
-        # A width set in the config wins; otherwise it follows the rows this job reads.
-        widths = (0, 0) if "spark.sql.shuffle.partitions" in settings.spark_conf \
-            else shuffle_partitions_for(plan.ledger_rows + plan.tail_records, self._f.spark.cores)
+        widths = self._f.spark.job_widths(plan.ledger_rows + plan.tail_records)
         spec = CompactionJobSpec(
             topic=self.topic,
             client_config=settings.kafka_client_config(),

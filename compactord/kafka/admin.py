@@ -67,13 +67,12 @@ class KafkaAdmin:
                     if self._admin is None:
                         self._admin = admin_client(self._client_config)
                     if reads:
-                        # A consumer per call, never auto-creating: kafka-python's assign([]) does not
-                        # stop a consumer from tracking a topic (ClusterMetadata.set_topics ignores an
-                        # empty list), so a long-lived one keeps asking for the metadata of every topic
-                        # it once read; a broker that auto-creates topics (Kafka's default, and Tansu
-                        # 0.6 even when asked not to) then re-creates a topic just deleted.
-                        cons = consumer(self._client_config, max_poll_records=100_000,
-                                        allow_auto_create_topics=False)
+                        # A consumer per call: kafka-python's assign([]) does not stop a consumer
+                        # from tracking a topic (ClusterMetadata.set_topics ignores an empty list), so a
+                        # long-lived one keeps asking for the metadata of every topic it once read; a
+                        # broker that auto-creates topics (Kafka's default, and Tansu 0.6 even when
+                        # asked not to) then re-creates a topic just deleted.
+                        cons = consumer(self._client_config, max_poll_records=100_000)
                     return fn(self._admin, cons)
             except TopicNotFound:
                 raise

@@ -99,6 +99,15 @@ class SparkSessionManager:
     def cores(self) -> int:
         return max(1, int(self.spark.sparkContext.defaultParallelism))
 
+    def job_widths(self, rows: int) -> tuple[int, int]:
+        """The shuffle widths (aggregation, output files) of a compaction job over ``rows`` records:
+        (0, 0), i.e. the session's own, if the config sets ``spark.sql.shuffle.partitions``."""
+        from compactord.spark.job import shuffle_partitions_for
+
+        if "spark.sql.shuffle.partitions" in self._settings.spark_conf:
+            return 0, 0
+        return shuffle_partitions_for(rows, self.cores)
+
     def alive(self) -> bool:
         """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it)."""
         if self._spark is None:
@@ -117,11 +126,11 @@ class SparkSessionManager:
         ready only after this, and its first real compaction, full or incremental, runs warm.
         """
         from compactord.kafka.source import OffsetRange
-        from compactord.spark.job import CompactionJobSpec, run_compaction_job, shuffle_partitions_for
+        from compactord.spark.job import CompactionJobSpec, run_compaction_job
         from compactord.strategies import load_strategy
 
         strategy = load_strategy("publishing-order")
-        widths = shuffle_partitions_for(0, self.cores)
+        widths = self.job_widths(0)
         with tempfile.TemporaryDirectory(prefix="compactord-warmup-", dir=scratch) as tmp:
             ledger: list[str] = []
             for run in ("full", "incremental"):

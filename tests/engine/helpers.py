@@ -54,3 +54,11 @@ def last_value_model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
         else:
             model[key] = value
     return model
+
+
+def ledger_dirs(store: Any, topic: str) -> list[str]:
+    """The topic's ledger folders, by name."""
+    topic_dir = store.topic_dir(topic)
+    if not topic_dir.exists():
+        return []
+    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))

@@ -19,7 +19,7 @@ from compactord.errors import IllegalStateTransition, TaskNotCancellable
 from compactord.model import Position
 from compactord.task import CompactionTaskCtx, TaskState
 
-from .helpers import TIMEOUT, compact, last_value_model, view
+from .helpers import TIMEOUT, compact, last_value_model, ledger_dirs, view
 
 # A warm session must stop a cancelled task within this bound (the figure).
 CANCEL_BOUND_S = 5.0
@@ -28,13 +28,6 @@ WORKER_DONE_BOUND_S = 60.0
 BIG_RECORDS = 60_000
 BIG_KEYS = 2_000
 BIG_VALUE = 1_000
-
-
-def ledger_dirs(store: Any, topic: str) -> list[str]:
-    topic_dir = store.topic_dir(topic)
-    if not topic_dir.exists():
-        return []
-    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))
 
 
 def progress_dir(store: Any, ctx: CompactionTaskCtx) -> Path:

@@ -17,14 +17,7 @@ from compactord.ledger.store import LedgerStore
 from compactord.model import Position
 from compactord.task import TaskState
 
-from .helpers import TIMEOUT, compact, last_value_model, view
-
-
-def ledger_dirs(store: Any, topic: str) -> list[str]:
-    topic_dir = store.topic_dir(topic)
-    if not topic_dir.exists():
-        return []
-    return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))
+from .helpers import TIMEOUT, compact, last_value_model, ledger_dirs, view
 
 
 def snapshot(service: Any) -> tuple[Any, ...]:
