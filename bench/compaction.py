@@ -25,6 +25,7 @@ ledger is checked against the number of live keys the generator implies. The las
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import multiprocessing as mp
@@ -146,7 +147,7 @@ def _floor_range(args: tuple[dict[str, Any], str, int, int, int, int]) -> int:
     """Read one offset range with the data source's consumer, only iterating the records."""
     from kafka import TopicPartition
 
-    from compactord.kafka.source import range_consumer
+    from compactord.engine.kafka_source import range_consumer
 
     client, topic, partition, start, end, batch_records = args
     cons = range_consumer(client, batch_records)
@@ -170,7 +171,7 @@ def _floor_range(args: tuple[dict[str, Any], str, int, int, int, int]) -> int:
 def _warm_worker(_: int) -> int:
     import kafka  # noqa: F401
 
-    import compactord.kafka.source  # noqa: F401
+    import compactord.engine.kafka_source  # noqa: F401
 
     return os.getpid()
 
@@ -421,11 +422,11 @@ def main(argv: list[str] | None = None) -> int:
         produced = args.records
 
         from compactord.config import Settings
+        from compactord.engine.kafka_source import OffsetRange, plan_ranges
+        from compactord.engine.service import SparkCompactionServiceFactory
+        from compactord.engine.spark_session import SparkSessionManager
         from compactord.interfaces import ServiceContext
         from compactord.kafka.admin import KafkaAdmin
-        from compactord.kafka.source import OffsetRange, plan_ranges
-        from compactord.service import SparkCompactionServiceFactory
-        from compactord.spark.session import SparkSessionManager
         from compactord.task import TaskState
 
         spark_conf = dict(item.split("=", 1) for item in args.conf)
@@ -496,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             want = workload.live_keys(expect_records)
             if kept != want:
                 raise RuntimeError(f"the ledger kept {kept} entries, the workload has {want} live keys")
-            return elapsed, dict(task.stats)
+            return elapsed, dataclasses.asdict(task.stats)
 
         if args.warmup:
             t_warm, _ = compaction(True, produced)

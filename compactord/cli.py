@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             from compactord.config import load_settings
-            from compactord.server import serve
+            from compactord.daemon.server import serve
 
             return serve(load_settings(args.config), embedded_broker=args.embedded_broker)
         if args.command == "demo":

@@ -31,8 +31,8 @@ from typing import Any
 
 from compactord.config import Settings
 from compactord.errors import BrokerUnavailable, CompactordError, NotCompacted
+from compactord.event_time import event_time_extractor, event_time_rank
 from compactord.model import Entry
-from compactord.strategies import event_time_extractor
 
 __all__ = ["CompactedReader"]
 
@@ -42,7 +42,7 @@ def _b64(value: str | None) -> bytes | None:
 
 
 def _rank(e: Entry) -> tuple[bool, int, int]:
-    return (e.event_time is not None, e.event_time if e.event_time is not None else 0, e.offset)
+    return event_time_rank(e.event_time, e.offset)
 
 
 class CompactedReader:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -21,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from compactord.errors import ConfigError
+from compactord.event_time import validate_event_time_source
 from compactord.properties import load_properties
 
 __all__ = ["ENV_PREFIX", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
 
 ENV_PREFIX = "COMPACTORD_CONF_"
-DEFAULT_FACTORY = "compactord.service:SparkCompactionServiceFactory"
+DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"
 PULSAR_DEFAULT_FACTORY = "org.apache.pulsar.compaction.PulsarCompactionServiceFactory"
 PULSAR_EVENT_TIME_FACTORY = "org.apache.pulsar.compaction.EventTimeCompactionServiceFactory"
 
@@ -124,26 +124,8 @@ def _bootstrap(key: str, raw: str) -> str:
 
 
 def _event_time_source(key: str, raw: str) -> str:
-    from compactord.strategies import validate_event_time_source
-
     return validate_event_time_source(raw.strip(), key)
 
-
-def _pause_points(key: str, raw: str) -> dict[str, float]:
-    from compactord.task import PAUSE_POINTS
-
-    points: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, seconds = item.partition(":")
-        if not sep or name not in PAUSE_POINTS:
-            raise ConfigError(key, raw, f"expected point:seconds[,...] with points from {', '.join(PAUSE_POINTS)}")
-        try:
-            points[name] = float(seconds)
-        except ValueError:
-            raise ConfigError(key, raw, f"{seconds!r} is not a number of seconds") from None
-        if not math.isfinite(points[name]) or points[name] < 0:
-            raise ConfigError(key, raw, f"{seconds!r} is not a number of seconds >= 0")
-    return points
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +215,6 @@ KEYS: tuple[Key, ...] = (
     Key("logFormat", "log_format", _choice("text", "json"), "text", "logging", "text or json (one object a line)."),
     Key("logLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
         "DEBUG, INFO, WARNING or ERROR."),
-    # Test only
-    Key("compactionTestPausePoints", "test_pause_points", _pause_points, "", "testing",
-        "TEST ONLY: pause tasks at named points, point:seconds[,...]; never set in production."),
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 
@@ -279,7 +258,6 @@ class Settings:
     http_tls_key_file: str = ""
     log_format: str = "text"
     log_level: str = "INFO"
-    test_pause_points: dict[str, float] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -368,9 +346,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
             explicit.add(key.name)
             if key.secret:
                 raw = _read_secret(key.name, raw)
-        values[key.attr] = key.parse(key.name, raw) if raw != "" else (
-            {} if key.attr == "test_pause_points" else raw
-        )
+        values[key.attr] = key.parse(key.name, raw) if raw != "" else raw
     _resolve_factory_alias(values, explicit)
     values["spark_conf"] = spark_conf
     return Settings(**values)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from compactord.client import CompactedReader
 from compactord.config import Settings
-from compactord.daemon import Daemon
+from compactord.daemon.core import Daemon
+from compactord.daemon.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactordError
-from compactord.server import ThreadedServer
 from compactord.task import TaskState
 
 __all__ = ["run_demo"]
@@ -79,7 +79,7 @@ def run_demo(root: str | None = None, ticks: int = 5000, out: Callable[[str], No
             task = daemon.registry.trigger(TOPIC)
             state = task.result(600)
             out(f"compaction {task.task_id}: {state.value} in {time.monotonic() - started:.1f}s, "
-                f"{task.stats.get('records_read')} records read, {task.stats.get('records_kept')} kept")
+                f"{task.stats.records_read} records read, {task.stats.records_kept} kept")
             if state is not TaskState.SUCCEED:
                 out(f"error: {task.error}")
                 return 1

@@ -127,6 +127,12 @@ class LedgerCorrupt(CompactordError):
     code = "ledger_corrupt"
 
 
+class LedgerRetired(CompactordError, RuntimeError):
+    """The ledger was replaced by a newer one; acquire the topic's current handle again."""
+
+    code = "ledger_retired"
+
+
 class InsufficientDiskSpace(CompactionFailed):
     code = "insufficient_disk_space"
 
@@ -170,6 +176,7 @@ HTTP_STATUS: dict[type[CompactordError], int] = {
     CompactionFailed: 500,
     SparkError: 500,
     LedgerCorrupt: 500,
+    LedgerRetired: 410,
     InsufficientDiskSpace: 507,
     LedgerRootLocked: 409,
     PluginLoadError: 422,

@@ -1,9 +1,15 @@
-"""Everything a plug-in author implements, in one place (Pulsar's PIP-278 and PIP-215, in Python).
+"""Everything a plug-in author implements or is given, in one place (Pulsar's PIP-278 and PIP-215).
 
 - ``CompactionServiceFactory``: chosen by ``compactionServiceFactoryClassName`` (``module:Class``),
   resolved once at start-up; it makes one ``TopicCompactionService`` per topic.
 - ``TopicCompactionService``: compacts one topic and serves its compacted view.
 - ``CompactionStrategy``: decides which record of a key survives (``compactionStrategy``).
+- ``BrokerMetadata``: what the broker says about its topics (partitions, ids, log starts, ends); one
+  instance per daemon, given to the factory in the ``ServiceContext``.
+- ``TaskProbe`` (in ``compactord.task``): sees every task's states and checkpoints; a no-op in
+  production, the seam through which tests hold a task at a chosen point.
+
+This module imports only leaf modules (``model``, ``errors``, ``task``; ``config`` for types).
 
 Implementations do not repeat these docstrings.
 """
@@ -13,12 +19,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from compactord.task import TaskProbe
+
 if TYPE_CHECKING:
     from compactord.config import Settings
-    from compactord.model import Entry, Horizon, LedgerManifest, Position
+    from compactord.errors import LedgerCorrupt
+    from compactord.model import CompactedPage, Entry, Horizon, LedgerManifest, PartitionOffsets, Position
     from compactord.task import CompactionTaskCtx
 
 __all__ = [
+    "BrokerMetadata",
     "CompactionServiceFactory",
     "CompactionStrategy",
     "OrderedCompactionStrategy",
@@ -27,17 +37,60 @@ __all__ = [
 ]
 
 
+class BrokerMetadata(ABC):
+    """What the broker says about its topics. Thread-safe; built once per daemon and passed where it
+    is needed (the daemon, the API, the engine's planning), so that tests come in at one place.
+
+    Every method raises ``BrokerUnavailable`` when the broker does not answer.
+    """
+
+    @abstractmethod
+    def list_topics(self) -> list[str]:
+        """The broker's topic names, sorted."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Return when the broker answers a metadata request. :raises BrokerUnavailable: it does not."""
+
+    @abstractmethod
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition numbers, sorted. :raises TopicNotFound: the broker has no such topic."""
+
+    @abstractmethod
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id (Metadata v10+), or None where the broker reports none.
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+
+    @abstractmethod
+    def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
+        """Per partition: the log start and the committed end (the last stable offset), fixed now.
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connections."""
+
+
 class ServiceContext:
     """What a factory is initialised with: the settings and the process-wide resources.
 
     ``spark`` is the one long-lived ``SparkSessionManager``; ``store`` the ``LedgerStore`` of the
-    ledger root (it holds the root's lock).
+    ledger root (it holds the root's lock); ``broker`` the daemon's ``BrokerMetadata``; ``probe`` sees
+    every task's states and checkpoints (a no-op unless a test passes one). A factory builds what is
+    None itself, and then closes it.
     """
 
-    def __init__(self, settings: Settings, *, spark: Any = None, store: Any = None) -> None:
+    def __init__(self, settings: Settings, *, spark: Any = None, store: Any = None,
+                 broker: BrokerMetadata | None = None, probe: TaskProbe | None = None) -> None:
         self.settings = settings
         self.spark = spark
         self.store = store
+        self.broker = broker
+        self.probe = probe or TaskProbe()
 
 
 class TopicCompactionService(ABC):
@@ -55,8 +108,9 @@ class TopicCompactionService(ABC):
         """
 
     @abstractmethod
-    def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
-        """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset order.
+    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False) -> CompactedPage:
+        """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset
+        order, with the manifest of the one ledger they were read from.
 
         Served from the current ledger with pyarrow, never through Spark. Event-time deletion markers
         are returned only with ``include_markers`` (the compacted reader needs them to apply the
@@ -68,12 +122,21 @@ class TopicCompactionService(ABC):
         """
 
     @abstractmethod
-    def read_last_compacted_entry(self, partition: int) -> Entry | None:
-        """The last live entry of ``partition`` (None for an empty partition).
+    def read_last_compacted_page(self, partition: int) -> CompactedPage:
+        """The last live entry of ``partition`` (no entry for an empty partition), with its ledger.
 
         :raises NotCompacted: the topic has no ledger.
         :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
         """
+
+    def read_compacted_entries(self, start: Position, n: int, include_markers: bool = False) -> list[Entry]:
+        """PIP-278's spelling: the entries of ``read_compacted_page``."""
+        return self.read_compacted_page(start, n, include_markers).entries
+
+    def read_last_compacted_entry(self, partition: int) -> Entry | None:
+        """PIP-278's spelling: the entry of ``read_last_compacted_page``, or None."""
+        entries = self.read_last_compacted_page(partition).entries
+        return entries[0] if entries else None
 
     @abstractmethod
     def get_last_compacted_position(self) -> Horizon | None:
@@ -83,6 +146,11 @@ class TopicCompactionService(ABC):
     @abstractmethod
     def ledger_info(self) -> LedgerManifest | None:
         """The current ledger's manifest, or None if the topic was never compacted."""
+
+    @abstractmethod
+    def corrupt_ledger(self) -> LedgerCorrupt | None:
+        """What was found wrong with the current ledger when it was last verified (it is then not
+        served and the next run rebuilds it), or None."""
 
     @abstractmethod
     def delete(self) -> None:
@@ -111,6 +179,14 @@ class CompactionServiceFactory(ABC):
         """The service of ``topic`` (the same object for the same topic while the factory lives).
 
         :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
+        """
+
+    @abstractmethod
+    def set_topic_strategy(self, topic: str, ref: str | None) -> None:
+        """Use the strategy ``ref`` (a built-in name or ``module:Class``) for ``topic`` from its next
+        run on (a topic policy); None returns to ``compactionStrategy``.
+
+        :raises ConfigError: ``ref`` names no strategy.
         """
 
     @abstractmethod
@@ -144,6 +220,10 @@ class OrderedCompactionStrategy(CompactionStrategy):
     losing one does nothing. Because a maximum can be taken in any grouping, the Kafka reader drops
     a key's losers inside each reading task, so that Spark sees few rows.
     """
+
+    #: The same order as a Spark SQL expression over the record columns, when it has one: the engine
+    #: then picks winners natively (``max_by``) instead of calling ``order_key`` per row in Python.
+    sql_order: ClassVar[str | None] = None
 
     @abstractmethod
     def order_key(self, record: Entry) -> tuple[Any, ...]:

@@ -12,9 +12,11 @@ from compactord.errors import InvalidTopicName
 
 __all__ = [
     "RECORD_SCHEMA",
+    "CompactedPage",
     "Entry",
     "Horizon",
     "LedgerManifest",
+    "PartitionOffsets",
     "Position",
     "StrategySettings",
     "validate_topic_name",
@@ -50,6 +52,19 @@ class Position(NamedTuple):
 
     partition: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """What the broker says of one partition: its log start and committed end, fixed at one time."""
+
+    partition: int
+    log_start: int
+    end: int  # exclusive: the last stable offset
+
+    @property
+    def records(self) -> int:
+        return max(0, self.end - self.log_start)
 
 
 # Per partition, the last offset a ledger covers (-1 for a partition that never had records).
@@ -162,3 +177,11 @@ RECORD_DDL = (
     "partition int, offset bigint, timestamp bigint, key binary, value binary, "
     "headers array<struct<key:string,value:binary>>, event_time bigint, marker boolean, marker_at bigint"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedPage:
+    """Entries read from one ledger, with that ledger's manifest (its id and horizon belong to them)."""
+
+    ledger: LedgerManifest
+    entries: list[Entry]

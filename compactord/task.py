@@ -14,9 +14,9 @@ A cancel ends the task at once (state Cancelled) and runs the cancel hooks the w
 (cancel the Spark job group, stop the Kafka readers). Spark work that cannot be interrupted at once
 finishes in the background; the worker then discards its output and sets ``worker_done``.
 
-Test-only pause points: ``Settings.test_pause_points`` maps a point name to seconds; the work calls
-``checkpoint(name)`` at each point, which waits that long (a cancel cuts the wait short). The
-points are listed in ``PAUSE_POINTS``.
+The work calls ``checkpoint(point)`` at each of the ``CHECKPOINTS``: it tells the task's
+``TaskProbe`` (a no-op in production), then raises ``CompactionCancelled`` if the task was
+cancelled. The probe is the seam through which tests hold a task at a chosen point.
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
 
-__all__ = ["PAUSE_POINTS", "TRANSITIONS", "CompactionTaskCtx", "Progress", "TaskState"]
+__all__ = ["CHECKPOINTS", "TRANSITIONS", "CompactionTaskCtx", "Progress", "TaskProbe", "TaskState", "TaskStats"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +65,8 @@ TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
     S.CANCELLED: frozenset(),
 }
 
-#: Where ``checkpoint`` may pause (test-only setting ``compactionTestPausePoints``).
-PAUSE_POINTS = (
+#: The points at which the work calls ``checkpoint``, in order.
+CHECKPOINTS = (
     "pending",  # before leaving Pending
     "creating_raw_reader",  # offsets fixed, ledger chosen, before Running
     "running",  # in Running, before the Spark job is submitted
@@ -75,6 +74,25 @@ PAUSE_POINTS = (
     "switch",  # in Ending_with_switch_ledger, before the pointer is replaced
     "switched",  # in Ending_with_switch_ledger, pointer replaced, before the old ledger is deleted
 )
+
+
+@dataclass(slots=True)
+class TaskStats:
+    """What a task's run did (for metrics, the status and the monitor's size estimate).
+
+    ``skipped``: nothing new since the horizon, no ledger was written.
+    """
+
+    records_read: int = 0  # ledger rows + tail records
+    records_kept: int = 0  # live entries in the new ledger
+    markers: int = 0  # event-time deletion markers in the new ledger
+    removed: int = 0
+    bytes_read: int = 0  # key and value bytes read from Kafka
+    bytes_written: int = 0
+    tail_records: int = 0
+    ledger_rows_read: int = 0
+    full_rebuild: bool = False
+    skipped: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +105,21 @@ class Progress:
 StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
 
 
+class TaskProbe:
+    """Sees every state change and checkpoint of the tasks it is given to. The default does nothing.
+
+    Tests subclass it to observe a run or to hold it at a point (e.g. wait in ``at_checkpoint`` until
+    released, or until ``task.wait_cancelled`` returns). It runs on the task's own thread; what it
+    raises is logged and ignored.
+    """
+
+    def on_state(self, task: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
+        """Called after every transition."""
+
+    def at_checkpoint(self, task: CompactionTaskCtx, point: str) -> None:
+        """Called when the work reaches ``point`` (one of ``CHECKPOINTS``), before the cancel check."""
+
+
 class CompactionTaskCtx:
     """A compaction task: its state, timings, progress, result or error, and ``cancel()``."""
 
@@ -95,8 +128,7 @@ class CompactionTaskCtx:
         topic: str,
         *,
         rebuild: bool = False,
-        pause_points: Mapping[str, float] | None = None,
-        listeners: list[StateListener] | None = None,
+        probe: TaskProbe | None = None,
     ) -> None:
         self.task_id = str(uuid.uuid4())
         self.topic = topic
@@ -109,7 +141,7 @@ class CompactionTaskCtx:
         self.error: str | None = None
         self.error_type: str | None = None
         self.ledger_id: int | None = None  # the ledger this task switched to
-        self.stats: dict[str, Any] = {}  # records kept, removed, bytes written, ... (for metrics)
+        self.stats = TaskStats()
         self.worker_done = threading.Event()  # background work ended and cleaned up
         self._state = TaskState.PENDING
         self._lock = threading.RLock()
@@ -117,8 +149,8 @@ class CompactionTaskCtx:
         self._cancel = threading.Event()
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
-        self._pause_points = dict(pause_points or {})
-        self._listeners = list(listeners or [])
+        self._probe = probe or TaskProbe()
+        self._listeners: list[StateListener] = [self._probe.on_state]
 
     def __repr__(self) -> str:
         return f"<CompactionTaskCtx {self.task_id} topic={self.topic!r} state={self._state.value}>"
@@ -265,16 +297,17 @@ class CompactionTaskCtx:
             log.exception("cancel hook failed for task %s", self.task_id)
 
     def checkpoint(self, point: str) -> None:
-        """Raise ``CompactionCancelled`` if cancelled; pause here if a test asked for it."""
-        pause = self._pause_points.get(point)
-        if pause:
-            log.warning("task %s pausing %.1fs at test pause point %r", self.task_id, pause, point)
-            if point in ("switch", "switched"):
-                time.sleep(pause)  # the switch cannot be cancelled: nothing cuts this pause short
-            else:
-                self._cancel.wait(pause)
+        """Tell the probe that the work reached ``point``; raise ``CompactionCancelled`` if cancelled."""
+        try:
+            self._probe.at_checkpoint(self, point)
+        except Exception:
+            log.exception("task probe failed at %r for task %s", point, self.task_id)
         if self._cancel.is_set():
             raise CompactionCancelled(f"task {self.task_id} of topic {self.topic!r} was cancelled")
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Wait until the task is cancelled (or aborted); return whether it was."""
+        return self._cancel.wait(timeout)
 
     # -- results --------------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ def settings_for(broker: EmbeddedBroker, root: Path, **overrides: Any) -> Settin
 
 @pytest.fixture(scope="session")
 def spark_manager(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from compactord.spark.session import SparkSessionManager
+    from compactord.engine.spark_session import SparkSessionManager
 
     manager = SparkSessionManager(settings_for(broker, tmp_path_factory.mktemp("spark")))
     manager.start()
@@ -134,23 +134,24 @@ def kafka(broker: EmbeddedBroker) -> Iterator[Kafka]:
 @pytest.fixture
 def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``make_factory(**settings_overrides)``: an initialised Spark compaction factory on a fresh root."""
+    from compactord.engine.factory import SparkCompactionServiceFactory
     from compactord.interfaces import ServiceContext
-    from compactord.service import SparkCompactionServiceFactory
 
     made: list[Any] = []
 
-    def make(root: Path | None = None, store: Any = None, **overrides: Any) -> Any:
-        """A second factory on the same root must share the first one's ``store`` (it holds the lock)."""
+    def make(root: Path | None = None, store: Any = None, probe: Any = None, **overrides: Any) -> Any:
+        """A second factory on the same root must share the first one's ``store`` (it holds the lock);
+        ``probe`` sees (and may hold) its tasks (``tests.support.probes``)."""
         root = store.root if store is not None else root or tmp_path / "ledgers"
         settings = settings_for(broker, root, **overrides)
         factory = SparkCompactionServiceFactory()
-        factory.initialize(ServiceContext(settings, spark=spark_manager, store=store))
+        factory.initialize(ServiceContext(settings, spark=spark_manager, store=store, probe=probe))
         made.append(factory)
         return factory
 
     yield make
     for factory in made:
-        for service in list(factory._services.values()):
+        for service in factory.services():
             task = service.task
             if task is not None and not task.done:
                 try:

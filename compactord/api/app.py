@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from compactord import __version__
+from compactord.daemon.policies import TopicPolicies
+from compactord.daemon.registry import task_status
 from compactord.errors import (
     AuthenticationRequired,
     CompactordError,
@@ -30,11 +32,9 @@ from compactord.errors import (
     http_status,
 )
 from compactord.model import Entry, Position, validate_topic_name
-from compactord.policies import TopicPolicies
-from compactord.registry import task_status
 
 if TYPE_CHECKING:
-    from compactord.daemon import Daemon
+    from compactord.daemon.core import Daemon
 
 __all__ = ["create_app", "entry_json"]
 
@@ -208,10 +208,10 @@ def create_app(daemon: Daemon) -> FastAPI:
         include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger."""
-        _, manifest, entries = _read_consistent(
-            topic, partition,
-            lambda svc: svc.read_compacted_entries(Position(partition, start), limit, include_markers=include_markers),
-        )
+        page = _service_of(topic, partition).read_compacted_page(Position(partition, start), limit,
+                                                                  include_markers=include_markers)
+        manifest, entries = page.ledger, page.entries
+        _check_partition(manifest.horizon, partition)
         more = len(entries) == limit and entries[-1].offset < manifest.horizon[partition]
         return {
             "topic": topic,
@@ -224,26 +224,22 @@ def create_app(daemon: Daemon) -> FastAPI:
     def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
                        encoding: Encoding = Query("base64")) -> dict[str, Any]:
         """The last live entry of a partition (404 for an empty partition)."""
-        _, _, entry = _read_consistent(topic, partition, lambda svc: svc.read_last_compacted_entry(partition))
-        if entry is None:
+        page = _service_of(topic, partition).read_last_compacted_page(partition)
+        _check_partition(page.ledger.horizon, partition)
+        if not page.entries:
             raise EntryNotFound(f"partition {partition} of topic {topic!r} has no compacted entry")
-        return entry_json(entry, encoding)
+        return entry_json(page.entries[0], encoding)
 
-    def _read_consistent(topic: str, partition: int, read: Any) -> tuple[Any, Any, Any]:
-        """``read(service)`` with the manifest of the ledger it read: a switch in between is retried,
-        so that the ledger id and horizon of a reply belong to the entries in it."""
+    def _service_of(topic: str, partition: int) -> Any:
+        """The topic's service, after a cheap check that the partition exists in its current ledger
+        (the page's own ledger is checked again: a switch may come in between)."""
         validate_topic_name(topic)
         service = daemon.registry.service(topic)
-        for _ in range(3):
-            manifest = service.ledger_info()
-            if manifest is None:
-                raise NotCompacted(topic)
-            _check_partition(manifest.horizon, partition)
-            result = read(service)
-            after = service.ledger_info()
-            if after is not None and after.ledger_id == manifest.ledger_id:
-                break
-        return service, manifest, result
+        manifest = service.ledger_info()
+        if manifest is None:
+            raise NotCompacted(topic)
+        _check_partition(manifest.horizon, partition)
+        return service
 
     # -- topic lifecycle (broker hooks) ---------------------------------------------------------
 

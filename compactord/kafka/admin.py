@@ -14,35 +14,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
 
 from compactord.config import Settings
 from compactord.errors import TopicNotFound
+from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
+from compactord.model import PartitionOffsets
 
-__all__ = ["KafkaAdmin", "PartitionOffsets"]
+__all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC = 3
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionOffsets:
-    partition: int
-    log_start: int
-    end: int  # exclusive: the last stable offset
-
-    @property
-    def records(self) -> int:
-        return max(0, self.end - self.log_start)
-
-
-class KafkaAdmin:
-    """Broker metadata and offsets for the driver. Thread-safe (one lock around the clients)."""
+class KafkaAdmin(BrokerMetadata):
+    """Broker metadata and offsets for the driver, with kafka-python. Thread-safe (one lock around the
+    clients)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -91,17 +82,25 @@ class KafkaAdmin:
         """Raise ``BrokerUnavailable`` unless the broker answers a metadata request."""
         self.list_topics()
 
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partition numbers. :raises TopicNotFound: the broker has no such topic."""
-
-        def describe(admin: Any, _c: Any) -> list[int]:
+    def _describe(self, topic: str) -> dict[str, Any]:
+        def describe(admin: Any, _c: Any) -> dict[str, Any]:
             (meta,) = admin.describe_topics([topic])
             if meta.get("error_code") == _UNKNOWN_TOPIC or not meta.get("partitions"):
                 raise TopicNotFound(topic)
-            return sorted(p["partition_index"] if "partition_index" in p else p["partition"]
-                          for p in meta["partitions"])
+            return dict(meta)
 
         return self._call(topic, describe)
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self._describe(topic)
+        return sorted(p["partition_index"] if "partition_index" in p else p["partition"]
+                      for p in meta["partitions"])
+
+    def topic_id(self, topic: str) -> str | None:
+        value = self._describe(topic).get("topic_id")
+        text = str(value) if value is not None else ""
+        # Brokers without topic ids answer the null UUID.
+        return None if not text or set(text.replace("-", "")) <= {"0"} else text
 
     # -- offsets ----------------------------------------------------------------------------------
 
@@ -156,24 +155,6 @@ class KafkaAdmin:
                 log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
         return ends
 
-    def first_timestamp(self, topic: str, partition: int, offset: int) -> int | None:
-        """Timestamp (epoch ms) of the first committed record at or after ``offset``, if any."""
-
-        def read(_admin: Any, cons: Any) -> int | None:
-            tp = TopicPartition(topic, partition)
-            cons.assign([tp])
-            cons.seek(tp, offset)
-            try:
-                deadline = time.monotonic() + 2.0
-                while time.monotonic() < deadline:
-                    records = cons.poll(timeout_ms=200, max_records=1).get(tp)
-                    if records:
-                        return int(records[0].timestamp)
-                return None
-            finally:
-                cons.assign([])
-
-        return self._call(topic, read, reads=True)
 
 
 def _close_quietly(client: Any) -> None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactord.errors import CompactordError, InvalidArgument, LedgerCorrupt
+from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
 from compactord.model import Entry, LedgerManifest
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "RowGroup"]
@@ -29,12 +29,6 @@ __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "RowGroup"]
 log = logging.getLogger(__name__)
 
 _INF = math.inf
-
-
-class LedgerRetired(CompactordError, RuntimeError):
-    """The ledger was replaced by a newer one; acquire the topic's current handle again."""
-
-    code = "ledger_retired"
 
 
 @dataclass(frozen=True, slots=True)

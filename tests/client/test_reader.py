@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from compactord.client import CompactedReader
-from compactord.daemon import Daemon
-from compactord.server import ThreadedServer
+from compactord.daemon.core import Daemon
+from compactord.daemon.server import ThreadedServer
 from compactord.task import TaskState
 from tests.conftest import settings_for
 

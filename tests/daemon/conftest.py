@@ -26,6 +26,9 @@ import httpx
 import pytest
 
 from compactord.embedded import EmbeddedBroker, free_port
+from tests.support.probes import PAUSES_ENV
+
+PAUSING_FACTORY = "tests.support.probes:PausingFactory"
 
 READY_TIMEOUT_S = 180.0  # ~25 s on an idle 2-core machine; several times that when it is shared
 STOP_TIMEOUT_S = 60.0
@@ -54,6 +57,7 @@ class DaemonProcess:
     config: Path
     log_path: Path
     token: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # added to every start's environment
     process: subprocess.Popen[bytes] | None = None
     _http: httpx.Client | None = field(default=None, repr=False)
 
@@ -113,6 +117,7 @@ class DaemonProcess:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTORD_")}
         environment.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                            SPARK_LOCAL_IP="127.0.0.1")
+        environment.update(self.env)
         environment.update(env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -187,8 +192,10 @@ class Launcher:
         self._started: list[DaemonProcess] = []
 
     def prepare(self, name: str, *, root: Path | None = None, token: str | None = None,
-                **conf: object) -> DaemonProcess:
-        """Write the config of a daemon (not started). ``conf`` keys are broker.conf keys."""
+                pauses: str | None = None, **conf: object) -> DaemonProcess:
+        """Write the config of a daemon (not started). ``conf`` keys are broker.conf keys; ``pauses``
+        (``point:seconds[,...]``) holds its tasks at checkpoints, through the test factory
+        ``tests.support.probes:PausingFactory``."""
         workdir = self._base / f"{name}-{len(self._started)}"
         workdir.mkdir(parents=True)
         root = root or workdir / "ledgers"
@@ -207,17 +214,21 @@ class Launcher:
             token_file = workdir / "token"
             token_file.write_text(token + "\n")
             values["httpAuthToken"] = f"file:{token_file}"
+        env = {}
+        if pauses is not None:
+            values["compactionServiceFactoryClassName"] = PAUSING_FACTORY
+            env[PAUSES_ENV] = pauses
         values.update(conf)
         config = workdir / "broker.conf"
         write_config(config, values)
-        daemon = DaemonProcess(workdir, root, port, config, workdir / "daemon.log", token=token)
+        daemon = DaemonProcess(workdir, root, port, config, workdir / "daemon.log", token=token, env=env)
         self._started.append(daemon)
         return daemon
 
     def __call__(self, name: str, *, root: Path | None = None, token: str | None = None,
-                 **conf: object) -> DaemonProcess:
+                 pauses: str | None = None, **conf: object) -> DaemonProcess:
         """Start a daemon and wait until it is ready."""
-        return self.prepare(name, root=root, token=token, **conf).start().wait_ready()
+        return self.prepare(name, root=root, token=token, pauses=pauses, **conf).start().wait_ready()
 
     def stop_all(self) -> None:
         for daemon in reversed(self._started):

@@ -68,7 +68,7 @@ def test_sigterm_when_idle_exits_0(first: DaemonProcess, state: dict[str, Any]) 
 def restarted(launch: Launcher, state: dict[str, Any], first: DaemonProcess) -> DaemonProcess:
     first.stop()
     # every compaction of this daemon stops after its ledger is written, until cancelled
-    return launch("restarted", root=state["root"], compactionTestPausePoints="written:600")
+    return launch("restarted", root=state["root"], pauses="written:600")
 
 
 def test_restart_reports_the_ledger(restarted: DaemonProcess, state: dict[str, Any]) -> None:

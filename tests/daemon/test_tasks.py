@@ -44,7 +44,7 @@ MONITOR_INTERVAL_S = 1
 def daemon(launch: Launcher) -> DaemonProcess:
     return launch(
         "tasks",
-        compactionTestPausePoints=PAUSES,
+        pauses=PAUSES,
         compactionCancelTimeoutSeconds=CANCEL_TIMEOUT_S,
         compactionMaxConcurrentTasks=4,
         brokerServiceCompactionMonitorIntervalInSeconds=MONITOR_INTERVAL_S,

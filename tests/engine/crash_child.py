@@ -3,7 +3,7 @@
 Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``
 
 Prints ``STATE <state> <epoch seconds>`` at every state change of the task, ``POINT <name> <epoch
-seconds>`` when the task reaches a pause point (``task.PAUSE_POINTS``) and ``END <state>`` at the end
+seconds>`` when the task reaches a pause point (``task.CHECKPOINTS``) and ``END <state>`` at the end
 (stdout, flushed), so that the parent can aim its SIGKILL at a phase of the task. At the pause point
 HOLD the task waits for a line on stdin (the parent kills it there instead).
 """
@@ -23,9 +23,10 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from compactord.config import Settings
+    from compactord.engine.factory import SparkCompactionServiceFactory
     from compactord.interfaces import ServiceContext
-    from compactord.service import SparkCompactionServiceFactory
     from compactord.task import CompactionTaskCtx, TaskState
+    from tests.support.probes import Recorder
 
     settings = Settings(
         kafka_bootstrap_servers=bootstrap,
@@ -35,25 +36,20 @@ def main(argv: list[str]) -> int:
         # Small and quiet, to start fast: the parent pays one session start per kill.
         spark_conf={"spark.ui.enabled": "false", "spark.driver.memory": "512m"},
     )
-    factory = SparkCompactionServiceFactory()
-    factory.initialize(ServiceContext(settings))  # opens the store: the lock and orphan removal
-
     def on_state(_ctx: CompactionTaskCtx, _old: TaskState, new: TaskState) -> Any:
         print(f"STATE {new.value} {time.time():.3f}", flush=True)
 
-    factory.listeners.append(on_state)
-    factory.spark.start()  # as the daemon does before it takes work (it also warms up: not needed here)
-    print(f"STARTED {time.time():.3f}", flush=True)
-    ctx = factory.new_topic_compaction_service(topic).compact(start=False)
-    checkpoint = ctx.checkpoint
-
-    def announced_checkpoint(point: str) -> None:
+    def on_point(_ctx: CompactionTaskCtx, point: str) -> None:
         print(f"POINT {point} {time.time():.3f}", flush=True)
         if point == hold:
             sys.stdin.readline()
-        checkpoint(point)
 
-    ctx.checkpoint = announced_checkpoint  # type: ignore[method-assign]
+    factory = SparkCompactionServiceFactory()
+    # opens the store: the lock and orphan removal
+    factory.initialize(ServiceContext(settings, probe=Recorder(on_state, on_point)))
+    factory.spark.start()  # as the daemon does before it takes work (it also warms up: not needed here)
+    print(f"STARTED {time.time():.3f}", flush=True)
+    ctx = factory.new_topic_compaction_service(topic).compact(start=False)
     ctx.start()
     state = ctx.result(600)
     ctx.worker_done.wait(600)

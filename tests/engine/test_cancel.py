@@ -1,7 +1,7 @@
 """Cancelling a compaction in each state (PIP-387), on the real broker and the shared warm Spark session.
 
 States that last milliseconds are held open with the test-only pause points
-(``compactionTestPausePoints``); the cancel of a running Spark job uses a topic big enough that
+(a ``Hold`` probe, ``tests/support/probes.py``); the cancel of a running Spark job uses a topic big enough that
 the job takes seconds.
 """
 
@@ -18,6 +18,7 @@ import pytest
 from compactord.errors import IllegalStateTransition, TaskNotCancellable
 from compactord.model import Position
 from compactord.task import CompactionTaskCtx, TaskState
+from tests.support.probes import Hold
 
 from .helpers import TIMEOUT, compact, last_value_model, ledger_dirs, view
 
@@ -108,10 +109,11 @@ def test_cancel_at_a_pause_point_keeps_the_previous_ledger(kafka, make_factory, 
     before = snapshot(service, 2)
     kafka.produce(topic, [(f"k{i % 9}", f"w{i}", i % 2) for i in range(20)])
 
-    paused = make_factory(store=base.store, test_pause_points={point: 30}).new_topic_compaction_service(topic)
+    hold = Hold(point)
+    paused = make_factory(store=base.store, probe=hold).new_topic_compaction_service(topic)
     ctx = paused.compact()
-    assert wait_for(lambda: ctx.state is state, 30)
-    time.sleep(0.2)  # let the worker reach the pause point
+    assert hold.reached.wait(30), f"the task did not reach {point!r}"
+    assert ctx.state is state
     started = time.monotonic()
     ctx.cancel()
     assert ctx.state is TaskState.CANCELLED
@@ -196,7 +198,7 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     started = time.monotonic()
     done = compact(service)
     print(f"full compaction of the same topic afterwards: {time.monotonic() - started:.1f}s")
-    assert done.stats["records_read"] == BIG_RECORDS
+    assert done.stats.records_read == BIG_RECORDS
     before = snapshot(service, 2)
     assert before[2] == expected
 
@@ -235,16 +237,19 @@ def test_cancel_is_refused_while_switching_ledgers(kafka, make_factory, point):
     second = [("a", "2"), ("c", "1")]
     kafka.produce(topic, second)
 
-    paused = make_factory(store=base.store, test_pause_points={point: 2}).new_topic_compaction_service(topic)
+    hold = Hold(point)
+    paused = make_factory(store=base.store, probe=hold).new_topic_compaction_service(topic)
     ctx = paused.compact()
-    assert wait_for(lambda: ctx.state is TaskState.ENDING_WITH_SWITCH_LEDGER, 60)
+    assert hold.reached.wait(60), f"the task did not reach {point!r}"
+    assert ctx.state is TaskState.ENDING_WITH_SWITCH_LEDGER
     if point == "switched":  # the pointer is replaced, the old ledger not yet deleted
-        assert wait_for(lambda: base.store.current_ledger_id(topic) != old_id, 5)
+        assert base.store.current_ledger_id(topic) != old_id
     else:
         assert base.store.current_ledger_id(topic) == old_id
     with pytest.raises(TaskNotCancellable, match="Ending_with_switch_ledger"):
         ctx.cancel()
     assert not ctx.cancelled
+    hold.release()
     assert ctx.result(TIMEOUT) is TaskState.SUCCEED
     assert ctx.worker_done.wait(TIMEOUT)
     assert ctx.ledger_id is not None and ctx.ledger_id != old_id
@@ -279,7 +284,7 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
 
 def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path):
     """A range read that Spark starts after the cancel (its CANCEL file already written) reads nothing."""
-    from compactord.kafka.source import CANCEL_FILE, RangeReadTask
+    from compactord.engine.kafka_source import CANCEL_FILE, RangeReadTask
 
     topic = kafka.topic()
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(50)])

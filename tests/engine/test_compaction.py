@@ -9,6 +9,7 @@ import pytest
 from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFound
 from compactord.model import Position
 from compactord.task import TaskState
+from tests.support.probes import Hold
 
 from .helpers import TIMEOUT, compact, entries, last_value_model, view
 
@@ -80,16 +81,16 @@ def test_incremental_run_reads_only_ledger_plus_tail(kafka, make_factory):
     factory = make_factory()
     service = factory.new_topic_compaction_service(topic)
     ctx1 = compact(service)
-    assert ctx1.stats["records_read"] == 200
+    assert ctx1.stats.records_read == 200
     kept = service.ledger_info().records_kept
     assert kept == 10
     second = [(f"k{i % 13}", f"w{i}", (i % 13) % 2) for i in range(30)]
     kafka.produce(topic, second)
     ctx2 = compact(service)
-    assert ctx2.stats["full_rebuild"] is False
-    assert ctx2.stats["ledger_rows_read"] == kept
-    assert ctx2.stats["tail_records"] == 30
-    assert ctx2.stats["records_read"] == kept + 30 == ctx2.progress.records_read
+    assert ctx2.stats.full_rebuild is False
+    assert ctx2.stats.ledger_rows_read == kept
+    assert ctx2.stats.tail_records == 30
+    assert ctx2.stats.records_read == kept + 30 == ctx2.progress.records_read
     assert view(service, 2) == last_value_model(first + second)
     per_partition = [sum(1 for r in first + second if r[2] == p) for p in (0, 1)]
     assert service.get_last_compacted_position() == {0: per_partition[0] - 1, 1: per_partition[1] - 1}
@@ -104,7 +105,7 @@ def test_nothing_new_succeeds_without_writing_a_ledger(kafka, make_factory):
     service = make_factory().new_topic_compaction_service(topic)
     first = compact(service)
     again = compact(service)
-    assert again.stats.get("skipped") is True
+    assert again.stats.skipped is True
     assert again.ledger_id is None
     assert service.ledger_info().ledger_id == first.ledger_id
 
@@ -115,7 +116,7 @@ def test_rebuild_ignores_the_ledger_and_rereads_the_topic(kafka, make_factory):
     service = make_factory().new_topic_compaction_service(topic)
     compact(service)
     ctx = compact(service, rebuild=True)
-    assert ctx.stats["full_rebuild"] is True and ctx.stats["records_read"] == 3
+    assert ctx.stats.full_rebuild is True and ctx.stats.records_read == 3
     assert view(service) == {b"a": b"2", b"b": b"3"}
 
 
@@ -129,7 +130,7 @@ def test_strategy_change_forces_a_full_rebuild(kafka, make_factory, tmp_path):
     kafka.produce(topic, [("a", "3")])
     second = make_factory(root=root, compaction_strategy="first-value")
     ctx = compact(second.new_topic_compaction_service(topic))
-    assert ctx.stats["full_rebuild"] is True and ctx.stats["records_read"] == 3
+    assert ctx.stats.full_rebuild is True and ctx.stats.records_read == 3
     assert view(second.new_topic_compaction_service(topic)) == {b"a": b"1"}
 
 
@@ -179,9 +180,11 @@ def test_unknown_topic_fails_the_task_with_topic_not_found(make_factory):
 def test_second_compact_while_running_is_refused(kafka, make_factory):
     topic = kafka.topic()
     kafka.produce(topic, [("a", "1")])
-    service = make_factory(test_pause_points={"creating_raw_reader": 30}).new_topic_compaction_service(topic)
+    hold = Hold("creating_raw_reader")
+    service = make_factory(probe=hold).new_topic_compaction_service(topic)
     ctx = service.compact()
     try:
+        assert hold.reached.wait(TIMEOUT)
         with pytest.raises(CompactionAlreadyRunning) as info:
             service.compact()
         assert info.value.task is ctx
@@ -229,7 +232,7 @@ def _file_keys(service: Any) -> list[list[tuple[int, int]]]:
 def test_a_ledger_of_several_files_is_sorted_across_them(kafka, make_factory, monkeypatch):
     """Sized down so that 1,200 records need several shuffle partitions and output files: the range
     sort must leave the files in (partition, offset) order, as the read API's bisection assumes."""
-    from compactord.spark import job
+    from compactord.engine import job
 
     monkeypatch.setattr(job, "ROWS_PER_SHUFFLE_PARTITION", 150)
     monkeypatch.setattr(job, "MIN_ROWS_PER_SHUFFLE_PARTITION", 100)

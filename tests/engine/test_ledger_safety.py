@@ -58,8 +58,8 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
         assert errors, "the corrupt ledger was not reported loudly"
 
         ctx = compact(service)
-    assert ctx.stats["full_rebuild"] is True
-    assert ctx.stats["records_read"] == len(records)
+    assert ctx.stats.full_rebuild is True
+    assert ctx.stats.records_read == len(records)
     assert any("full rebuild" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
     assert service.ledger_info().ledger_id == ctx.ledger_id != corrupt_id
     assert view(service) == last_value_model(records)
@@ -85,8 +85,8 @@ def test_ledger_damaged_after_it_was_loaded_is_rebuilt_not_built_upon(kafka, mak
     with caplog.at_level(logging.WARNING, logger="compactord"):
         ctx = service.compact()
         assert ctx.result(TIMEOUT) is TaskState.SUCCEED, ctx.error
-    assert ctx.stats["full_rebuild"] is True
-    assert ctx.stats["records_read"] == len(first) + len(second)
+    assert ctx.stats.full_rebuild is True
+    assert ctx.stats.records_read == len(first) + len(second)
     assert any(r.levelno >= logging.ERROR and "not served" in r.getMessage() for r in caplog.records)
     assert view(service) == last_value_model(first + second)
     assert ledger_dirs(factory.store, topic) == [f"ledger-{ctx.ledger_id}"]
@@ -249,8 +249,8 @@ def test_topic_recreated_with_fewer_records_forces_a_full_rebuild(kafka, make_fa
     kafka.produce(topic, second)
     with caplog.at_level(logging.WARNING, logger="compactord"):
         ctx = compact(service)
-    assert ctx.stats["full_rebuild"] is True
-    assert ctx.stats["records_read"] == 3
+    assert ctx.stats.full_rebuild is True
+    assert ctx.stats.records_read == 3
     rebuild_logs = [r.getMessage() for r in caplog.records if "full rebuild" in r.getMessage()]
     assert rebuild_logs and "below the horizon" in rebuild_logs[0]
     # The offsets restarted: the horizon follows the new log (the one case where it goes down).

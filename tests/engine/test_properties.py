@@ -1,6 +1,6 @@
 """Property test: random produce/compact sequences against an in-Python reference model of each strategy.
 
-The model is written here, independently of ``compactord.strategies`` (a model that reuses the code under
+The model is written here, independently of ``compactord.engine.strategies`` (a model that reuses the code under
 test would check nothing): it folds every record up to the horizon, per (partition, key), in offset
 order. After each compaction the ledger, read through the read API over every partition, must equal the
 model; the horizons must be the offsets produced - 1; the entries must be a subsequence of the log, in

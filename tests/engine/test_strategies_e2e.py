@@ -82,7 +82,7 @@ def test_deletion_marker_blocks_late_resurrection_across_runs(kafka, event_time)
     assert service.ledger_info().markers == 1
     produce_et(kafka, topic, [("a", "late", 15)])  # older than the deletion: must stay deleted
     ctx = compact(service)
-    assert ctx.stats["full_rebuild"] is False
+    assert ctx.stats.full_rebuild is False
     assert view(service) == {b"keep": b"k"}
     produce_et(kafka, topic, [("a", "newer", 25)])  # newer than the deletion: comes back
     compact(service)
@@ -146,5 +146,5 @@ def test_per_topic_strategy_override(kafka, make_factory):
     factory.set_topic_strategy(special, None)  # back to the configured one: a full rebuild
     kafka.produce(special, [("a", "3")])
     ctx = compact(factory.new_topic_compaction_service(special))
-    assert ctx.stats["full_rebuild"] is True
+    assert ctx.stats.full_rebuild is True
     assert view(factory.new_topic_compaction_service(special)) == {b"a": b"3"}

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from compactord.kafka.source import OffsetRange
-from compactord.spark.job import CompactionJobSpec, build_winners
-from compactord.strategies import load_strategy
+from compactord.engine.job import CompactionJobSpec, build_winners
+from compactord.engine.kafka_source import OffsetRange
+from compactord.engine.strategies import load_strategy
 
 from .helpers import compact, entries, view
 
@@ -54,7 +54,7 @@ def test_committed_transactions_compact_normally(kafka, make_factory, tx_produce
     service = make_factory().new_topic_compaction_service(topic)
     ctx = compact(service)
     assert view(service) == {b"a": b"2", b"c": b"plain", b"d": b"plain"}
-    assert ctx.stats["records_read"] == 6  # the commit markers are not records
+    assert ctx.stats.records_read == 6  # the commit markers are not records
     # offsets are kept: the markers occupy offsets, so the last record sits past 5
     assert [e.offset for e in entries(service)][-1] == service.get_last_compacted_position()[0] > 5
 
@@ -71,13 +71,13 @@ def test_transaction_markers_do_not_stall_the_read_loop(kafka, make_factory, tx_
     assert view(service) == {b"a": b"2", b"b": b"1"}
     horizon = service.get_last_compacted_position()[0]
     assert horizon == 3, "the horizon covers the commit marker at offset 3"
-    assert first.stats["tail_records"] == 3
+    assert first.stats.tail_records == 3
     print(f"\ncompaction of a topic ending with a commit marker: {elapsed:.1f}s")
 
     # The next run starts after the marker and reads only the new transaction.
     transaction(tx_producer, topic, [("b", "2")])
     second = compact(service)
-    assert second.stats["full_rebuild"] is False and second.stats["tail_records"] == 1
+    assert second.stats.full_rebuild is False and second.stats.tail_records == 1
     assert view(service) == {b"a": b"2", b"b": b"2"}
     assert service.get_last_compacted_position()[0] == 5
 
@@ -161,7 +161,7 @@ def test_records_deleted_on_the_broker_vanish_from_the_next_ledger(own_broker, m
         assert len(view(service)) == 10
         admin.delete_records({TopicPartition(topic, 0): 5}, timeout_ms=5000)
         ctx = compact(service)
-        assert not ctx.stats.get("skipped"), "a moved log start must trigger a run"
+        assert not ctx.stats.skipped, "a moved log start must trigger a run"
         assert [e.offset for e in entries(service)] == [5, 6, 7, 8, 9]
         assert service.ledger_info().log_start == {0: 5}
     finally:

@@ -91,9 +91,6 @@ def test_settings_are_frozen() -> None:
         ("httpBindAddress", "example.com", "IP address"),
         ("compactionEventTimeSource", "header:", "header:NAME"),
         ("compactionEventTimeSource", "offset", "header:NAME"),
-        ("compactionTestPausePoints", "bogus:1", "pending, creating_raw_reader, running"),
-        ("compactionTestPausePoints", "running:soon", "number of seconds"),
-        ("compactionTestPausePoints", "running", "point:seconds"),
     ],
 )
 def test_bad_value_names_key_value_and_what_is_allowed(key: str, value: str, allowed: str) -> None:
@@ -107,10 +104,11 @@ def test_bad_value_names_key_value_and_what_is_allowed(key: str, value: str, all
     assert allowed in message
 
 
-@pytest.mark.parametrize("value", ["switch:-1", "running:nan", "running:inf"])
-def test_pause_seconds_must_be_a_finite_non_negative_number(value: str) -> None:
-    with pytest.raises(ConfigError, match="compactionTestPausePoints"):
-        settings(compactionTestPausePoints=value)
+def test_no_key_exists_for_tests_only() -> None:
+    """Tests hold tasks through a probe (``tests/support/probes.py``), not through a production key."""
+    with pytest.raises(ConfigError, match="unknown key"):
+        settings(compactionTestPausePoints="running:1")
+    assert all("test" not in key.name.lower() for key in KEYS)
 
 
 def test_unknown_key_is_named() -> None:
@@ -131,14 +129,12 @@ def test_values_are_parsed() -> None:
         topicCompactionRetainNullKey="TRUE",
         compactionMinDirtyRatio="0.5",
         kafkaBootstrapServers=" a:1 , b:2 ,",
-        compactionTestPausePoints="running:1.5, switch:2",
         compactionEventTimeSource="header:et",
     )
     assert s.http_port == 9000
     assert s.topic_compaction_retain_null_key is True
     assert s.min_dirty_ratio == 0.5
     assert s.kafka_bootstrap_servers == "a:1,b:2"
-    assert s.test_pause_points == {"running": 1.5, "switch": 2.0}
     assert s.compaction_event_time_source == "header:et"
 
 
@@ -371,12 +367,6 @@ def test_example_documents_each_key(key: config.Key) -> None:
         comment.insert(0, line[2:])
     assert comment, f"{key.name} has no comment above it"
     assert ("[Pulsar]" in " ".join(comment)) is key.pulsar
-
-
-def test_example_marks_the_test_only_key() -> None:
-    lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
-    index = lines.index("compactionTestPausePoints=")
-    assert "TEST ONLY" in lines[index - 1]
 
 
 @pytest.mark.parametrize("root", ["hdfs://nn/ledgers", "s3a://bucket/x", "file:///tmp/x", "gs:bucket"])

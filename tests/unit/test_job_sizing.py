@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compactord.spark.job import shuffle_partitions_for
+from compactord.engine.job import shuffle_partitions_for
 
 
 @pytest.mark.parametrize(

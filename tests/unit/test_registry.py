@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from compactord.registry import TaskRegistry
+from compactord.daemon.registry import TaskRegistry
 from compactord.task import CompactionTaskCtx, TaskState
 
 

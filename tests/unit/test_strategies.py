@@ -11,10 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactord.errors import ConfigError, PluginLoadError
-from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.model import Entry
-from compactord.strategies import (
+from compactord.engine.strategies import (
     BUILTIN_STRATEGIES,
     EventTimeOrder,
     FirstValue,
@@ -28,6 +25,9 @@ from compactord.strategies import (
     strategy_name,
     validate_event_time_source,
 )
+from compactord.errors import ConfigError, PluginLoadError
+from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
+from compactord.model import Entry
 
 Row = tuple[Any, ...]  # (partition, offset, timestamp, key, value, headers, event_time)
 

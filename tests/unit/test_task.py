@@ -1,4 +1,4 @@
-"""``CompactionTaskCtx``: the PIP-387 transition table, cancel, pause points, listeners, results."""
+"""``CompactionTaskCtx``: the PIP-387 transition table, cancel, checkpoints and the probe, listeners, results."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from itertools import product
 import pytest
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
-from compactord.task import PAUSE_POINTS, TRANSITIONS, CompactionTaskCtx, TaskState
+from compactord.task import CHECKPOINTS, TRANSITIONS, CompactionTaskCtx, TaskProbe, TaskState
+from tests.support.probes import Pauses
 
 S = TaskState
 
@@ -178,8 +179,37 @@ def test_checkpoint_raises_once_cancelled() -> None:
         task.checkpoint("running")
 
 
+def test_checkpoint_tells_the_probe_before_the_cancel_check() -> None:
+    seen: list[tuple[str, bool]] = []
+
+    class Probe(TaskProbe):
+        def at_checkpoint(self, task: CompactionTaskCtx, point: str) -> None:
+            seen.append((point, task.cancelled))
+
+    task = CompactionTaskCtx("orders", probe=Probe())
+    task.checkpoint("pending")
+    task.cancel()
+    with pytest.raises(CompactionCancelled):
+        task.checkpoint("creating_raw_reader")
+    assert seen == [("pending", False), ("creating_raw_reader", True)]
+
+
+def test_a_failing_probe_breaks_nothing() -> None:
+    class Broken(TaskProbe):
+        def at_checkpoint(self, task: CompactionTaskCtx, point: str) -> None:
+            raise RuntimeError("probe bug")
+
+        def on_state(self, task: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
+            raise RuntimeError("probe bug")
+
+    task = CompactionTaskCtx("orders", probe=Broken())
+    task.checkpoint("pending")
+    task.transition(S.CREATING_RAW_READER)
+    assert task.state is S.CREATING_RAW_READER
+
+
 def test_checkpoint_pauses_per_pause_points() -> None:
-    task = task_in(S.RUNNING, pause_points={"running": 0.3})
+    task = task_in(S.RUNNING, probe=Pauses({"running": 0.3}))
     start = time.monotonic()
     task.checkpoint("written")  # no pause asked here
     assert time.monotonic() - start < 0.25
@@ -188,7 +218,7 @@ def test_checkpoint_pauses_per_pause_points() -> None:
 
 
 def test_cancel_cuts_a_pause_short() -> None:
-    task = task_in(S.RUNNING, pause_points={"running": 30})
+    task = task_in(S.RUNNING, probe=Pauses({"running": 30}))
     outcome: list[BaseException | None] = []
 
     def work() -> None:
@@ -211,8 +241,8 @@ def test_cancel_cuts_a_pause_short() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], CompactionCancelled)
 
 
-def test_pause_points_are_named() -> None:
-    assert {"pending", "creating_raw_reader", "running", "written", "switch", "switched"} == set(PAUSE_POINTS)
+def test_checkpoints_are_named() -> None:
+    assert {"pending", "creating_raw_reader", "running", "written", "switch", "switched"} == set(CHECKPOINTS)
 
 
 # -- listeners --------------------------------------------------------------------------------------
@@ -224,7 +254,9 @@ def test_listeners_see_every_transition_and_a_failing_one_breaks_nothing() -> No
     def failing(task: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
         raise RuntimeError("listener bug")
 
-    task = CompactionTaskCtx("orders", listeners=[failing, lambda *args: seen.append(args)])
+    task = CompactionTaskCtx("orders")
+    task.add_listener(failing)
+    task.add_listener(lambda *args: seen.append(args))
     late: list[TaskState] = []
     task.add_listener(lambda t, old, new: late.append(new))
     task.transition(S.CREATING_RAW_READER)

@@ -14,16 +14,18 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from compactord.config import Settings
+from compactord.engine.kafka_source import FORMAT, OffsetRange
+from compactord.engine.strategies import EventTimeOrder, FirstValue, ResolvedStrategy, fold
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.kafka.source import FORMAT, OffsetRange
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
-from compactord.strategies import EventTimeOrder, FirstValue, fold
 
-__all__ = ["CompactionJobSpec", "run_compaction_job", "shuffle_partitions_for"]
+__all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "run_compaction_job", "shuffle_partitions_for"]
 
 _COLUMNS = [f.name for f in RECORD_SCHEMA]
 # Row groups of ~64k rows keep the read API's pruning fine-grained on large ledgers.
@@ -34,7 +36,14 @@ ROWS_PER_SHUFFLE_PARTITION = 500_000
 MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
 
 
-def shuffle_partitions_for(rows: int, cores: int) -> tuple[int, int]:
+class JobWidths(NamedTuple):
+    """The shuffle widths of a job (0 for both: the session's ``spark.sql.shuffle.partitions``)."""
+
+    shuffle_partitions: int  # the aggregation by (partition, key)
+    output_files: int  # the sort into the ledger's files
+
+
+def shuffle_partitions_for(rows: int, cores: int) -> JobWidths:
     """The shuffle widths (aggregation, output files) of a job over ``rows`` records (an upper bound:
     readers drop losers).
 
@@ -46,7 +55,7 @@ def shuffle_partitions_for(rows: int, cores: int) -> tuple[int, int]:
     """
     by_size = max(1, -(-rows // ROWS_PER_SHUFFLE_PARTITION))
     by_cores = min(cores, -(-rows // MIN_ROWS_PER_SHUFFLE_PARTITION))
-    return max(by_size, by_cores), by_size
+    return JobWidths(max(by_size, by_cores), by_size)
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,39 @@ class CompactionJobSpec:
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0
     output_files: int = 0
+
+
+def job_spec(
+    settings: Settings,
+    strategy: ResolvedStrategy,
+    *,
+    topic: str,
+    ranges: Sequence[OffsetRange],
+    ledger_files: Sequence[str],
+    output_path: str,
+    log_start: Mapping[int, int],
+    progress_dir: str,
+    widths: JobWidths,
+    client_config: Mapping[str, Any] | None = None,
+) -> CompactionJobSpec:
+    """The one place a job's spec is built: from the settings and the strategy in force for the run."""
+    return CompactionJobSpec(
+        topic=topic,
+        client_config=settings.kafka_client_config() if client_config is None else client_config,
+        ranges=ranges,
+        ledger_files=ledger_files,
+        output_path=output_path,
+        strategy_ref=strategy.ref,
+        event_time_source=strategy.settings.event_time_source,
+        retain_null_key=strategy.settings.retain_null_key,
+        tombstone_retention_ms=settings.compaction_tombstone_retention_ms,
+        now_ms=int(time.time() * 1000),
+        log_start=log_start,
+        batch_records=settings.compaction_reader_batch_records,
+        progress_dir=progress_dir,
+        shuffle_partitions=widths.shuffle_partitions,
+        output_files=widths.output_files,
+    )
 
 
 def _reader_spec(spec: CompactionJobSpec) -> str:
@@ -132,8 +174,8 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
         # The aggregations below group by (partition, key): this exchange is the only one they need.
         keyed = keyed.repartition(spec.shuffle_partitions, "partition", "key")
     deleted = F.col("marker") | F.col("value").isNull() | (F.length("value") == 0)
-    sql_order = getattr(type(strategy), "sql_order", None)
-    if sql_order is not None and isinstance(strategy, OrderedCompactionStrategy):
+    sql_order = strategy.sql_order if isinstance(strategy, OrderedCompactionStrategy) else None
+    if sql_order is not None:
         winners = (
             keyed.groupBy("partition", "key")
             .agg(F.max_by(F.struct(*_COLUMNS), F.expr(sql_order)).alias("w"))

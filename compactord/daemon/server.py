@@ -12,10 +12,10 @@ from pathlib import Path
 import uvicorn
 
 from compactord.config import Settings
-from compactord.daemon import EXIT_SPARK_DIED, Daemon
+from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
+from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactordError
-from compactord.logs import configure_logging
 
 __all__ = ["ThreadedServer", "serve"]
 

@@ -143,7 +143,7 @@ class RangeReadTask:
     """Reads one offset range in a Spark Python worker and yields reduced Arrow batches."""
 
     def __init__(self, spec: dict[str, Any], partition: int, start: int, end: int) -> None:
-        from compactord.strategies import event_time_extractor, load_strategy, reducer_for
+        from compactord.engine.strategies import event_time_extractor, load_strategy, reducer_for
 
         self.spec = spec
         self.partition, self.start, self.end = partition, start, end

@@ -17,16 +17,16 @@ import time
 from typing import Any
 
 from compactord.config import Settings
+from compactord.daemon.metrics import Metrics
+from compactord.daemon.monitor import BacklogMonitor
+from compactord.daemon.policies import PolicyStore, TopicPolicies
+from compactord.daemon.registry import TaskRegistry, _iso, task_status
+from compactord.engine.spark_session import SparkSessionManager
 from compactord.errors import CompactionAlreadyRunning, CompactordError, PluginLoadError
-from compactord.interfaces import CompactionServiceFactory, ServiceContext
+from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
-from compactord.metrics import Metrics
-from compactord.policies import PolicyStore, TopicPolicies
 from compactord.refs import resolve_ref
-from compactord.registry import TaskRegistry, _iso, task_status
-from compactord.scheduler import BacklogMonitor
-from compactord.spark.session import SparkSessionManager
 from compactord.task import CompactionTaskCtx
 
 __all__ = ["Daemon"]
@@ -45,25 +45,28 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
 
 
 class Daemon:
-    def __init__(self, settings: Settings, spark: SparkSessionManager | None = None) -> None:
-        """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it."""
+    def __init__(self, settings: Settings, spark: SparkSessionManager | None = None,
+                 broker: BrokerMetadata | None = None) -> None:
+        """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it.
+        ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers)."""
         self.settings = settings
         self.store = LedgerStore(settings.compacted_ledger_root).open()
         self._owns_spark = spark is None
+        self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
             self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
-            self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store))
+            self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store, broker=self.admin))
         except BaseException:
+            self.admin.close()
             self.store.close()
             raise
-        self.admin = KafkaAdmin(settings)
         self.policies = PolicyStore(self.store)
         self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds)
-        self.monitor = BacklogMonitor(settings, self, self.registry, self.policies, self.metrics)
+        self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics)
         self.fatal: str | None = None
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self._broker_ok = False
@@ -132,12 +135,11 @@ class Daemon:
             self.on_fatal()
 
     def _apply_stored_strategies(self) -> None:
-        apply = getattr(self.factory, "set_topic_strategy", None)
         for topic in self.store.topics():
             try:
                 strategy = self.policies.get(topic).strategy
-                if strategy is not None and apply is not None:
-                    apply(topic, strategy)
+                if strategy is not None:
+                    self.factory.set_topic_strategy(topic, strategy)
             except CompactordError as exc:
                 log.error("topic %s: its stored policies are not applied: %s", topic, exc)
 
@@ -220,9 +222,7 @@ class Daemon:
             self.policies.delete(topic)
         else:
             self.policies.put(topic, policies)
-        apply = getattr(self.factory, "set_topic_strategy", None)
-        if apply is not None:
-            apply(topic, policies.strategy if policies is not None else None)
+        self.factory.set_topic_strategy(topic, policies.strategy if policies is not None else None)
 
     def list_topics(self) -> list[dict[str, Any]]:
         on_broker = set(self.admin.list_topics())  # BrokerUnavailable: the API answers 503

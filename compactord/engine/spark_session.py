@@ -14,10 +14,13 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
 from compactord.errors import CompactionCancelled, SparkError
+
+if TYPE_CHECKING:
+    from compactord.engine.job import JobWidths
 
 __all__ = ["SparkSessionManager"]
 
@@ -88,7 +91,7 @@ class SparkSessionManager:
             except Exception as exc:
                 raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
             spark.sparkContext.setLogLevel("ERROR")
-            from compactord.kafka.source import KafkaRangeDataSource
+            from compactord.engine.kafka_source import KafkaRangeDataSource
 
             spark.dataSource.register(KafkaRangeDataSource)
             self._spark = spark
@@ -99,13 +102,13 @@ class SparkSessionManager:
     def cores(self) -> int:
         return max(1, int(self.spark.sparkContext.defaultParallelism))
 
-    def job_widths(self, rows: int) -> tuple[int, int]:
-        """The shuffle widths (aggregation, output files) of a compaction job over ``rows`` records:
-        (0, 0), i.e. the session's own, if the config sets ``spark.sql.shuffle.partitions``."""
-        from compactord.spark.job import shuffle_partitions_for
+    def job_widths(self, rows: int) -> JobWidths:
+        """The shuffle widths of a compaction job over ``rows`` records: (0, 0), i.e. the session's
+        own, if the config sets ``spark.sql.shuffle.partitions``."""
+        from compactord.engine.job import JobWidths, shuffle_partitions_for
 
         if "spark.sql.shuffle.partitions" in self._settings.spark_conf:
-            return 0, 0
+            return JobWidths(0, 0)
         return shuffle_partitions_for(rows, self.cores)
 
     def alive(self) -> bool:
@@ -125,24 +128,22 @@ class SparkSessionManager:
         source starts several Python workers, and the JVM compiles the job's code paths); the daemon is
         ready only after this, and its first real compaction, full or incremental, runs warm.
         """
-        from compactord.kafka.source import OffsetRange
-        from compactord.spark.job import CompactionJobSpec, run_compaction_job
-        from compactord.strategies import load_strategy
+        from compactord.engine.job import job_spec, run_compaction_job
+        from compactord.engine.kafka_source import OffsetRange
+        from compactord.engine.strategies import ResolvedStrategy
 
-        strategy = load_strategy("publishing-order")
+        strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
         widths = self.job_widths(0)
         with tempfile.TemporaryDirectory(prefix="compactord-warmup-", dir=scratch) as tmp:
             ledger: list[str] = []
             for run in ("full", "incremental"):
-                spec = CompactionJobSpec(
-                    topic="warm-up", client_config={}, ranges=[OffsetRange(0, 0, 0)], ledger_files=ledger,
-                    output_path=str(Path(tmp) / run), strategy_ref="publishing-order",
-                    event_time_source="timestamp", retain_null_key=False, tombstone_retention_ms=0, now_ms=0,
-                    log_start={}, batch_records=1000, progress_dir="",
-                    shuffle_partitions=widths[0], output_files=widths[1],
+                spec = job_spec(
+                    self._settings, strategy, topic="warm-up", client_config={}, ranges=[OffsetRange(0, 0, 0)],
+                    ledger_files=ledger, output_path=str(Path(tmp) / run), log_start={}, progress_dir="",
+                    widths=widths,
                 )
                 self.run("warm-up", f"compactord warm-up ({run} compaction)",
-                         lambda spec=spec: run_compaction_job(self.spark, spec, strategy))
+                         lambda spec=spec: run_compaction_job(self.spark, spec, strategy.strategy))
                 ledger = sorted(str(f) for f in (Path(tmp) / run).glob("*.parquet"))
         self.warmed = True
         log.info("Spark session warmed up")

@@ -29,11 +29,13 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from compactord.config import Settings
+from compactord.daemon.metrics import Metrics
+from compactord.daemon.policies import PolicyStore
+from compactord.daemon.registry import TaskRegistry
 from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerCorrupt
+from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
-from compactord.metrics import Metrics
-from compactord.policies import PolicyStore
-from compactord.registry import TaskRegistry
+from compactord.ledger.store import LedgerStore
 from compactord.task import TaskState
 
 __all__ = ["Backlog", "BacklogMonitor", "triggers_fired"]
@@ -72,10 +74,11 @@ def triggers_fired(backlog: Backlog, policy: dict[str, Any]) -> list[str]:
 
 
 class BacklogMonitor:
-    def __init__(self, settings: Settings, factory: Any, registry: TaskRegistry, policies: PolicyStore,
-                 metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, broker: BrokerMetadata, store: LedgerStore, registry: TaskRegistry,
+                 policies: PolicyStore, metrics: Metrics) -> None:
         self._settings = settings
-        self._factory = factory
+        self._broker = broker
+        self._store = store
         self._registry = registry
         self._policies = policies
         self._metrics = metrics
@@ -114,7 +117,7 @@ class BacklogMonitor:
             self._lock.release()
 
     def _pass(self) -> None:
-        broker_topics = set(self._factory.admin.list_topics())
+        broker_topics = set(self._broker.list_topics())
         self._note_missing(broker_topics)
         uncleanable = 0
         for topic in sorted(broker_topics):
@@ -168,10 +171,10 @@ class BacklogMonitor:
             corrupt = False
         except LedgerCorrupt:
             manifest, corrupt = None, True
-        corrupt = corrupt or getattr(service, "corrupt", None) is not None
+        corrupt = corrupt or service.corrupt_ledger() is not None
         self._metrics.ledger_corrupt.labels(topic).set(1 if corrupt else 0)
         horizon = manifest.horizon if manifest is not None else {}
-        offsets = self._factory.admin.offsets(topic)
+        offsets = self._broker.offsets(topic)
         starts = {p: max(horizon.get(p, -1) + 1, o.log_start) for p, o in offsets.items()}
         records = sum(max(0, o.end - starts[p]) for p, o in offsets.items())
         ledger_records = manifest.records_kept + manifest.markers if manifest is not None else 0
@@ -184,13 +187,13 @@ class BacklogMonitor:
 
     def _mean_record_size(self, topic: str) -> float | None:
         for ctx in reversed(self._registry.history(topic)):
-            tail, read = ctx.stats.get("tail_records"), ctx.stats.get("bytes_read")
+            tail, read = ctx.stats.tail_records, ctx.stats.bytes_read
             if tail and read:
                 return float(read) / tail
         return None
 
     def _note_missing(self, broker_topics: set[str]) -> None:
-        store = self._factory.store
+        store = self._store
         missing = set()
         for topic in store.topics():
             try:

@@ -56,8 +56,8 @@ class TopicPolicies:
             raise InvalidArgument(f"minDirtyRatio must be a number from 0 to 1 or null, got {ratio!r}")
         strategy = data.get("strategy")
         if strategy is not None:
+            from compactord.engine.strategies import load_strategy
             from compactord.errors import ConfigError
-            from compactord.strategies import load_strategy
 
             if not isinstance(strategy, str):
                 raise InvalidArgument(f"strategy must be a string, got {strategy!r}")

@@ -94,14 +94,14 @@ class Metrics:
         if ctx.started_at is not None and ctx.finished_at is not None:
             self.duration.labels(topic).observe(ctx.finished_at - ctx.started_at)
         stats = ctx.stats
-        if ctx.state is TaskState.SUCCEED and not stats.get("skipped"):
-            self.removed.labels(topic).inc(stats.get("removed", 0))
-            self.records_read.labels(topic).inc(stats.get("records_read", 0))
-            self.bytes_read.labels(topic).inc(stats.get("bytes_read", 0))
-            self.records_written.labels(topic).inc(stats.get("records_kept", 0) + stats.get("markers", 0))
-            self.bytes_written.labels(topic).inc(stats.get("bytes_written", 0))
-            self.compacted_entries.labels(topic).set(stats.get("records_kept", 0))
-            self.compacted_bytes.labels(topic).set(stats.get("bytes_written", 0))
+        if ctx.state is TaskState.SUCCEED and not stats.skipped:
+            self.removed.labels(topic).inc(stats.removed)
+            self.records_read.labels(topic).inc(stats.records_read)
+            self.bytes_read.labels(topic).inc(stats.bytes_read)
+            self.records_written.labels(topic).inc(stats.records_kept + stats.markers)
+            self.bytes_written.labels(topic).inc(stats.bytes_written)
+            self.compacted_entries.labels(topic).set(stats.records_kept)
+            self.compacted_bytes.labels(topic).set(stats.bytes_written)
 
     def forget(self, topic: str) -> None:
         """Drop a deleted topic's per-topic series."""

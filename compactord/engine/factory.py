@@ -1,0 +1,76 @@
+"""The default ``CompactionServiceFactory``: Spark jobs, Parquet ledgers, per-topic strategies."""
+
+from __future__ import annotations
+
+import threading
+
+from compactord.config import Settings
+from compactord.engine.service import SparkTopicCompactionService
+from compactord.engine.spark_session import SparkSessionManager
+from compactord.engine.strategies import ResolvedStrategy
+from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
+from compactord.kafka.admin import KafkaAdmin
+from compactord.ledger.store import LedgerStore
+from compactord.model import validate_topic_name
+from compactord.task import TaskProbe
+
+__all__ = ["SparkCompactionServiceFactory"]
+
+
+class SparkCompactionServiceFactory(CompactionServiceFactory):
+    def initialize(self, context: ServiceContext) -> None:
+        settings = context.settings
+        self.settings: Settings = settings
+        self.strategy = self._resolve(settings.compaction_strategy, "compactionStrategy")
+        self._topic_strategies: dict[str, ResolvedStrategy] = {}
+        self.spark: SparkSessionManager = context.spark or SparkSessionManager(settings)
+        self._owns_store = context.store is None
+        self.store: LedgerStore = context.store or LedgerStore(settings.compacted_ledger_root).open()
+        self._owns_broker = context.broker is None
+        self.broker: BrokerMetadata = context.broker or KafkaAdmin(settings)
+        self.probe: TaskProbe = context.probe
+        self._services: dict[str, SparkTopicCompactionService] = {}
+        self._lock = threading.Lock()
+
+    def _resolve(self, ref: str, key: str) -> ResolvedStrategy:
+        return ResolvedStrategy.resolve(ref, self.settings.compaction_event_time_source,
+                                        self.settings.topic_compaction_retain_null_key, key)
+
+    def set_topic_strategy(self, topic: str, ref: str | None) -> None:
+        validate_topic_name(topic)
+        with self._lock:
+            if ref is None or ref == self.settings.compaction_strategy:
+                self._topic_strategies.pop(topic, None)
+            else:
+                self._topic_strategies[topic] = self._resolve(ref, "strategy")
+
+    def strategy_for(self, topic: str) -> ResolvedStrategy:
+        """The strategy in force for ``topic`` (its policy's, else the configured one)."""
+        with self._lock:
+            return self._topic_strategies.get(topic, self.strategy)
+
+    def new_topic_compaction_service(self, topic: str) -> SparkTopicCompactionService:
+        validate_topic_name(topic)
+        with self._lock:
+            service = self._services.get(topic)
+            if service is None:
+                service = self._services[topic] = SparkTopicCompactionService(topic, self)
+            return service
+
+    def services(self) -> list[SparkTopicCompactionService]:
+        with self._lock:
+            return list(self._services.values())
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            self._services.pop(topic, None)
+
+    def close(self) -> None:
+        with self._lock:
+            services, self._services = list(self._services.values()), {}
+        for service in services:
+            service.close()
+        if self._owns_broker:
+            self.broker.close()
+        if self._owns_store:
+            self.store.close()

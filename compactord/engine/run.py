@@ -1,0 +1,235 @@
+"""One compaction task's work, on its own thread (PIP-387's states in order):
+
+1. Creating_Raw_Reader: fix every partition's end, load and verify the current ledger, plan an
+   incremental run (ledger + tail after the horizon) or a full rebuild.
+2. Running: the Spark job writes the new ledger; checksums, manifest and fsync.
+3. Ending_with_switch_ledger: replace the CURRENT pointer (atomic), swap the in-memory ledger, delete
+   the old ledger once no read uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from compactord.engine.job import job_spec, run_compaction_job
+from compactord.engine.kafka_source import CANCEL_FILE
+from compactord.engine.planning import CompactionPlan, plan_compaction
+from compactord.errors import CompactionCancelled, LedgerCorrupt
+from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.model import LedgerManifest
+from compactord.task import CompactionTaskCtx, TaskState
+
+if TYPE_CHECKING:
+    from compactord.engine.service import SparkTopicCompactionService
+
+__all__ = ["CompactionRun"]
+
+log = logging.getLogger(__name__)
+PROGRESS_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TailRead:
+    """What the Kafka readers report they read (their progress files, summed)."""
+
+    records: int = 0
+    bytes: int = 0
+
+
+class CompactionRun:
+    """The work of one task of ``service``: plan, Spark job, finalise, switch."""
+
+    def __init__(self, service: SparkTopicCompactionService, ctx: CompactionTaskCtx) -> None:
+        self.service = service
+        self.ctx = ctx
+        self.factory = service.factory
+        self.store = service.factory.store
+        self.topic = service.topic
+
+    def __call__(self) -> None:
+        ctx = self.ctx
+        new_path: Path | None = None
+        switched = False
+        progress_dir = self.store.progress_dir(ctx.task_id)
+        try:
+            ctx.checkpoint("pending")
+            ctx.transition(TaskState.CREATING_RAW_READER)
+            plan = self._plan()
+            ctx.progress.records_total = plan.ledger_rows + plan.tail_records
+            ctx.checkpoint("creating_raw_reader")
+            if plan.nothing_to_do(self.factory.settings):
+                log.info("topic %s: nothing new since the horizon; the ledger stays", self.topic)
+                ctx.progress.records_read = 0
+                ctx.stats.skipped = True
+                ctx.transition(TaskState.SUCCEED)
+                return
+            ctx.transition(TaskState.RUNNING)
+            ctx.checkpoint("running")
+            self.store.check_free_space(plan.previous.bytes if plan.previous else 0)
+            ledger_id, new_path = self.store.allocate_ledger(self.topic)
+            progress_dir.mkdir(parents=True, exist_ok=True)
+            cancel_hook = self._cancel_hook(progress_dir)
+            ctx.add_cancel_hook(cancel_hook)
+            started = time.time()
+            tail = self._spark_job(plan, str(new_path), progress_dir)
+            ctx.remove_cancel_hook(cancel_hook)
+            ctx.checkpoint("running")
+            manifest = self._finalize(plan, ledger_id, tail, started)
+            handle = LedgerHandle(LedgerReader(new_path, manifest))
+            ctx.checkpoint("written")
+            ctx.begin_switch()
+            ctx.checkpoint("switch")
+            old = self.service.switch_to(handle, ledger_id)
+            switched = True
+            ctx.checkpoint("switched")
+            self._retire(old, plan.previous)
+            if plan.corrupt_id is not None and plan.corrupt_id != ledger_id:
+                self._delete_replaced(plan.corrupt_id)
+            ctx.ledger_id = ledger_id
+            ctx.transition(TaskState.SUCCEED)
+            log.info("topic %s compacted into ledger %d: %d read, %d kept, %d removed in %.1fs",
+                     self.topic, ledger_id, manifest.records_read, manifest.records_kept, manifest.removed,
+                     manifest.finished_at_ms / 1000 - started)
+        except CompactionCancelled as exc:
+            if not ctx.done:
+                ctx.fail(exc)
+            log.info("compaction of topic %s (task %s) cancelled", self.topic, ctx.task_id)
+        except Exception as exc:
+            if ctx.cancelled:
+                log.info("compaction of topic %s (task %s) stopped after cancel: %s", self.topic, ctx.task_id, exc)
+            else:
+                log.error("compaction of topic %s (task %s) failed: %s", self.topic, ctx.task_id, exc,
+                          exc_info=not hasattr(exc, "code"))
+                ctx.fail(exc)
+        finally:
+            if new_path is not None and not switched:
+                self.store.discard(new_path)
+            shutil.rmtree(progress_dir, ignore_errors=True)
+            ctx.worker_done.set()
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def _plan(self) -> CompactionPlan:
+        offsets = self.factory.broker.offsets(self.topic)
+        reasons: list[str] = []
+        previous: LedgerManifest | None = None
+        corrupt_id: int | None = None
+        try:
+            # Checked again, not only when loaded: a ledger whose files went bad since must not be
+            # the base of the next one (it would fail every run, or carry the damage over).
+            handle = self.service.current(recheck=True)
+            previous = handle.manifest if handle is not None else None
+        except LedgerCorrupt as exc:
+            reasons.append(f"the current ledger is corrupt ({exc})")
+            with contextlib.suppress(LedgerCorrupt):
+                corrupt_id = self.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
+        return plan_compaction(
+            self.topic, offsets=offsets, previous=previous,
+            previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
+            strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
+            cores=self.factory.spark.cores, ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
+            corrupt_id=corrupt_id,
+        )
+
+    def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
+        def hook() -> None:
+            with contextlib.suppress(OSError):
+                (progress_dir / CANCEL_FILE).touch()  # stops the Kafka readers at their next poll
+            self.factory.spark.cancel_group(self.ctx.task_id)
+
+        return hook
+
+    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path) -> TailRead:
+        spark = self.factory.spark
+        spec = job_spec(
+            self.factory.settings, plan.strategy, topic=self.topic, ranges=plan.ranges,
+            ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
+            progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
+        )
+        stop = threading.Event()
+        poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
+        poller.start()
+        try:
+            spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
+                      lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
+        finally:
+            stop.set()
+            poller.join()
+        return read_progress(progress_dir)
+
+    def _poll_progress(self, plan: CompactionPlan, progress_dir: Path, stop: threading.Event) -> None:
+        while not stop.wait(PROGRESS_POLL_S):
+            tail = read_progress(progress_dir)
+            self.ctx.progress.records_read = plan.ledger_rows + tail.records
+            self.ctx.progress.bytes_read = tail.bytes
+
+    def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
+        ctx = self.ctx
+        ctx.progress.records_read = plan.ledger_rows + tail.records
+        ctx.progress.bytes_read = tail.bytes
+        manifest = LedgerManifest(
+            ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
+            files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
+            started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
+            log_start=plan.log_start,
+        )
+        manifest.finished_at_ms = int(time.time() * 1000)
+        manifest.timings = {"spark_seconds": round(time.time() - started, 3)}
+        manifest = self.store.finalize_ledger(self.topic, ledger_id, manifest)
+        stats = ctx.stats
+        stats.records_read, stats.records_kept, stats.markers = manifest.records_read, manifest.records_kept, \
+            manifest.markers
+        stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
+        stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
+        return manifest
+
+    def _retire(self, old: LedgerHandle | None, previous: LedgerManifest | None) -> None:
+        if previous is None:
+            return
+        store, topic, old_id = self.store, self.topic, previous.ledger_id
+
+        def delete() -> None:
+            try:
+                store.delete_ledger(topic, old_id)
+            except Exception:
+                log.warning("could not delete old ledger %d of topic %s (removed at next start-up)",
+                            old_id, topic, exc_info=True)
+
+        if old is not None:
+            old.retire(delete)
+        else:
+            delete()
+
+    def _delete_replaced(self, ledger_id: int) -> None:
+        try:
+            self.store.delete_ledger(self.topic, ledger_id)
+            log.info("topic %s: deleted corrupt ledger %d, replaced by a full rebuild", self.topic, ledger_id)
+        except Exception:
+            log.warning("could not delete corrupt ledger %d of topic %s (removed at next start-up)",
+                        ledger_id, self.topic, exc_info=True)
+
+
+def read_progress(progress_dir: Path) -> TailRead:
+    """The readers' progress files, summed (a file being replaced right now is skipped)."""
+    records = size = 0
+    try:
+        paths = list(progress_dir.glob("*.json"))
+    except OSError:
+        return TailRead()
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        records += int(data.get("records", 0))
+        size += int(data.get("bytes", 0))
+    return TailRead(records, size)

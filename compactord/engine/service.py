@@ -1,0 +1,176 @@
+"""The Spark + Parquet ``TopicCompactionService`` of one topic: its current ledger, reads of it with
+pyarrow, and the start of compaction tasks (their work is ``engine/run.py``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from compactord.engine.run import CompactionRun
+from compactord.errors import (
+    CompactionAlreadyRunning,
+    InvalidArgument,
+    LedgerCorrupt,
+    LedgerRetired,
+    NotCompacted,
+)
+from compactord.interfaces import TopicCompactionService
+from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
+from compactord.task import CompactionTaskCtx
+
+if TYPE_CHECKING:
+    from compactord.engine.factory import SparkCompactionServiceFactory
+
+__all__ = ["SparkTopicCompactionService"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# A read retries when a switch retires the ledger it found; more than one retry needs two switches
+# within one read, so this bound is never reached in practice.
+_READ_ATTEMPTS = 10
+
+
+class SparkTopicCompactionService(TopicCompactionService):
+    def __init__(self, topic: str, factory: SparkCompactionServiceFactory) -> None:
+        self.topic = validate_topic_name(topic)
+        self.factory = factory
+        self._lock = threading.RLock()
+        self._task: CompactionTaskCtx | None = None
+        self._handle: LedgerHandle | None = None
+        self._handle_id: int | None = None
+        self._corrupt: LedgerCorrupt | None = None
+
+    # -- the current ledger ---------------------------------------------------------------------
+
+    def current(self, *, recheck: bool = False) -> LedgerHandle | None:
+        """The verified current ledger (loaded once; its files checked again if ``recheck``).
+
+        :raises LedgerCorrupt: the current ledger fails verification (it is then not served).
+        """
+        store = self.factory.store
+        with self._lock:
+            ledger_id = store.current_ledger_id(self.topic)
+            if ledger_id is None:
+                return None
+            cached = self._handle if self._handle is not None and self._handle_id == ledger_id else None
+            if cached is not None and not recheck:
+                return cached
+            try:
+                manifest = store.verify(self.topic, ledger_id)
+            except LedgerCorrupt as exc:
+                if self._corrupt is None or str(self._corrupt) != str(exc):
+                    log.error("compacted ledger of topic %s is not served: %s", self.topic, exc)
+                self._corrupt = exc
+                if cached is not None:  # its files went bad after it was loaded: stop serving it
+                    self._handle = self._handle_id = None
+                    cached.retire(lambda: None)
+                raise
+            self._corrupt = None
+            if cached is not None:
+                return cached
+            handle = LedgerHandle(LedgerReader(store.ledger_path(self.topic, ledger_id), manifest))
+            displaced = self._install(handle, ledger_id)
+            if displaced is not None:
+                # CURRENT moved without this service's switch (another service on the store): readers
+                # of the stale ledger retry on the new one; its files are the switcher's to delete.
+                displaced.retire(lambda: None)
+            return handle
+
+    def corrupt_ledger(self) -> LedgerCorrupt | None:
+        return self._corrupt
+
+    def _install(self, handle: LedgerHandle, ledger_id: int) -> LedgerHandle | None:
+        with self._lock:
+            old, self._handle, self._handle_id = self._handle, handle, ledger_id
+            return old
+
+    def switch_to(self, handle: LedgerHandle, ledger_id: int) -> LedgerHandle | None:
+        """Make ``handle`` current: the CURRENT pointer and the in-memory ledger, under the lock that reads
+        take to find the current ledger, so that no read installs the new ledger in between and leaves
+        the old one unretired. Returns the ledger it replaced in memory."""
+        with self._lock:
+            self.factory.store.switch(self.topic, ledger_id)
+            old = self._install(handle, ledger_id)
+            self._corrupt = None
+            return old
+
+    def _read(self, fn: Callable[[LedgerReader], T]) -> tuple[LedgerManifest, T]:
+        """Run ``fn`` on the current ledger, which stays on disk until ``fn`` returns; return that
+        ledger's manifest with the result. The one retry loop around a switch: a ledger retired between
+        the look-up and the read is replaced by the new current one."""
+        attempt = 0
+        while True:
+            handle = self.current()
+            if handle is None:
+                raise NotCompacted(self.topic)
+            try:
+                reader = handle.acquire()
+            except LedgerRetired:
+                attempt += 1
+                if attempt >= _READ_ATTEMPTS:
+                    raise
+                continue
+            try:
+                return handle.manifest, fn(reader)
+            finally:
+                handle.release()
+
+    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False) -> CompactedPage:
+        if n < 1 or start.partition < 0 or start.offset < 0:
+            raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
+        manifest, entries = self._read(
+            lambda r: r.read(start.partition, start.offset, n, include_markers=include_markers))
+        return CompactedPage(manifest, entries)
+
+    def read_last_compacted_page(self, partition: int) -> CompactedPage:
+        if partition < 0:
+            raise InvalidArgument(f"partition must be >= 0, got {partition}")
+        manifest, entry = self._read(lambda reader: reader.last(partition))
+        return CompactedPage(manifest, [] if entry is None else [entry])
+
+    def ledger_info(self) -> LedgerManifest | None:
+        store = self.factory.store
+        ledger_id = store.current_ledger_id(self.topic)
+        return None if ledger_id is None else store.load_manifest(self.topic, ledger_id)
+
+    def get_last_compacted_position(self) -> Horizon | None:
+        manifest = self.ledger_info()
+        return None if manifest is None else dict(manifest.horizon)
+
+    @property
+    def task(self) -> CompactionTaskCtx | None:
+        return self._task
+
+    # -- compaction -----------------------------------------------------------------------------
+
+    def compact(self, *, rebuild: bool = False, start: bool = True) -> CompactionTaskCtx:
+        with self._lock:
+            if self._task is not None and not self._task.done:
+                raise CompactionAlreadyRunning(self.topic, self._task)
+            ctx = CompactionTaskCtx(self.topic, rebuild=rebuild, probe=self.factory.probe)
+            thread = threading.Thread(target=CompactionRun(self, ctx), name=f"compact-{self.topic}", daemon=True)
+            ctx.set_start_hook(thread.start)
+            self._task = ctx
+        if start:
+            ctx.start()
+        return ctx
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def delete(self) -> None:
+        with self._lock:
+            if self._task is not None and not self._task.done:
+                raise CompactionAlreadyRunning(self.topic, self._task)
+            handle, self._handle, self._handle_id = self._handle, None, None
+        if handle is not None:
+            handle.retire(lambda: None)
+        self.factory.store.delete_topic(self.topic)
+        self.factory.forget(self.topic)
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle = None
+            self._handle_id = None

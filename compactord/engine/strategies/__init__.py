@@ -1,0 +1,136 @@
+"""The built-in strategies, strategy loading, and the per-range reducers used by the Kafka reader.
+
+- ``publishing-order`` (default): the highest offset wins (Pulsar's PublishingOrderCompactor).
+- ``event-time`` (PIP-352, KIP-280): the highest (has event time, event time, offset) wins.
+- ``first-value`` (PIP-215 style): a key's first value stays until a tombstone deletes it.
+- ``module:Class``: a ``CompactionStrategy`` subclass of the operator's.
+
+A reducer takes the rows one reading task read, in offset order, and returns the indexes of the rows
+that Spark still needs: for an order, each key's best row; for first-value, at most two rows per key;
+for a general custom strategy, every row. Null-key rows are never passed to a reducer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from compactord.engine.strategies.event_time import EventTimeOrder, reduce_event_time
+from compactord.engine.strategies.first_value import FirstValue, reduce_first_value
+from compactord.engine.strategies.publishing_order import PublishingOrder, reduce_last_offset
+from compactord.engine.strategies.rows import ROW_KEY, Reducer, Row, row_entry
+from compactord.errors import ConfigError, PluginLoadError
+from compactord.event_time import event_time_extractor, parse_event_time_header, validate_event_time_source
+from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
+from compactord.model import Entry, StrategySettings
+from compactord.refs import resolve_ref
+
+__all__ = [
+    "BUILTIN_STRATEGIES",
+    "EventTimeOrder",
+    "FirstValue",
+    "PublishingOrder",
+    "ResolvedStrategy",
+    "event_time_extractor",
+    "fold",
+    "load_strategy",
+    "parse_event_time_header",
+    "reducer_for",
+    "row_entry",
+    "strategy_name",
+    "validate_event_time_source",
+]
+
+BUILTIN_STRATEGIES: dict[str, type[CompactionStrategy]] = {
+    PublishingOrder.name: PublishingOrder,
+    EventTimeOrder.name: EventTimeOrder,
+    FirstValue.name: FirstValue,
+}
+_BUILTIN_REDUCERS: dict[type[CompactionStrategy], Reducer] = {
+    PublishingOrder: reduce_last_offset,
+    EventTimeOrder: reduce_event_time,
+    FirstValue: reduce_first_value,
+}
+
+
+def load_strategy(value: str, key: str = "compactionStrategy") -> CompactionStrategy:
+    """A strategy from its built-in name or a ``module:Class`` reference.
+
+    :raises ConfigError: neither a built-in name nor a resolvable ``CompactionStrategy`` subclass.
+    """
+    if value in BUILTIN_STRATEGIES:
+        return BUILTIN_STRATEGIES[value]()
+    if ":" not in value and "." not in value:
+        raise ConfigError(
+            key, value, f"use one of {', '.join(BUILTIN_STRATEGIES)} or a 'module:Class' reference"
+        )
+    cls = resolve_ref(key, value)
+    if not (isinstance(cls, type) and issubclass(cls, CompactionStrategy)):
+        raise PluginLoadError(key, value, "the class must subclass compactord.interfaces.CompactionStrategy")
+    try:
+        return cls()
+    except Exception as exc:
+        raise PluginLoadError(key, value, f"the class cannot be instantiated without arguments ({exc})") from exc
+
+
+def strategy_name(strategy: CompactionStrategy, configured: str) -> str:
+    """The name recorded in manifests: the built-in name, or the configured reference."""
+    return strategy.name if configured in BUILTIN_STRATEGIES else configured
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedStrategy:
+    """The strategy in force for a topic: as configured (``ref``, loaded again inside the readers), the
+    instance, and the settings recorded in manifests (a change of them forces a full rebuild)."""
+
+    ref: str
+    strategy: CompactionStrategy
+    settings: StrategySettings
+
+    @classmethod
+    def resolve(cls, ref: str, event_time_source: str, retain_null_key: bool,
+                key: str = "compactionStrategy") -> ResolvedStrategy:
+        """:raises ConfigError: ``ref`` names no strategy."""
+        strategy = load_strategy(ref, key)
+        return cls(ref, strategy, StrategySettings(strategy_name(strategy, ref), event_time_source, retain_null_key))
+
+
+def _reduce_custom_order(strategy: OrderedCompactionStrategy) -> Reducer:
+    def reduce(rows: Sequence[Row]) -> list[int]:
+        best: dict[bytes, tuple[object, int]] = {}
+        for i, row in enumerate(rows):
+            rank = strategy.order_key(row_entry(row))
+            key = row[ROW_KEY]
+            if key not in best or rank > best[key][0]:  # type: ignore[operator]
+                best[key] = (rank, i)
+        return sorted(i for _, i in best.values())
+
+    return reduce
+
+
+def _keep_all(rows: Sequence[Row]) -> list[int]:
+    return list(range(len(rows)))
+
+
+def reducer_for(strategy: CompactionStrategy) -> Reducer:
+    builtin = _BUILTIN_REDUCERS.get(type(strategy))
+    if builtin is not None:
+        return builtin
+    if isinstance(strategy, OrderedCompactionStrategy):
+        return _reduce_custom_order(strategy)
+    return _keep_all
+
+
+def fold(strategy: CompactionStrategy, records: Sequence[Entry]) -> Entry | None:
+    """The winner of one key's records, in offset order; None if the key ends deleted.
+
+    For an ordered strategy a winning tombstone is returned (the caller turns it into a deletion or a
+    marker); for a general strategy a deletion returns None.
+    """
+    if isinstance(strategy, OrderedCompactionStrategy):
+        return max(records, key=strategy.order_key) if records else None
+    kept: Entry | None = None
+    for cur in records:
+        if kept is None or not strategy.should_keep_left(kept, cur):
+            kept = None if cur.is_tombstone else cur
+    return kept
