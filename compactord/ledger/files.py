@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -105,11 +104,3 @@ def _check_file(ledger_dir: Path, entry: dict[str, Any]) -> str | None:
         return f"fails its checksum (CRC-32C {crc}, expected {entry.get('crc32c')})"
     return None
 
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    """The holder a locked lock file names, or {} if it has not written itself yet."""
-    try:
-        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -16,15 +16,11 @@ This module is the boundary where file-system errors become ``CompactordError`` 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import re
 import shutil
-import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +33,6 @@ from compactord.errors import (
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
-    LedgerRootLocked,
 )
 from compactord.ledger.files import (
     _DISK_FULL,
@@ -46,12 +41,12 @@ from compactord.ledger.files import (
     _disk_errors,
     _fsync,
     _names,
-    _read_holder,
     _remove,
     _write_atomic,
     file_crc32c,
     ledger_dir_name,
 )
+from compactord.ledger.lock import RootLock
 from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
@@ -75,7 +70,7 @@ class LedgerStore:
     def __init__(self, root: str | Path) -> None:
         self.root: Path = Path(root).expanduser().resolve()
         self._daemon_dir = self.root / DAEMON_DIR
-        self._lock_fd: int | None = None
+        self._lock = RootLock(self._daemon_dir / _LOCK, self.root)
         self._seq_lock = threading.Lock()
 
     # -- the root's lock -------------------------------------------------------------------------
@@ -87,30 +82,12 @@ class LedgerStore:
 
         :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
         """
-        if self._lock_fd is not None:
+        if self._lock.held:
             return self
         with _disk_errors(f"creating ledger root {self.root}"):
             self._daemon_dir.mkdir(parents=True, exist_ok=True)
-        lock_path = self._daemon_dir / _LOCK
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock.acquire()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise LedgerRootLocked(
-                f"ledger root {self.root} is locked by another compactord (pid {holder.get('pid', '?')} "
-                f"on host {holder.get('host', '?')}, see {lock_path}); only one daemon may write a root",
-                root=str(self.root),
-                holder=holder,
-            ) from exc
-        self._lock_fd = fd
-        try:
-            now_ms = int(time.time() * 1000)
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "started_at_ms": now_ms}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode() + b"\n", 0)
-            os.fsync(fd)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + _TMP)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
@@ -130,19 +107,11 @@ class LedgerStore:
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is None:
-            return
-        try:
-            # An empty lock file means "no holder", so a contender never names a stale one.
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        self._lock.release()
 
     @property
     def is_open(self) -> bool:
-        return self._lock_fd is not None
+        return self._lock.held
 
     def __enter__(self) -> LedgerStore:
         return self.open()

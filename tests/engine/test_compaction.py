@@ -201,7 +201,7 @@ def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_fa
     before = (service.ledger_info().ledger_id, service.get_last_compacted_position(), view(service))
     kafka.produce(topic, [("a", "3")])
     # A strategy that raises inside Spark makes the job fail after the ledger dir was allocated.
-    broken = make_factory(store=service._f.store, compaction_strategy="tests.engine.strategies:Exploding")
+    broken = make_factory(store=service.factory.store, compaction_strategy="tests.engine.strategies:Exploding")
     broken_service = broken.new_topic_compaction_service(topic)
     ctx = broken_service.compact()
     assert ctx.result(TIMEOUT) is TaskState.FAILED
@@ -209,7 +209,7 @@ def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_fa
     assert "explod" in ctx.error.lower()
     after = (service.ledger_info().ledger_id, service.get_last_compacted_position(), view(service))
     assert after == before
-    dirs = [p.name for p in service._f.store.topic_dir(topic).iterdir() if p.name.startswith("ledger-")]
+    dirs = [p.name for p in service.factory.store.topic_dir(topic).iterdir() if p.name.startswith("ledger-")]
     assert dirs == [f"ledger-{before[0]}"]
 
 
@@ -221,7 +221,7 @@ def _file_keys(service: Any) -> list[list[tuple[int, int]]]:
     import pyarrow.parquet as pq
 
     manifest = service.ledger_info()
-    path = service._f.store.ledger_path(service.topic, manifest.ledger_id)
+    path = service.factory.store.ledger_path(service.topic, manifest.ledger_id)
     out = []
     for f in sorted(manifest.files, key=lambda f: f["name"]):
         table = pq.read_table(path / f["name"], columns=["partition", "offset"])
