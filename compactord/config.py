@@ -178,6 +178,9 @@ KEYS: tuple[Key, ...] = (
         "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's delete.retention.ms)."),
     Key("topicCompactionRetainNullKey", "topic_compaction_retain_null_key", _bool, "false", "compaction",
         "Keep records without a key in place (otherwise they are dropped).", pulsar=True),
+    Key("compactionEmptyValueIsTombstone", "compaction_empty_value_is_tombstone", _bool, "false", "compaction",
+        "Pulsar's rule: an empty value deletes its key like a null one. Off: Kafka's rule (only a null "
+        "value deletes; an empty value is kept). A change rebuilds each ledger in full."),
     Key("compactionReadRangesPerCore", "compaction_read_ranges_per_core", _int_range(1, 64), "2", "compaction",
         "Offset ranges per Spark core that the topic is split into for reading."),
     Key("compactionReaderBatchRecords", "compaction_reader_batch_records", _int_range(100, 1_000_000), "10000",
@@ -239,6 +242,7 @@ class Settings:
     compaction_event_time_source: str = "timestamp"
     compaction_tombstone_retention_ms: int = 86_400_000
     topic_compaction_retain_null_key: bool = False
+    compaction_empty_value_is_tombstone: bool = False
     compaction_read_ranges_per_core: int = 2
     compaction_reader_batch_records: int = 10000
     spark_master: str = "local[*]"

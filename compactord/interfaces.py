@@ -17,6 +17,7 @@ Implementations do not repeat these docstrings.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from compactord.task import TaskProbe
@@ -24,7 +25,16 @@ from compactord.task import TaskProbe
 if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.errors import LedgerCorrupt
-    from compactord.model import CompactedPage, Entry, Horizon, LedgerManifest, PartitionOffsets, Position
+    from compactord.model import (
+        CompactedPage,
+        Entry,
+        Horizon,
+        LedgerManifest,
+        PartitionOffsets,
+        Position,
+        RecordFingerprint,
+        TopicConfigs,
+    )
     from compactord.task import CompactionTaskCtx
 
 __all__ = [
@@ -66,6 +76,22 @@ class BrokerMetadata(ABC):
     @abstractmethod
     def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
         """Per partition: the log start and the committed end (the last stable offset), fixed now.
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+
+    @abstractmethod
+    def first_records(self, topic: str, at: Mapping[int, int]) -> dict[int, RecordFingerprint | None]:
+        """Per partition of ``at``: the first data record at or after that offset, read_committed (one
+        small fetch each), or None when the log holds none there (the offset is below the log start or
+        at its end).
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+
+    @abstractmethod
+    def topic_configs(self, topic: str) -> TopicConfigs:
+        """The topic's cleanup configs (DescribeConfigs); every field None where the broker does not say.
 
         :raises TopicNotFound: the broker has no such topic.
         """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -18,7 +19,9 @@ __all__ = [
     "LedgerManifest",
     "PartitionOffsets",
     "Position",
+    "RecordFingerprint",
     "StrategySettings",
+    "TopicConfigs",
     "validate_topic_name",
 ]
 
@@ -67,6 +70,28 @@ class PartitionOffsets:
         return max(0, self.end - self.log_start)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicConfigs:
+    """The source topic's cleanup configs as the broker describes them (None: the broker did not say)."""
+
+    cleanup_policy: str | None = None
+    delete_retention_ms: int | None = None
+    min_compaction_lag_ms: int | None = None
+    retention_ms: int | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.cleanup_policy is not None
+
+    @property
+    def compacted_by_broker(self) -> bool | None:
+        """True when the broker's own cleaner compacts the topic (``cleanup.policy`` has ``compact``)."""
+        return None if self.cleanup_policy is None else "compact" in self.cleanup_policy.split(",")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "compacted_by_broker": self.compacted_by_broker}
+
+
 # Per partition, the last offset a ledger covers (-1 for a partition that never had records).
 Horizon = dict[int, int]
 
@@ -107,8 +132,10 @@ class Entry:
 
     @property
     def is_tombstone(self) -> bool:
-        """A keyed record with a null or empty value deletes its key; a null-key record never does."""
-        return self.key is not None and (self.value is None or len(self.value) == 0)
+        """Kafka's rule: a keyed record with a null value deletes its key; an empty value is a value, and
+        a null-key record never deletes. (Pulsar's rule, ``compactionEmptyValueIsTombstone``, is applied
+        where records enter: the readers turn an empty value into a null one.)"""
+        return self.key is not None and self.value is None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Entry:
@@ -133,6 +160,50 @@ class StrategySettings:
     strategy: str = "publishing-order"
     event_time_source: str = "timestamp"
     retain_null_key: bool = False
+    # Pulsar's rule (an empty value deletes) instead of Kafka's. A manifest written before the rule was
+    # a setting has no such field and was written under Pulsar's rule: it reads as True.
+    empty_value_is_tombstone: bool = False
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StrategySettings:
+        return cls(**{"empty_value_is_tombstone": True, **data})
+
+    def rules(self) -> dict[str, Any]:
+        """The rules a ledger was written under, as the read API and ``CompactedReader`` report them."""
+        return {
+            "strategy": self.strategy,
+            "event_time_source": self.event_time_source,
+            "empty_value_is_tombstone": self.empty_value_is_tombstone,
+            "retain_null_key": self.retain_null_key,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFingerprint:
+    """One record of a partition, recognisable again: its offset, timestamp and a CRC-32C of its key and
+    value. The last data record below a ledger's horizon tells the same log from a recreated one."""
+
+    offset: int
+    timestamp: int
+    crc: int
+
+    @classmethod
+    def of(cls, offset: int, timestamp: int | None, key: bytes | None, value: bytes | None) -> RecordFingerprint:
+        import crc32c
+
+        crc = 0
+        for part in (key, value):  # a null and an empty part differ: each is framed by its length
+            frame = b"\xff\xff\xff\xff" if part is None else len(part).to_bytes(4, "big")
+            crc = crc32c.crc32c(part or b"", crc32c.crc32c(frame, crc))
+        return cls(int(offset), -1 if timestamp is None else int(timestamp), crc)
+
+    def to_json(self) -> list[int]:
+        return [self.offset, self.timestamp, self.crc]
+
+    @classmethod
+    def from_json(cls, data: Sequence[int]) -> RecordFingerprint:
+        offset, timestamp, crc = data
+        return cls(int(offset), int(timestamp), int(crc))
 
 
 @dataclass(slots=True)
@@ -157,11 +228,17 @@ class LedgerManifest:
     oldest_marker_at_ms: int | None = None  # event-time markers: when the oldest entered a ledger
     timings: dict[str, float] = field(default_factory=dict)
     format_version: int = 1
+    # The log's identity (None in a manifest written before it was recorded): the broker's topic id
+    # where it reports one, and per partition the last data record below the horizon.
+    topic_id: str | None = None
+    fingerprints: dict[int, RecordFingerprint] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["horizon"] = {str(p): o for p, o in sorted(self.horizon.items())}
         data["log_start"] = {str(p): o for p, o in sorted(self.log_start.items())}
+        if self.fingerprints is not None:
+            data["fingerprints"] = {str(p): f.to_json() for p, f in sorted(self.fingerprints.items())}
         return data
 
     @classmethod
@@ -169,7 +246,9 @@ class LedgerManifest:
         data = dict(data)
         data["horizon"] = {int(p): int(o) for p, o in data["horizon"].items()}
         data["log_start"] = {int(p): int(o) for p, o in data.get("log_start", {}).items()}
-        data["strategy"] = StrategySettings(**data["strategy"])
+        data["strategy"] = StrategySettings.from_json(data["strategy"])
+        if data.get("fingerprints") is not None:
+            data["fingerprints"] = {int(p): RecordFingerprint.from_json(f) for p, f in data["fingerprints"].items()}
         return cls(**data)
 
 # The same schema as Spark DDL (every field nullable on the Spark side).

@@ -93,6 +93,8 @@ class TaskStats:
     ledger_rows_read: int = 0
     full_rebuild: bool = False
     skipped: bool = False
+    recreated: bool = False  # rebuilt in full because the topic's log is a new one
+    switch_warning: str | None = None  # the switch committed, then a step after it failed
 
 
 @dataclass(slots=True)

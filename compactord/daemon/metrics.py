@@ -52,6 +52,12 @@ class Metrics:
             "compactord_compaction_duration_seconds", "Duration of ended compactions", ["topic"],
             buckets=_DURATION_BUCKETS, registry=r,
         )
+        self.recreated_rebuilds = Counter(
+            "compactord_recreated_rebuilds", "Full rebuilds because the topic's log was a new one (recreated)",
+            ["topic"], registry=r)
+        self.switch_warnings = Counter(
+            "compactord_switch_warnings", "Switches that committed and then failed a later step (fsync)",
+            ["topic"], registry=r)
         self.removed = Counter("compactord_removed_events", "Records removed by compaction (Pulsar's removed events)",
                                ["topic"], registry=r)
         self.records_read = Counter("compactord_records_read", "Records read by compactions (ledger + tail)",
@@ -102,6 +108,10 @@ class Metrics:
             self.bytes_written.labels(topic).inc(stats.bytes_written)
             self.compacted_entries.labels(topic).set(stats.records_kept)
             self.compacted_bytes.labels(topic).set(stats.bytes_written)
+            if stats.recreated:
+                self.recreated_rebuilds.labels(topic).inc()
+            if stats.switch_warning:
+                self.switch_warnings.labels(topic).inc()
 
     def forget(self, topic: str) -> None:
         """Drop a deleted topic's per-topic series."""

@@ -34,7 +34,8 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
 
     def _resolve(self, ref: str, key: str) -> ResolvedStrategy:
         return ResolvedStrategy.resolve(ref, self.settings.compaction_event_time_source,
-                                        self.settings.topic_compaction_retain_null_key, key)
+                                        self.settings.topic_compaction_retain_null_key, key,
+                                        self.settings.compaction_empty_value_is_tombstone)
 
     def set_topic_strategy(self, topic: str, ref: str | None) -> None:
         validate_topic_name(topic)

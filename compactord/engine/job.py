@@ -3,11 +3,11 @@
 - Ordered built-in strategies pick winners natively (``max_by`` over the strategy's SQL order);
   other strategies fold each key's records in offset order in Python (``mapInArrow`` over rows
   sorted by partition, key and offset).
-- A winning tombstone deletes its key; under ``event-time`` it stays in the ledger as a marker until
+- A winning tombstone (a null value: Kafka's rule) deletes its key; under ``event-time`` it stays in the ledger as a marker until
   ``compactionTombstoneRetentionMs`` has passed since it first entered a ledger.
 - Null-key records are kept in place when ``topicCompactionRetainNullKey`` is set (the reader already
-  dropped them otherwise).
-- Entries below a partition's log start are dropped.
+  dropped them otherwise), each as a group of its own in the same aggregation.
+- Rows below a partition's log start are dropped before the winners are chosen.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 from compactord.config import Settings
 from compactord.engine.kafka_source import FORMAT, OffsetRange
-from compactord.engine.strategies import EventTimeOrder, FirstValue, ResolvedStrategy, fold
-from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
+from compactord.engine.strategies import ResolvedStrategy, fold, plan_for
+from compactord.interfaces import CompactionStrategy
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "run_compaction_job", "shuffle_partitions_for"]
@@ -68,6 +68,7 @@ class CompactionJobSpec:
     strategy_ref: str  # built-in name or module:Class, loaded again inside the readers
     event_time_source: str
     retain_null_key: bool
+    empty_value_is_tombstone: bool
     tombstone_retention_ms: int
     now_ms: int
     log_start: Mapping[int, int]
@@ -102,6 +103,7 @@ def job_spec(
         strategy_ref=strategy.ref,
         event_time_source=strategy.settings.event_time_source,
         retain_null_key=strategy.settings.retain_null_key,
+        empty_value_is_tombstone=strategy.settings.empty_value_is_tombstone,
         tombstone_retention_ms=settings.compaction_tombstone_retention_ms,
         now_ms=int(time.time() * 1000),
         log_start=log_start,
@@ -121,6 +123,7 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
             "strategy": spec.strategy_ref,
             "event_time_source": spec.event_time_source,
             "retain_null_key": spec.retain_null_key,
+            "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
             "progress_dir": spec.progress_dir,
         }
@@ -128,16 +131,16 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
 
 
 def _fold_partition(strategy: CompactionStrategy) -> Any:
-    """An RDD ``mapPartitions`` function: rows sorted by (partition, key, offset) -> each key's winner.
+    """An RDD ``mapPartitions`` function: rows sorted by their group and offset -> each group's winner.
 
-    Only custom, non-ordered strategies take this path (per-row Python); the built-ins run in SQL.
+    Only strategies without a native query take this path (per-row Python); the built-ins run in SQL.
     """
 
     def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
         group: list[Entry] = []
-        group_key: tuple[int, bytes] | None = None
+        group_key: tuple[Any, ...] | None = None
         for row in rows:
-            key = (row["partition"], row["key"])
+            key = (row["partition"], row["key"], row[_NULL_KEY_GROUP])
             if key != group_key and group:
                 winner = fold(strategy, group)
                 if winner is not None:
@@ -158,46 +161,68 @@ def _entry_row(e: Entry) -> tuple[Any, ...]:
     return (e.partition, e.offset, e.timestamp, e.key, e.value, headers, e.event_time, e.marker, e.marker_at)
 
 
+# Rows are grouped by (partition, key, this): null for a keyed row, the offset for a null-key row, so
+# that every retained null-key record is a group of its own and wins itself, in the same pass.
+_NULL_KEY_GROUP = "null_key_offset"
+_GROUP = ["partition", "key", _NULL_KEY_GROUP]
+
+
+def _records(spark: Any, spec: CompactionJobSpec) -> Any:
+    """The tail and the previous ledger's rows, minus what the log no longer holds.
+
+    The log start bounds what is readable (Kafka's rule, and Pulsar's for its compacted ledger): rows
+    below it are dropped *before* the winners are chosen, so that a strategy chooses among what the
+    log still holds (first-value's next value, not a value retention removed).
+    """
+    from pyspark.sql import functions as F
+
+    records = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
+    if spec.ledger_files:
+        records = records.unionByName(spark.read.schema(RECORD_DDL).parquet(*spec.ledger_files))
+    if any(spec.log_start.values()):
+        starts = F.create_map(*[F.lit(x) for p, s in spec.log_start.items() for x in (p, s)])
+        records = records.where(F.col("offset") >= F.coalesce(starts[F.col("partition")], F.lit(0)))
+    if not spec.retain_null_key:
+        records = records.where(F.col("key").isNotNull())  # the readers dropped them already
+    return records.withColumn(_NULL_KEY_GROUP, F.when(F.col("key").isNull(), F.col("offset")))
+
+
 def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> Any:
-    """The DataFrame of the new ledger (unsorted)."""
+    """The DataFrame of the new ledger (unsorted). Kafka is read once (``explain()`` shows one scan)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    tail = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
-    records = tail
-    if spec.ledger_files:
-        ledger = spark.read.schema(RECORD_DDL).parquet(*spec.ledger_files)
-        records = tail.unionByName(ledger)
-
-    keyed = records.where(F.col("key").isNotNull())
+    plan = plan_for(strategy)
+    records = _records(spark, spec)
     if spec.shuffle_partitions:
-        # The aggregations below group by (partition, key): this exchange is the only one they need.
-        keyed = keyed.repartition(spec.shuffle_partitions, "partition", "key")
-    deleted = F.col("marker") | F.col("value").isNull() | (F.length("value") == 0)
-    sql_order = strategy.sql_order if isinstance(strategy, OrderedCompactionStrategy) else None
-    if sql_order is not None:
+        # The aggregations below group by (partition, key, ...): this exchange is the only one they need.
+        records = records.repartition(spec.shuffle_partitions, "partition", "key")
+    # Kafka's rule: a keyed record with a null value deletes (the readers made empty values null under
+    # Pulsar's rule); an event-time marker is a deletion remembered.
+    deleted = F.col("key").isNotNull() & (F.col("marker") | F.col("value").isNull())
+    if plan.sql_order is not None:
         winners = (
-            keyed.groupBy("partition", "key")
-            .agg(F.max_by(F.struct(*_COLUMNS), F.expr(sql_order)).alias("w"))
+            records.groupBy(*_GROUP)
+            .agg(F.max_by(F.struct(*_COLUMNS), F.expr(plan.sql_order)).alias("w"))
             .select("w.*")
         )
-    elif isinstance(strategy, FirstValue):
+    elif plan.first_value:
         # The first value after the key's last tombstone (or its first value if it has none).
-        last_delete = F.max(F.when(deleted, F.col("offset"))).over(Window.partitionBy("partition", "key"))
+        last_delete = F.max(F.when(deleted, F.col("offset"))).over(Window.partitionBy(*_GROUP))
         winners = (
-            keyed.withColumn("last_delete", F.coalesce(last_delete, F.lit(-1)))
+            records.withColumn("last_delete", F.coalesce(last_delete, F.lit(-1)))
             .where(~deleted & (F.col("offset") > F.col("last_delete")))
-            .groupBy("partition", "key")
+            .groupBy(*_GROUP)
             .agg(F.min_by(F.struct(*_COLUMNS), F.col("offset")).alias("w"))
             .select("w.*")
         )
     else:
         if not spec.shuffle_partitions:
-            keyed = keyed.repartition("partition", "key")
-        sorted_rows = keyed.sortWithinPartitions("partition", "key", "offset")
+            records = records.repartition("partition", "key")
+        sorted_rows = records.sortWithinPartitions(*_GROUP, "offset")
         winners = spark.createDataFrame(sorted_rows.rdd.mapPartitions(_fold_partition(strategy)), RECORD_DDL)
 
-    if isinstance(strategy, EventTimeOrder):
+    if plan.keeps_deletion_markers:
         # A deletion is remembered as a marker, so that a late record with an older event time
         # cannot bring the key back; it is forgotten after the retention.
         marker_at = F.coalesce(F.col("marker_at"), F.lit(spec.now_ms))
@@ -211,14 +236,7 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
         )
     else:
         winners = winners.where(~deleted)
-
-    result = winners.select(*_COLUMNS)
-    if spec.retain_null_key:
-        result = result.unionByName(records.where(F.col("key").isNull()).select(*_COLUMNS))
-    if spec.log_start and any(spec.log_start.values()):
-        starts = F.create_map(*[F.lit(x) for p, s in spec.log_start.items() for x in (p, s)])
-        result = result.where(F.col("offset") >= F.coalesce(starts[F.col("partition")], F.lit(0)))
-    return result
+    return winners.select(*_COLUMNS)
 
 
 def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from compactord.model import RECORD_DDL, RECORD_SCHEMA
+from compactord.model import RECORD_DDL, RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer", "records_to_batch"]
 
@@ -43,6 +43,9 @@ CANCEL_FILE = "CANCEL"
 # with few hot keys down to a small fraction of its rows.
 REDUCE_WINDOW = 200_000
 PROGRESS_EVERY_S = 0.5
+# Empty polls in a row, with the broker's high watermark at the position, before a range whose end the
+# log no longer reaches fails (instead of waiting out the stall limit).
+_ENDED_POLLS = 3
 # Fields of kafka-python's ConsumerRecord, read a whole poll at a time.
 _OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
 
@@ -76,10 +79,14 @@ def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_si
 
 
 def range_consumer(client_config: dict[str, Any], batch_records: int) -> Any:
-    """The consumer a reading task uses (also the benchmark's floor, so that both read alike)."""
+    """The consumer a reading task uses (also the benchmark's floor, so that both read alike).
+
+    No offset reset: a range that starts below the log start (retention ran since the plan) or past
+    the log end (the topic was recreated) fails the task; it never reads other offsets instead.
+    """
     from compactord.kafka.client import consumer
 
-    return consumer(client_config, max_poll_records=batch_records)
+    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none")
 
 
 class RangePartition(InputPartition):
@@ -143,14 +150,16 @@ class RangeReadTask:
     """Reads one offset range in a Spark Python worker and yields reduced Arrow batches."""
 
     def __init__(self, spec: dict[str, Any], partition: int, start: int, end: int) -> None:
-        from compactord.engine.strategies import event_time_extractor, load_strategy, reducer_for
+        from compactord.engine.strategies import event_time_extractor, load_strategy, plan_for
 
         self.spec = spec
         self.partition, self.start, self.end = partition, start, end
         self.event_time_source = spec["event_time_source"]
         self.event_time = event_time_extractor(self.event_time_source)
-        self.reduce = reducer_for(load_strategy(spec["strategy"]))
+        self.reduce = plan_for(load_strategy(spec["strategy"])).reducer
         self.retain_null_key = bool(spec["retain_null_key"])
+        self.empty_deletes = bool(spec.get("empty_value_is_tombstone", False))
+        self.last: RecordFingerprint | None = None  # the last data record read (the log's identity)
         self.batch_records = int(spec["batch_records"])
         self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
         self.records = 0
@@ -190,6 +199,7 @@ class RangeReadTask:
         stall_limit = max(30.0, 2 * int(self.spec["client"].get("request_timeout_ms", 30000)) / 1000)
         last_move = time.monotonic()
         position = self.start
+        ended_polls = 0
         while position < end:
             records = cons.poll(timeout_ms=500, max_records=self.batch_records).get(tp)
             if records:
@@ -199,7 +209,15 @@ class RangeReadTask:
             new_position = cons.position(tp)
             now = time.monotonic()
             if new_position != position:
-                position, last_move = new_position, now
+                position, last_move, ended_polls = new_position, now, 0
+            elif self._log_ended(cons, tp, position):
+                ended_polls += 1
+                if ended_polls >= _ENDED_POLLS:
+                    raise RuntimeError(
+                        f"{tp.topic}[{partition}] now ends at {cons.highwater(tp)}, below the end {end} fixed "
+                        f"when the run began (range {self.start}-{end}): the topic was truncated or recreated "
+                        "since; the next run re-plans against the new log"
+                    )
             elif now - last_move > stall_limit:
                 raise RuntimeError(
                     f"reading {tp.topic}[{partition}] made no progress at offset {position} for "
@@ -210,6 +228,12 @@ class RangeReadTask:
                 keyed, nulls = [], []
             self._progress(now)
         yield from self._flush(keyed, nulls)
+
+    @staticmethod
+    def _log_ended(cons: Any, tp: Any, position: int) -> bool:
+        """The broker's last fetch said the log ends at or below ``position`` (no record is coming)."""
+        highwater = cons.highwater(tp)
+        return highwater is not None and highwater <= position
 
     def _add(self, records: Sequence[Any], keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
         """Turn one poll's records into rows, column by column.
@@ -224,6 +248,10 @@ class RangeReadTask:
         keys = list(map(_KEY, records))
         values = list(map(_VALUE, records))
         headers = list(map(_HEADERS, records))
+        last = records[-1]
+        self.last = RecordFingerprint.of(last.offset, last.timestamp, last.key, last.value)
+        if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
+            values = [None if v == b"" else v for v in values]
         self.records += n
         self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
         rows = zip(repeat(self.partition, n), offsets, timestamps, keys, values, headers,
@@ -270,7 +298,9 @@ class RangeReadTask:
         path = self.progress_dir / f"{self.partition}-{self.start}.json"
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps({"records": self.records, "bytes": self.bytes, "done": done}))
+            report = {"records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
+                      "last": None if self.last is None else self.last.to_json()}
+            tmp.write_text(json.dumps(report))
             os.replace(tmp, path)
         except FileNotFoundError:
             pass  # the progress dir was removed: the task ended (cancelled) and cleaned up

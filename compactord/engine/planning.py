@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from compactord.config import Settings
 from compactord.engine.kafka_source import OffsetRange, plan_ranges
 from compactord.engine.strategies import ResolvedStrategy
-from compactord.model import Horizon, LedgerManifest, PartitionOffsets
+from compactord.model import Horizon, LedgerManifest, PartitionOffsets, RecordFingerprint
 
-__all__ = ["CompactionPlan", "plan_compaction"]
+__all__ = ["CompactionPlan", "LogNow", "new_log_reason", "plan_compaction"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,15 @@ class CompactionPlan:
     strategy: ResolvedStrategy
     reasons: list[str] = field(default_factory=list)
     corrupt_id: int | None = None  # a corrupt current ledger this run replaces (deleted after the switch)
+    topic_id: str | None = None
+    recreated: bool = False  # the log is a new one (the topic was deleted and recreated)
+
+    def fingerprints_after(self, read: Mapping[int, RecordFingerprint]) -> dict[int, RecordFingerprint]:
+        """The new ledger's fingerprints: per partition, the last data record this run read, else (an
+        incremental run that read nothing there) the previous ledger's."""
+        kept = dict(self.previous.fingerprints or {}) if self.previous is not None and not self.full else {}
+        kept.update(read)
+        return {p: f for p, f in kept.items() if p in self.offsets}
 
     @property
     def tail_records(self) -> int:
@@ -58,6 +68,36 @@ class CompactionPlan:
         return oldest is None or time.time() * 1000 - oldest < settings.compaction_tombstone_retention_ms
 
 
+@dataclass(frozen=True, slots=True)
+class LogNow:
+    """What the broker says of the log now, to tell it from the one a ledger was made of."""
+
+    topic_id: str | None
+    # Per fingerprinted partition: the first data record at or after the fingerprint's offset now.
+    found: Mapping[int, RecordFingerprint | None] = field(default_factory=dict)
+
+
+def new_log_reason(previous: LedgerManifest, offsets: Mapping[int, PartitionOffsets], now: LogNow) -> str | None:
+    """Why the log is not the one ``previous`` was made of (the topic was recreated), or None.
+
+    A fingerprinted record that is simply gone (retention, or the broker's own cleaner) with the same
+    topic id is not a new log.
+    """
+    if previous.topic_id and now.topic_id and previous.topic_id != now.topic_id:
+        return f"the topic id changed from {previous.topic_id} to {now.topic_id} (topic recreated)"
+    for p, old in sorted(previous.horizon.items()):
+        if p in offsets and offsets[p].end - 1 < old:
+            return f"partition {p} now ends at {offsets[p].end}, below the horizon {old} (topic recreated or truncated)"
+    gone = sorted(set(previous.horizon) - set(offsets))
+    if gone:
+        return f"partitions {gone} no longer exist (topic recreated with fewer partitions)"
+    for p, fingerprint in sorted((previous.fingerprints or {}).items()):
+        found = now.found.get(p)
+        if found is not None and found.offset == fingerprint.offset and found != fingerprint:
+            return f"partition {p}: the record at offset {fingerprint.offset} is not the one compacted (topic recreated)"
+    return None
+
+
 def plan_compaction(
     topic: str,
     *,
@@ -70,6 +110,7 @@ def plan_compaction(
     cores: int,
     ranges_per_core: int,
     corrupt_id: int | None = None,
+    log_now: LogNow | None = None,
 ) -> CompactionPlan:
     """Decide between an incremental run (ledger + tail after the horizon) and a full rebuild.
 
@@ -82,12 +123,11 @@ def plan_compaction(
     if previous is not None and previous.strategy != strategy.settings:
         full = True
         reasons.append(f"the strategy settings changed from {previous.strategy} to {strategy.settings}")
-    if previous is not None:
-        for p, old in previous.horizon.items():
-            if p in offsets and offsets[p].end - 1 < old:
-                full = True
-                reasons.append(f"partition {p} now ends at {offsets[p].end} below the horizon {old} "
-                               "(topic recreated or truncated)")
+    log_now = log_now or LogNow(previous.topic_id if previous else None)
+    recreated = new_log_reason(previous, offsets, log_now) if previous is not None else None
+    if recreated is not None:
+        full = True
+        reasons.append(recreated)
     if full and reasons:
         log.warning("topic %s: full rebuild because %s", topic, "; ".join(reasons))
     incremental = previous is not None and not full
@@ -101,4 +141,5 @@ def plan_compaction(
     horizon = {p: o.end - 1 for p, o in offsets.items()}
     if incremental and previous is not None:
         horizon = {p: max(h, previous.horizon.get(p, -1)) for p, h in horizon.items()}
-    return CompactionPlan(offsets, full, split, previous, files, horizon, strategy, reasons, corrupt_id)
+    return CompactionPlan(offsets, full, split, previous, files, horizon, strategy, reasons, corrupt_id,
+                          log_now.topic_id, recreated is not None)

@@ -16,16 +16,16 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compactord.engine.job import job_spec, run_compaction_job
 from compactord.engine.kafka_source import CANCEL_FILE
-from compactord.engine.planning import CompactionPlan, plan_compaction
+from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
-from compactord.model import LedgerManifest
+from compactord.model import LedgerManifest, RecordFingerprint
 from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class TailRead:
 
     records: int = 0
     bytes: int = 0
+    last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
 
 
 class CompactionRun:
@@ -88,12 +89,12 @@ class CompactionRun:
             ctx.checkpoint("written")
             ctx.begin_switch()
             ctx.checkpoint("switch")
-            old = self.service.switch_to(handle, ledger_id)
+            old, problem = self.service.switch_to(handle, ledger_id)
             switched = True
-            ctx.checkpoint("switched")
-            self._retire(old, plan.previous)
-            if plan.corrupt_id is not None and plan.corrupt_id != ledger_id:
-                self._delete_replaced(plan.corrupt_id)
+            if problem is not None:
+                ctx.stats.switch_warning = f"ledger {ledger_id} is current, but the switch then failed: {problem}"
+                log.warning("topic %s (task %s): %s", self.topic, ctx.task_id, ctx.stats.switch_warning)
+            self._after_switch(old, plan, ledger_id)
             ctx.ledger_id = ledger_id
             ctx.transition(TaskState.SUCCEED)
             log.info("topic %s compacted into ledger %d: %d read, %d kept, %d removed in %.1fs",
@@ -111,10 +112,15 @@ class CompactionRun:
                           exc_info=not hasattr(exc, "code"))
                 ctx.fail(exc)
         finally:
-            if new_path is not None and not switched:
-                self.store.discard(new_path)
-            shutil.rmtree(progress_dir, ignore_errors=True)
-            ctx.worker_done.set()
+            try:  # never raises: the task's slot is released below whatever happens here
+                if new_path is not None and not switched:
+                    self.store.discard(new_path)
+                shutil.rmtree(progress_dir, ignore_errors=True)
+            except Exception:
+                log.warning("topic %s (task %s): could not remove the unused ledger %s (removed at next "
+                            "start-up)", self.topic, ctx.task_id, new_path, exc_info=True)
+            finally:
+                ctx.worker_done.set()
 
     # -- the steps ------------------------------------------------------------------------------
 
@@ -133,12 +139,22 @@ class CompactionRun:
             with contextlib.suppress(LedgerCorrupt):
                 corrupt_id = self.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
         return plan_compaction(
-            self.topic, offsets=offsets, previous=previous,
+            self.topic, offsets=offsets, previous=previous, log_now=self._log_now(previous),
             previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
             cores=self.factory.spark.cores, ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
             corrupt_id=corrupt_id,
         )
+
+    def _log_now(self, previous: LedgerManifest | None) -> LogNow:
+        """The log's identity now: its topic id, and the records at the previous ledger's fingerprints
+        (one small fetch per partition; skipped for a rebuild, which needs no comparison)."""
+        broker = self.factory.broker
+        topic_id = broker.topic_id(self.topic)
+        if previous is None or self.ctx.rebuild or not previous.fingerprints:
+            return LogNow(topic_id)
+        at = {p: f.offset for p, f in previous.fingerprints.items()}
+        return LogNow(topic_id, broker.first_records(self.topic, at))
 
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:
@@ -180,7 +196,7 @@ class CompactionRun:
             ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
             started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
-            log_start=plan.log_start,
+            log_start=plan.log_start, topic_id=plan.topic_id, fingerprints=plan.fingerprints_after(tail.last),
         )
         manifest.finished_at_ms = int(time.time() * 1000)
         manifest.timings = {"spark_seconds": round(time.time() - started, 3)}
@@ -190,7 +206,18 @@ class CompactionRun:
             manifest.markers
         stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
         stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
+        stats.recreated = plan.recreated
         return manifest
+
+    def _after_switch(self, old: LedgerHandle | None, plan: CompactionPlan, ledger_id: int) -> None:
+        """Past the commit point: what is left cannot fail the task (the new ledger is current)."""
+        try:
+            self.ctx.checkpoint("switched")
+        except CompactionCancelled:
+            pass  # a cancel raced the switch: too late, the ledger is current
+        self._retire(old, plan.previous)
+        if plan.corrupt_id is not None and plan.corrupt_id != ledger_id:
+            self._delete_replaced(plan.corrupt_id)
 
     def _retire(self, old: LedgerHandle | None, previous: LedgerManifest | None) -> None:
         if previous is None:
@@ -221,6 +248,7 @@ class CompactionRun:
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
     records = size = 0
+    last: dict[int, RecordFingerprint] = {}
     try:
         paths = list(progress_dir.glob("*.json"))
     except OSError:
@@ -232,4 +260,9 @@ def read_progress(progress_dir: Path) -> TailRead:
             continue
         records += int(data.get("records", 0))
         size += int(data.get("bytes", 0))
-    return TailRead(records, size)
+        if data.get("last") is not None:
+            found = RecordFingerprint.from_json(data["last"])
+            partition = int(data["partition"])
+            if partition not in last or found.offset > last[partition].offset:
+                last[partition] = found
+    return TailRead(records, size, last)

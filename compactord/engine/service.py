@@ -87,15 +87,27 @@ class SparkTopicCompactionService(TopicCompactionService):
             old, self._handle, self._handle_id = self._handle, handle, ledger_id
             return old
 
-    def switch_to(self, handle: LedgerHandle, ledger_id: int) -> LedgerHandle | None:
+    def switch_to(self, handle: LedgerHandle, ledger_id: int) -> tuple[LedgerHandle | None, Exception | None]:
         """Make ``handle`` current: the CURRENT pointer and the in-memory ledger, under the lock that reads
         take to find the current ledger, so that no read installs the new ledger in between and leaves
-        the old one unretired. Returns the ledger it replaced in memory."""
+        the old one unretired.
+
+        The commit point is the replacement of CURRENT: an error before it raises (the previous ledger
+        stays current); an error after it (e.g. the directory's fsync) is returned with the ledger
+        this replaced in memory, and the switch stands.
+        """
+        store = self.factory.store
         with self._lock:
-            self.factory.store.switch(self.topic, ledger_id)
+            problem: Exception | None = None
+            try:
+                store.switch(self.topic, ledger_id)
+            except Exception as exc:
+                if store.current_ledger_id(self.topic) != ledger_id:
+                    raise
+                problem = exc
             old = self._install(handle, ledger_id)
             self._corrupt = None
-            return old
+            return old, problem
 
     def _read(self, fn: Callable[[LedgerReader], T]) -> tuple[LedgerManifest, T]:
         """Run ``fn`` on the current ledger, which stays on disk until ``fn`` returns; return that

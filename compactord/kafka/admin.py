@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from kafka import TopicPartition
@@ -22,13 +23,14 @@ from compactord.config import Settings
 from compactord.errors import TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
-from compactord.model import PartitionOffsets
+from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC = 3
+_CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms", "retention.ms")
 
 
 class KafkaAdmin(BrokerMetadata):
@@ -102,7 +104,72 @@ class KafkaAdmin(BrokerMetadata):
         # Brokers without topic ids answer the null UUID.
         return None if not text or set(text.replace("-", "")) <= {"0"} else text
 
+    def topic_configs(self, topic: str) -> TopicConfigs:
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        def describe(admin: Any, _c: Any) -> dict[str, str]:
+            # "all": a topic left at the broker's defaults has no "modified" config.
+            answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
+            configs = answer.get("topic", {}).get(topic, {}) if isinstance(answer, dict) else {}
+            found: dict[str, str] = {}
+            for name in _CLEANUP_CONFIGS:
+                config = configs.get(name)
+                value = config.get("value") if isinstance(config, dict) else config
+                if value is not None:
+                    found[name] = str(value)
+            return found
+
+        self.partitions(topic)  # TopicNotFound for a topic the broker does not have
+        try:
+            found = self._call(topic, describe)
+        except TopicNotFound:
+            raise
+        except Exception as exc:  # an old broker, or one without DescribeConfigs: "unknown", not an error
+            log.debug("DescribeConfigs of %s failed: %s", topic, exc)
+            found = {}
+        return TopicConfigs(
+            cleanup_policy=found.get("cleanup.policy"),
+            delete_retention_ms=_int_or_none(found.get("delete.retention.ms")),
+            min_compaction_lag_ms=_int_or_none(found.get("min.compaction.lag.ms")),
+            retention_ms=_int_or_none(found.get("retention.ms")),
+        )
+
     # -- offsets ----------------------------------------------------------------------------------
+
+    def first_records(self, topic: str, at: Mapping[int, int]) -> dict[int, RecordFingerprint | None]:
+        if not at:
+            return {}
+        offsets = self.offsets(topic)
+
+        def fetch(_admin: Any, cons: Any) -> dict[int, RecordFingerprint | None]:
+            found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
+            tps = {}
+            for p, offset in at.items():
+                o = offsets.get(p)
+                if o is None or not o.log_start <= offset < o.end:
+                    continue  # below the log start, or past the end: nothing there to compare
+                tp = TopicPartition(topic, p)
+                tps[tp] = offset
+            if not tps:
+                return found
+            cons.assign(list(tps))
+            for tp, offset in tps.items():
+                cons.seek(tp, offset)
+            pending = set(tps)
+            deadline = time.monotonic() + self._settings.kafka_request_timeout_ms / 1000
+            while pending and time.monotonic() < deadline:
+                for tp, records in cons.poll(timeout_ms=200, max_records=500).items():
+                    if tp in pending and records:
+                        r = records[0]
+                        found[tp.partition] = RecordFingerprint.of(r.offset, r.timestamp, r.key, r.value)
+                        pending.discard(tp)
+                        cons.pause(tp)
+                for tp in list(pending):
+                    if cons.position(tp) >= offsets[tp.partition].end:
+                        pending.discard(tp)  # only transaction markers or aborted records were left
+            return found
+
+        return self._call(topic, fetch, reads=True)
 
     def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
         """Log start and committed end of every partition, fixed now."""
@@ -155,6 +222,13 @@ class KafkaAdmin(BrokerMetadata):
                 log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
         return ends
 
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 def _close_quietly(client: Any) -> None:

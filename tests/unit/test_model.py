@@ -52,10 +52,10 @@ def test_illegal_topic_names_say_what_is_allowed(topic: object, says: str) -> No
     ("key", "value", "tombstone"),
     [
         (b"k", None, True),
-        (b"k", b"", True),
+        (b"k", b"", False),  # Kafka's rule: an empty value is a value
         (b"k", b"v", False),
         (b"", None, True),  # the empty key is an ordinary key
-        (b"", b"", True),
+        (b"", b"", False),
         (b"", b"v", False),
         (None, None, False),  # a null-key record never deletes anything
         (None, b"", False),
@@ -114,3 +114,27 @@ def test_manifest_without_log_start_reads() -> None:
     data = json.loads(json.dumps(_manifest().to_json()))
     del data["log_start"]
     assert LedgerManifest.from_json(data).log_start == {}
+
+
+def test_a_manifest_written_before_the_empty_value_rule_reads_as_pulsar_s_rule() -> None:
+    from compactord.model import LedgerManifest, StrategySettings
+
+    data = LedgerManifest(1, "t", {0: 9}, StrategySettings(), []).to_json()
+    assert data["strategy"]["empty_value_is_tombstone"] is False
+    del data["strategy"]["empty_value_is_tombstone"]
+    legacy = LedgerManifest.from_json(data)
+    assert legacy.strategy.empty_value_is_tombstone is True
+    assert legacy.topic_id is None and legacy.fingerprints is None
+
+
+def test_fingerprints_tell_records_apart_and_round_trip() -> None:
+    from compactord.model import LedgerManifest, RecordFingerprint, StrategySettings
+
+    a = RecordFingerprint.of(5, 1000, b"k", b"v")
+    assert a == RecordFingerprint.of(5, 1000, b"k", b"v")
+    assert len({a, RecordFingerprint.of(5, 1000, b"k", b"w"), RecordFingerprint.of(5, 1000, b"k", b""),
+                RecordFingerprint.of(5, 1000, b"k", None), RecordFingerprint.of(5, 1000, None, b"kv"),
+                RecordFingerprint.of(5, 1000, b"kv", b""), RecordFingerprint.of(5, 1001, b"k", b"v")}) == 7
+    manifest = LedgerManifest(1, "t", {0: 9}, StrategySettings(), [], topic_id="id-1", fingerprints={0: a})
+    again = LedgerManifest.from_json(manifest.to_json())
+    assert again.fingerprints == {0: a} and again.topic_id == "id-1"

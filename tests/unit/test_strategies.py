@@ -20,6 +20,7 @@ from compactord.engine.strategies import (
     fold,
     load_strategy,
     parse_event_time_header,
+    plan_for,
     reducer_for,
     row_entry,
     strategy_name,
@@ -240,7 +241,8 @@ def test_event_time_newer_tombstone_wins() -> None:
     [
         ([b"v1", b"v2"], b"v1"),
         ([b"v1", None, b"v3"], b"v3"),
-        ([b"v1", b"", b"v3", b"v4"], b"v3"),
+        ([b"v1", b"", b"v3", b"v4"], b"v1"),  # an empty value is a value (Kafka's rule)
+        ([b"v1", None, b"", b"v4"], b""),
         ([b"v1", None], None),
         ([None, b"v2"], b"v2"),
         ([None], None),
@@ -316,3 +318,42 @@ def test_reducing_each_chunk_keeps_every_key_s_winner(
     for key in {r[3] for r in rows}:
         expected = fold(strategy, [row_entry(r) for r in rows if r[3] == key])
         assert fold(strategy, [row_entry(r) for r in kept if r[3] == key]) == expected
+
+
+# -- one dispatch: what a strategy's class declares decides the reducer and the job's query -------------
+
+
+class LastValueWins(FirstValue):
+    """A plug-in subclass that changes the fold: the built-in's shortcuts must not apply to it."""
+
+    def should_keep_left(self, prev: Entry, cur: Entry) -> bool:
+        return False
+
+
+class EarliestEventTime(EventTimeOrder):
+    """Overrides the order but inherits EventTimeOrder's SQL order, which no longer mirrors it."""
+
+    def order_key(self, record: Entry) -> tuple[Any, ...]:
+        return (-(record.event_time or 0), record.offset)
+
+
+def test_a_subclass_that_changes_the_fold_loses_the_builtin_shortcuts() -> None:
+    plan = plan_for(LastValueWins())
+    assert not plan.first_value and plan.sql_order is None
+    rows = [row(0, b"first"), row(1, b"second")]
+    assert [rows[i] for i in plan.reducer(rows)] == rows  # every row goes to the general fold
+    assert winner(LastValueWins(), rows).value == b"second"
+
+
+def test_a_subclass_that_changes_the_order_loses_the_inherited_sql_order() -> None:
+    plan = plan_for(EarliestEventTime())
+    assert plan.sql_order is None and plan.keeps_deletion_markers
+    rows = [row(0, b"late", event_time=30), row(1, b"early", event_time=10)]
+    assert [rows[i][4] for i in plan.reducer(rows)] == [b"early"]
+
+
+def test_builtins_keep_their_shortcuts() -> None:
+    assert plan_for(PublishingOrder()).sql_order == "offset"
+    assert plan_for(EventTimeOrder()).sql_order == EventTimeOrder.sql_order
+    assert plan_for(FirstValue()).first_value
+    assert plan_for(KeepLargest()).reducer is not plan_for(FirstValue()).reducer

@@ -31,10 +31,12 @@ __all__ = [
     "FirstValue",
     "PublishingOrder",
     "ResolvedStrategy",
+    "StrategyPlan",
     "event_time_extractor",
     "fold",
     "load_strategy",
     "parse_event_time_header",
+    "plan_for",
     "reducer_for",
     "row_entry",
     "strategy_name",
@@ -89,10 +91,11 @@ class ResolvedStrategy:
 
     @classmethod
     def resolve(cls, ref: str, event_time_source: str, retain_null_key: bool,
-                key: str = "compactionStrategy") -> ResolvedStrategy:
+                key: str = "compactionStrategy", empty_value_is_tombstone: bool = False) -> ResolvedStrategy:
         """:raises ConfigError: ``ref`` names no strategy."""
         strategy = load_strategy(ref, key)
-        return cls(ref, strategy, StrategySettings(strategy_name(strategy, ref), event_time_source, retain_null_key))
+        return cls(ref, strategy, StrategySettings(strategy_name(strategy, ref), event_time_source, retain_null_key,
+                                                   empty_value_is_tombstone))
 
 
 def _reduce_custom_order(strategy: OrderedCompactionStrategy) -> Reducer:
@@ -112,13 +115,41 @@ def _keep_all(rows: Sequence[Row]) -> list[int]:
     return list(range(len(rows)))
 
 
-def reducer_for(strategy: CompactionStrategy) -> Reducer:
-    builtin = _BUILTIN_REDUCERS.get(type(strategy))
-    if builtin is not None:
-        return builtin
+def _declared_by(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``name``."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyPlan:
+    """How the engine runs a strategy, decided once from what its class declares, so that the readers'
+    reducer and the Spark job never disagree (a subclass of a built-in that overrides ``order_key``
+    or ``should_keep_left`` loses the built-in's shortcuts, in both places)."""
+
+    reducer: Reducer
+    sql_order: str | None = None  # pick winners natively with max_by over this order
+    first_value: bool = False  # the native first-value query
+    keeps_deletion_markers: bool = False  # event-time: a winning deletion stays as a marker
+
+
+def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
+    cls = type(strategy)
+    markers = isinstance(strategy, EventTimeOrder)
     if isinstance(strategy, OrderedCompactionStrategy):
-        return _reduce_custom_order(strategy)
-    return _keep_all
+        order_at = _declared_by(cls, "order_key")
+        sql_at = _declared_by(cls, "sql_order")
+        # An SQL order counts only where it was declared with (or below) the order_key it mirrors.
+        sql = strategy.sql_order if sql_at is not None and order_at is not None and issubclass(sql_at, order_at) \
+            else None
+        builtin = _BUILTIN_REDUCERS.get(order_at) if order_at in (PublishingOrder, EventTimeOrder) else None
+        return StrategyPlan(builtin or _reduce_custom_order(strategy), sql, False, markers)
+    if _declared_by(cls, "should_keep_left") is FirstValue:
+        return StrategyPlan(reduce_first_value, None, True, markers)
+    return StrategyPlan(_keep_all, None, False, markers)
+
+
+def reducer_for(strategy: CompactionStrategy) -> Reducer:
+    return plan_for(strategy).reducer
 
 
 def fold(strategy: CompactionStrategy, records: Sequence[Entry]) -> Entry | None:

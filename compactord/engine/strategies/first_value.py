@@ -19,7 +19,7 @@ def reduce_first_value(rows: Sequence[Row]) -> list[int]:
     first: dict[bytes, int] = {}
     for i, row in enumerate(rows):
         key, value = row[ROW_KEY], row[ROW_VALUE]
-        if not value:
+        if value is None:  # Kafka's rule; under Pulsar's the reader made empty values null
             tomb[key] = i
             first_after.pop(key, None)
         else:
