@@ -134,9 +134,12 @@ class TopicCompactionService(ABC):
         """
 
     @abstractmethod
-    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False) -> CompactedPage:
+    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
+                            ledger_id: int | None = None) -> CompactedPage:
         """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset
-        order, with the manifest of the one ledger they were read from.
+        order, with the manifest of the one ledger they were read from: the current one, or the pinned
+        ``ledger_id`` while it is current or in its grace period after a switch (``LedgerRetired``
+        after it).
 
         Served from the current ledger with pyarrow, never through Spark. Event-time deletion markers
         are returned only with ``include_markers`` (the compacted reader needs them to apply the
@@ -148,8 +151,9 @@ class TopicCompactionService(ABC):
         """
 
     @abstractmethod
-    def read_last_compacted_page(self, partition: int) -> CompactedPage:
-        """The last live entry of ``partition`` (no entry for an empty partition), with its ledger.
+    def read_last_compacted_page(self, partition: int, ledger_id: int | None = None) -> CompactedPage:
+        """The last live entry of ``partition`` (no entry for an empty partition), with its ledger (the
+        current one, or the pinned ``ledger_id`` as for ``read_compacted_page``).
 
         :raises NotCompacted: the topic has no ledger.
         :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
@@ -170,8 +174,9 @@ class TopicCompactionService(ABC):
         (-1 for a partition that never had records). None if the topic was never compacted."""
 
     @abstractmethod
-    def ledger_info(self) -> LedgerManifest | None:
-        """The current ledger's manifest, or None if the topic was never compacted."""
+    def ledger_info(self, ledger_id: int | None = None) -> LedgerManifest | None:
+        """The current ledger's manifest, or None if the topic was never compacted; with ``ledger_id``,
+        that ledger's while it is readable (``LedgerRetired`` after)."""
 
     @abstractmethod
     def corrupt_ledger(self) -> LedgerCorrupt | None:

@@ -138,14 +138,22 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
     from compactord.interfaces import ServiceContext
 
     made: list[Any] = []
+    owned: list[Any] = []
 
-    def make(root: Path | None = None, store: Any = None, probe: Any = None, **overrides: Any) -> Any:
+    def make(root: Path | None = None, store: Any = None, probe: Any = None,
+             metadata: Callable[[Any], Any] | None = None, **overrides: Any) -> Any:
         """A second factory on the same root must share the first one's ``store`` (it holds the lock);
-        ``probe`` sees (and may hold) its tasks (``tests.support.probes``)."""
+        ``probe`` sees (and may hold) its tasks (``tests.support.probes``); ``metadata`` wraps the real
+        broker metadata (e.g. ``tests.support.brokers.Answers``) to give answers the test broker cannot."""
+        from compactord.kafka.admin import KafkaAdmin
+
         root = store.root if store is not None else root or tmp_path / "ledgers"
         settings = settings_for(broker, root, **overrides)
+        answers = metadata(KafkaAdmin(settings)) if metadata is not None else None
+        if answers is not None:
+            owned.append(answers)
         factory = SparkCompactionServiceFactory()
-        factory.initialize(ServiceContext(settings, spark=spark_manager, store=store, probe=probe))
+        factory.initialize(ServiceContext(settings, spark=spark_manager, store=store, probe=probe, broker=answers))
         made.append(factory)
         return factory
 
@@ -161,3 +169,5 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
             if task is not None:
                 task.worker_done.wait(60)
         factory.close()
+    for answers in owned:
+        answers.close()

@@ -58,6 +58,9 @@ class Metrics:
         self.switch_warnings = Counter(
             "compactord_switch_warnings", "Switches that committed and then failed a later step (fsync)",
             ["topic"], registry=r)
+        self.topic_broker_compacted = Gauge(
+            "compactord_topic_broker_compacted", "1 if the broker compacts the topic itself (cleanup.policy)",
+            ["topic"], registry=r)
         self.removed = Counter("compactord_removed_events", "Records removed by compaction (Pulsar's removed events)",
                                ["topic"], registry=r)
         self.records_read = Counter("compactord_records_read", "Records read by compactions (ledger + tail)",
@@ -117,7 +120,7 @@ class Metrics:
         """Drop a deleted topic's per-topic series."""
         for metric in (self.compacted_entries, self.compacted_bytes, self.backlog_records, self.backlog_bytes,
                        self.backlog_age, self.dirty_ratio, self.topic_uncleanable, self.ledger_corrupt,
-                       self.topic_missing):
+                       self.topic_missing, self.topic_broker_compacted):
             try:
                 metric.remove(topic)
             except KeyError:

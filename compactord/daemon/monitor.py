@@ -36,9 +36,10 @@ from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerC
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
 from compactord.ledger.store import LedgerStore
+from compactord.model import LedgerManifest, PartitionOffsets, TopicConfigs
 from compactord.task import TaskState
 
-__all__ = ["Backlog", "BacklogMonitor", "triggers_fired"]
+__all__ = ["Backlog", "BacklogMonitor", "BrokerTopic", "triggers_fired"]
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 3600
@@ -57,6 +58,50 @@ class Backlog:
     def dirty_ratio(self) -> float:
         total = self.ledger_records + self.records
         return self.records / total if total else 0.0
+
+
+# Strategies that need a key's losers (earlier values, older event times): a broker that compacts the
+# topic itself may already have removed them.
+_SAFE_UNDER_BROKER_COMPACTION = ("publishing-order",)
+
+
+@dataclass(frozen=True)
+class BrokerTopic:
+    """What the broker last said of a topic (refreshed every monitor pass): its id, offsets and cleanup
+    configs. Reads use it instead of asking the broker."""
+
+    topic_id: str | None
+    offsets: dict[int, PartitionOffsets]
+    configs: TopicConfigs
+    refreshed_at: float
+
+    def log_starts(self) -> dict[int, int]:
+        return {p: o.log_start for p, o in self.offsets.items()}
+
+    def new_log(self, manifest: LedgerManifest) -> str | None:
+        """Why the topic's log is not the one ``manifest``'s ledger was made of, or None."""
+        if manifest.topic_id and self.topic_id and manifest.topic_id != self.topic_id:
+            return f"the topic id changed from {manifest.topic_id} to {self.topic_id}"
+        for p, horizon in manifest.horizon.items():
+            o = self.offsets.get(p)
+            if o is None:
+                return f"partition {p} no longer exists"
+            if o.end - 1 < horizon:
+                return f"partition {p} now ends at {o.end}, below the horizon {horizon}"
+        return None
+
+    def implicit_max_lag_seconds(self) -> int | None:
+        """For a topic the broker compacts itself: half its ``delete.retention.ms``, so that no tombstone
+        is cleaned away by the broker before a compaction has seen it."""
+        if self.configs.compacted_by_broker and self.configs.delete_retention_ms:
+            return max(1, self.configs.delete_retention_ms // 2000)
+        return None
+
+    def warnings(self, strategy: str) -> list[str]:
+        if self.configs.compacted_by_broker and strategy not in _SAFE_UNDER_BROKER_COMPACTION:
+            return [f"the broker compacts this topic itself (cleanup.policy={self.configs.cleanup_policy}); "
+                    f"the {strategy} strategy needs records the broker's cleaner may already have removed"]
+        return []
 
 
 def triggers_fired(backlog: Backlog, policy: dict[str, Any]) -> list[str]:
@@ -88,6 +133,8 @@ class BacklogMonitor:
         self.backlogs: dict[str, Backlog] = {}
         self.missing: set[str] = set()
         self.last_run: float | None = None
+        self.topics: dict[str, BrokerTopic] = {}  # what the broker last said of each topic seen
+        self._configs_unknown_logged: set[str] = set()
 
     def start(self) -> None:
         self._scheduler.add_job(self.run_once, "interval", seconds=self._settings.monitor_interval_seconds,
@@ -116,9 +163,45 @@ class BacklogMonitor:
             self.last_run = time.time()
             self._lock.release()
 
+    # -- what the broker says of a topic -----------------------------------------------------------
+
+    def refresh(self, topic: str) -> BrokerTopic:
+        """Ask the broker for ``topic``'s id, offsets and configs now, and keep the answer.
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+        broker = self._broker
+        offsets = broker.offsets(topic)
+        configs = broker.topic_configs(topic)
+        if not configs.known and topic not in self._configs_unknown_logged:
+            self._configs_unknown_logged.add(topic)
+            log.info("topic %s: the broker did not describe its cleanup configs (DescribeConfigs); "
+                     "whether it compacts the topic itself is unknown", topic)
+        known = BrokerTopic(broker.topic_id(topic), offsets, configs, time.time())
+        self.topics[topic] = known
+        self._metrics.topic_broker_compacted.labels(topic).set(1 if configs.compacted_by_broker else 0)
+        return known
+
+    def known(self, topic: str) -> BrokerTopic | None:
+        return self.topics.get(topic)
+
+    def recreated(self, topic: str, manifest: LedgerManifest) -> str | None:
+        """Why the broker's log of ``topic`` (as last seen) is not the one ``manifest``'s ledger was made
+        of, or None. Never asks the broker."""
+        known = self.topics.get(topic)
+        return None if known is None else known.new_log(manifest)
+
+    def log_starts(self, topic: str) -> dict[int, int]:
+        """The log starts last seen (empty if never seen): what a read of the ledger must not go below."""
+        known = self.topics.get(topic)
+        return {} if known is None else known.log_starts()
+
     def _pass(self) -> None:
         broker_topics = set(self._broker.list_topics())
         self._note_missing(broker_topics)
+        for topic in sorted(broker_topics & set(self._store.topics())):
+            if not self._pattern.fullmatch(topic):  # matching topics are refreshed by _consider
+                self._refresh_quietly(topic)
         uncleanable = 0
         for topic in sorted(broker_topics):
             if not self._pattern.fullmatch(topic):
@@ -135,7 +218,15 @@ class BacklogMonitor:
         self._metrics.uncleanable.set(uncleanable)
         self._registry.kick()
 
+    def _refresh_quietly(self, topic: str) -> BrokerTopic | None:
+        try:
+            return self.refresh(topic)
+        except CompactordError as exc:
+            log.debug("topic %s not refreshed: %s", topic, exc)
+            return None
+
     def _consider(self, topic: str, failures: int) -> None:
+        known = self.refresh(topic)
         backlog = self.measure(topic)
         self.backlogs[topic] = backlog
         m = self._metrics
@@ -145,7 +236,11 @@ class BacklogMonitor:
         m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
         if self._registry.live(topic) is not None or self._in_backoff(topic, failures):
             return
-        fired = triggers_fired(backlog, self._policies.get(topic).effective(self._settings))
+        policy = dict(self._policies.get(topic).effective(self._settings))
+        implicit = known.implicit_max_lag_seconds()
+        if implicit is not None and (policy["maxLagSeconds"] <= 0 or implicit < policy["maxLagSeconds"]):
+            policy["maxLagSeconds"] = implicit  # broker-compacted: before its cleaner removes tombstones
+        fired = triggers_fired(backlog, policy) + self._view_triggers(topic, known)
         if not fired:
             return
         log.info("compacting topic %s: %s", topic, "; ".join(fired))
@@ -153,6 +248,22 @@ class BacklogMonitor:
             self._registry.trigger(topic, backlog=backlog.bytes)
         except CompactionAlreadyRunning:
             pass
+
+    def _view_triggers(self, topic: str, known: BrokerTopic) -> list[str]:
+        """Reasons to compact that are not a backlog: the ledger is of a log that no longer exists, or the
+        log start moved past entries the ledger still holds (retention)."""
+        try:
+            manifest = self._registry.service(topic).ledger_info()
+        except LedgerCorrupt:
+            return []
+        if manifest is None:
+            return []
+        recreated = known.new_log(manifest)
+        if recreated is not None:
+            return [f"the topic was recreated ({recreated})"]
+        moved = [p for p, start in known.log_starts().items()
+                 if start > manifest.log_start.get(p, 0) and start <= manifest.horizon.get(p, -1)]
+        return [f"the log start moved in partitions {moved} (retention)"] if moved else []
 
     def _in_backoff(self, topic: str, failures: int) -> bool:
         if failures == 0:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from compactord.config import Settings
 from compactord.engine.kafka_source import OffsetRange, plan_ranges
-from compactord.engine.strategies import ResolvedStrategy
+from compactord.engine.strategies import ResolvedStrategy, plan_for
 from compactord.model import Horizon, LedgerManifest, PartitionOffsets, RecordFingerprint
 
 __all__ = ["CompactionPlan", "LogNow", "new_log_reason", "plan_compaction"]
@@ -111,6 +111,7 @@ def plan_compaction(
     ranges_per_core: int,
     corrupt_id: int | None = None,
     log_now: LogNow | None = None,
+    first_offsets: Mapping[int, int] | None = None,
 ) -> CompactionPlan:
     """Decide between an incremental run (ledger + tail after the horizon) and a full rebuild.
 
@@ -128,6 +129,14 @@ def plan_compaction(
     if recreated is not None:
         full = True
         reasons.append(recreated)
+    elif previous is not None and not full and plan_for(strategy.strategy).needs_losers:
+        # Retention removed entries the ledger holds: the winner among what the log still holds may be
+        # a record the ledger dropped as a loser, so only a read of the log can find it.
+        passed = sorted(p for p, first in (first_offsets or {}).items() if p in offsets and first < offsets[p].log_start)
+        if passed:
+            full = True
+            reasons.append(f"the log start moved past ledger entries in partitions {passed}, and the "
+                           f"{strategy.settings.strategy} strategy chooses among the records the log still holds")
     if full and reasons:
         log.warning("topic %s: full rebuild because %s", topic, "; ".join(reasons))
     incremental = previous is not None and not full

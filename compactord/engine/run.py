@@ -25,7 +25,7 @@ from compactord.engine.kafka_source import CANCEL_FILE
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
-from compactord.model import LedgerManifest, RecordFingerprint
+from compactord.model import LedgerManifest, PartitionOffsets, RecordFingerprint
 from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class CompactionRun:
         reasons: list[str] = []
         previous: LedgerManifest | None = None
         corrupt_id: int | None = None
+        handle: LedgerHandle | None = None
         try:
             # Checked again, not only when loaded: a ledger whose files went bad since must not be
             # the base of the next one (it would fail every run, or carry the damage over).
@@ -140,11 +141,27 @@ class CompactionRun:
                 corrupt_id = self.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
         return plan_compaction(
             self.topic, offsets=offsets, previous=previous, log_now=self._log_now(previous),
+            first_offsets=self._first_offsets(handle, offsets),
             previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
             cores=self.factory.spark.cores, ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
             corrupt_id=corrupt_id,
         )
+
+    @staticmethod
+    def _first_offsets(handle: LedgerHandle | None, offsets: dict[int, PartitionOffsets]) -> dict[int, int]:
+        """Per partition whose log start moved past the ledger's, the offset of its first ledger entry."""
+        if handle is None:
+            return {}
+        moved = [p for p, o in offsets.items() if o.log_start > handle.manifest.log_start.get(p, 0)]
+        if not moved:
+            return {}
+        reader = handle.acquire()
+        try:
+            found = {p: reader.read(p, 0, 1, include_markers=True) for p in moved}
+        finally:
+            handle.release()
+        return {p: entries[0].offset for p, entries in found.items() if entries}
 
     def _log_now(self, previous: LedgerManifest | None) -> LogNow:
         """The log's identity now: its topic id, and the records at the previous ledger's fingerprints
@@ -231,10 +248,9 @@ class CompactionRun:
                 log.warning("could not delete old ledger %d of topic %s (removed at next start-up)",
                             old_id, topic, exc_info=True)
 
-        if old is not None:
-            old.retire(delete)
-        else:
-            delete()
+        if old is None:  # never loaded in memory: a handle of its own, so that pinned reads find it
+            old = LedgerHandle(LedgerReader(store.ledger_path(topic, old_id), previous))
+        self.service.keep_retired(old, old_id, delete)
 
     def _delete_replaced(self, ledger_id: int) -> None:
         try:

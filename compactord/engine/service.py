@@ -42,6 +42,8 @@ class SparkTopicCompactionService(TopicCompactionService):
         self._handle: LedgerHandle | None = None
         self._handle_id: int | None = None
         self._corrupt: LedgerCorrupt | None = None
+        # Ledgers a switch replaced, readable by id (a pinned read) until their grace period ends.
+        self._retired: dict[int, LedgerHandle] = {}
 
     # -- the current ledger ---------------------------------------------------------------------
 
@@ -109,20 +111,67 @@ class SparkTopicCompactionService(TopicCompactionService):
             self._corrupt = None
             return old, problem
 
-    def _read(self, fn: Callable[[LedgerReader], T]) -> tuple[LedgerManifest, T]:
-        """Run ``fn`` on the current ledger, which stays on disk until ``fn`` returns; return that
-        ledger's manifest with the result. The one retry loop around a switch: a ledger retired between
-        the look-up and the read is replaced by the new current one."""
+    # -- ledgers replaced by a switch ------------------------------------------------------------
+
+    def keep_retired(self, handle: LedgerHandle, ledger_id: int, delete: Callable[[], None]) -> None:
+        """A ledger replaced by a switch stays readable by id (``ledger_id=`` reads) for
+        ``compactionRetiredLedgerGraceSeconds``, so that a reader pinned to it finishes; then it is
+        retired, and deleted once no read holds it."""
+        grace = self.factory.settings.compaction_retired_ledger_grace_seconds
+        if grace <= 0:
+            handle.retire(delete)
+            return
+        with self._lock:
+            self._retired[ledger_id] = handle
+        timer = threading.Timer(grace, self._expire, args=(ledger_id, delete))
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self, ledger_id: int, delete: Callable[[], None]) -> None:
+        with self._lock:
+            handle = self._retired.pop(ledger_id, None)
+        if handle is not None:
+            handle.retire(delete)
+
+    def _expire_all(self) -> None:
+        with self._lock:
+            retired, self._retired = self._retired, {}
+        for handle in retired.values():
+            handle.retire(lambda: None)  # the files go with the topic, or at the next start-up
+
+    def _handle_for(self, ledger_id: int | None) -> LedgerHandle:
+        """The current ledger, or (``ledger_id``) that ledger if it is current or in its grace period.
+
+        :raises LedgerRetired: the pinned ledger is gone (its grace period passed, or it never was).
+        """
+        handle = self.current()
+        if handle is None and ledger_id is None:
+            raise NotCompacted(self.topic)
+        if ledger_id is None or (handle is not None and handle.manifest.ledger_id == ledger_id):
+            return handle  # type: ignore[return-value]
+        with self._lock:
+            retired = self._retired.get(ledger_id)
+        if retired is None:
+            current = None if handle is None else handle.manifest.ledger_id
+            raise LedgerRetired(
+                f"ledger {ledger_id} of topic {self.topic!r} is not readable: it was replaced more than "
+                f"compactionRetiredLedgerGraceSeconds ago, or never existed; start the read again "
+                f"(the current ledger is {current})", topic=self.topic, ledger_id=ledger_id, current=current)
+        return retired
+
+    def _read(self, fn: Callable[[LedgerReader], T], ledger_id: int | None = None) -> tuple[LedgerManifest, T]:
+        """Run ``fn`` on the current ledger (or the pinned ``ledger_id``), which stays on disk until
+        ``fn`` returns; return that ledger's manifest with the result. The one retry loop around a
+        switch: a current ledger retired between the look-up and the read is replaced by the new
+        current one; a pinned one is not (``LedgerRetired``)."""
         attempt = 0
         while True:
-            handle = self.current()
-            if handle is None:
-                raise NotCompacted(self.topic)
+            handle = self._handle_for(ledger_id)
             try:
                 reader = handle.acquire()
             except LedgerRetired:
                 attempt += 1
-                if attempt >= _READ_ATTEMPTS:
+                if ledger_id is not None or attempt >= _READ_ATTEMPTS:
                     raise
                 continue
             try:
@@ -130,23 +179,26 @@ class SparkTopicCompactionService(TopicCompactionService):
             finally:
                 handle.release()
 
-    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False) -> CompactedPage:
+    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
+                            ledger_id: int | None = None) -> CompactedPage:
         if n < 1 or start.partition < 0 or start.offset < 0:
             raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
         manifest, entries = self._read(
-            lambda r: r.read(start.partition, start.offset, n, include_markers=include_markers))
+            lambda r: r.read(start.partition, start.offset, n, include_markers=include_markers), ledger_id)
         return CompactedPage(manifest, entries)
 
-    def read_last_compacted_page(self, partition: int) -> CompactedPage:
+    def read_last_compacted_page(self, partition: int, ledger_id: int | None = None) -> CompactedPage:
         if partition < 0:
             raise InvalidArgument(f"partition must be >= 0, got {partition}")
-        manifest, entry = self._read(lambda reader: reader.last(partition))
+        manifest, entry = self._read(lambda reader: reader.last(partition), ledger_id)
         return CompactedPage(manifest, [] if entry is None else [entry])
 
-    def ledger_info(self) -> LedgerManifest | None:
+    def ledger_info(self, ledger_id: int | None = None) -> LedgerManifest | None:
         store = self.factory.store
-        ledger_id = store.current_ledger_id(self.topic)
-        return None if ledger_id is None else store.load_manifest(self.topic, ledger_id)
+        if ledger_id is not None:
+            return self._handle_for(ledger_id).manifest
+        current = store.current_ledger_id(self.topic)
+        return None if current is None else store.load_manifest(self.topic, current)
 
     def get_last_compacted_position(self) -> Horizon | None:
         manifest = self.ledger_info()
@@ -179,6 +231,7 @@ class SparkTopicCompactionService(TopicCompactionService):
             handle, self._handle, self._handle_id = self._handle, None, None
         if handle is not None:
             handle.retire(lambda: None)
+        self._expire_all()
         self.factory.store.delete_topic(self.topic)
         self.factory.forget(self.topic)
 
@@ -186,3 +239,4 @@ class SparkTopicCompactionService(TopicCompactionService):
         with self._lock:
             self._handle = None
             self._handle_id = None
+        self._expire_all()

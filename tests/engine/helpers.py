@@ -41,15 +41,16 @@ def view(service: Any, partitions: int = 1) -> dict[bytes | None, bytes | None]:
     return result
 
 
-def last_value_model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
-    """Reference: the last value per key, tombstones (None or b'') deleting."""
+def last_value_model(records: list[tuple[Any, ...]], empty_deletes: bool = False) -> dict[bytes, bytes]:
+    """Reference: the last value per key. Kafka's rule: a null value deletes, an empty one is a value
+    (``empty_deletes``: Pulsar's rule, ``compactionEmptyValueIsTombstone``)."""
     model: dict[bytes, bytes] = {}
     for key, value, *_ in records:
         key = key.encode() if isinstance(key, str) else key
         value = value.encode() if isinstance(value, str) else value
         if key is None:
             continue
-        if not value:
+        if value is None or (empty_deletes and value == b""):
             model.pop(key, None)
         else:
             model[key] = value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compactord.engine.strategies import FirstValue
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import Entry
 
@@ -28,3 +29,10 @@ class LongestValue(CompactionStrategy):
 
     def should_keep_left(self, prev: Entry, cur: Entry) -> bool:
         return not cur.is_tombstone and len(prev.value or b"") >= len(cur.value or b"")
+
+
+class LastValueWins(FirstValue):
+    """A plug-in subclass of a built-in that changes its fold: the built-in's shortcuts must not apply."""
+
+    def should_keep_left(self, prev: Entry, cur: Entry) -> bool:
+        return False

@@ -32,19 +32,28 @@ def test_last_value_per_key_offsets_kept_and_in_order(kafka, make_factory):
     assert service.read_last_compacted_entry(0).key == b"b"
 
 
-def test_tombstones_null_and_empty_delete_and_empty_key_is_a_key(kafka, make_factory):
+def test_a_null_value_deletes_an_empty_value_is_kept_and_empty_key_is_a_key(kafka, make_factory):
     topic = kafka.topic()
     records = [("a", "1"), ("b", "1"), ("", "empty-key"), ("a", None), ("b", b""), ("c", "1"), ("a", "back")]
     kafka.produce(topic, records)
     service = make_factory().new_topic_compaction_service(topic)
     compact(service)
-    assert view(service) == {b"": b"empty-key", b"c": b"1", b"a": b"back"}
+    assert view(service) == {b"": b"empty-key", b"b": b"", b"c": b"1", b"a": b"back"}
     assert view(service) == last_value_model(records)
+
+
+def test_pulsar_s_rule_an_empty_value_deletes_too(kafka, make_factory):
+    topic = kafka.topic()
+    records = [("a", "1"), ("b", "1"), ("a", None), ("b", b""), ("c", "1")]
+    kafka.produce(topic, records)
+    service = make_factory(compaction_empty_value_is_tombstone=True).new_topic_compaction_service(topic)
+    compact(service)
+    assert view(service) == {b"c": b"1"} == last_value_model(records, empty_deletes=True)
 
 
 def test_all_keys_deleted_gives_an_empty_ledger(kafka, make_factory):
     topic = kafka.topic(partitions=2)
-    kafka.produce(topic, [("a", "1", 0), ("b", "1", 1), ("a", None, 0), ("b", b"", 1)])
+    kafka.produce(topic, [("a", "1", 0), ("b", "1", 1), ("a", None, 0), ("b", None, 1)])
     service = make_factory().new_topic_compaction_service(topic)
     compact(service)
     assert entries(service, 0) == [] and entries(service, 1) == []

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from compactord.model import Entry, Position
+from tests.support.brokers import Answers
 
 from .helpers import compact, entries
 
@@ -36,7 +37,7 @@ HEADER = "et"
 @dataclass(frozen=True)
 class Produce:
     key: bytes | None
-    value: bytes | None  # None and b"" are both tombstones
+    value: bytes | None  # None deletes (Kafka's rule); b"" too only under Pulsar's rule
     event_time: tuple[str, int] | None  # (encoding, value): "decimal", "long" or "junk"; None: no header
     partition: int
 
@@ -66,8 +67,12 @@ produces = st.builds(
     event_time=st.none() | st.tuples(st.sampled_from(["decimal", "long", "junk"]), st.integers(-2, 3)),
     partition=st.integers(0, PARTITIONS - 1),
 ).map(lambda r: replace(r, value=b"") if r.key is None and r.value is None else r)  # the client refuses both null
-# Each step produces a few records (possibly none) and then compacts: at most 3 compactions per example.
-steps = st.lists(st.lists(produces, max_size=8), min_size=1, max_size=3)
+# Retention between two compactions: the log start of a partition moves up by a few records (the test
+# broker cannot move it; the answer is given at the metadata boundary, ``Answers``).
+retention = st.none() | st.tuples(st.integers(0, PARTITIONS - 1), st.integers(1, 4))
+# Each step produces a few records (possibly none), maybe moves a log start, then compacts: at most 3
+# compactions per example.
+steps = st.lists(st.tuples(st.lists(produces, max_size=8), retention), min_size=1, max_size=3)
 
 # -- the reference model ---------------------------------------------------------------------------
 
@@ -78,10 +83,11 @@ class Logged:
 
     offset: int
     record: Produce
+    empty_deletes: bool = False  # Pulsar's rule (compactionEmptyValueIsTombstone)
 
     @property
     def deletes(self) -> bool:
-        return not self.record.value
+        return self.record.value is None or (self.empty_deletes and self.record.value == b"")
 
 
 def publishing_order(records: list[Logged]) -> Logged | None:
@@ -116,22 +122,30 @@ class Mode:
     settings: dict[str, Any]
     winner: Callable[[list[Logged]], Logged | None]
     markers: bool  # a winning tombstone stays in the ledger as a marker (never read)
+    empty_deletes: bool = False
 
 
 MODES = {
     "publishing-order": Mode("publishing-order", {}, publishing_order, False),
     "event-time": Mode("event-time", {"compaction_event_time_source": f"header:{HEADER}"}, event_time, True),
     "first-value": Mode("first-value", {}, first_value, False),
+    "first-value/empty-deletes": Mode("first-value", {"compaction_empty_value_is_tombstone": True}, first_value,
+                                      False, empty_deletes=True),
 }
 
 
-def expected(mode: Mode, log: dict[int, list[Logged]]) -> tuple[dict[int, list[Logged]], dict[int, list[Logged]]]:
-    """Per partition, in offset order: the live winners, and the winning tombstones kept as markers."""
+def expected(mode: Mode, log: dict[int, list[Logged]], log_start: dict[int, int]
+             ) -> tuple[dict[int, list[Logged]], dict[int, list[Logged]]]:
+    """Per partition, in offset order: the live winners among the records the log still holds (at or
+    after its log start), and the winning tombstones kept as markers."""
     live: dict[int, list[Logged]] = {}
     markers: dict[int, list[Logged]] = {}
     for partition, records in log.items():
         by_key: dict[bytes, list[Logged]] = {}
         for rec in records:
+            if rec.offset < log_start.get(partition, 0):
+                continue
+            rec = replace(rec, empty_deletes=mode.empty_deletes)
             if rec.record.key is not None:
                 by_key.setdefault(rec.record.key, []).append(rec)
         winners = sorted((w for w in map(mode.winner, by_key.values()) if w is not None), key=lambda w: w.offset)
@@ -178,15 +192,18 @@ _roots = itertools.count()
 @given(program=steps)
 def test_ledger_equals_the_reference_model(kafka, make_factory, tmp_path, strategy, program):
     mode = MODES[strategy]
-    note(f"{strategy}: {len(program)} steps of produce-then-compact: {program!r}")
+    note(f"{strategy}: {len(program)} steps of produce, retention, compact: {program!r}")
     topic = kafka.topic(partitions=PARTITIONS, prefix="prop")
+    answers: list[Answers] = []
     factory = make_factory(
-        root=tmp_path / f"root-{next(_roots)}", compaction_strategy=mode.strategy, **mode.settings
+        root=tmp_path / f"root-{next(_roots)}", compaction_strategy=mode.strategy,
+        metadata=lambda real: answers.append(Answers(real)) or answers[0], **mode.settings
     )
+    log_start: dict[int, int] = {}
     try:
         service = factory.new_topic_compaction_service(topic)
         log: dict[int, list[Logged]] = {p: [] for p in range(PARTITIONS)}
-        for batch in program:
+        for batch, moved in program:
             with kafka.producer() as producer:
                 futures = [
                     (rec, producer.send(topic, key=rec.key, value=rec.value, partition=rec.partition,
@@ -199,10 +216,14 @@ def test_ledger_equals_the_reference_model(kafka, make_factory, tmp_path, strate
                     log[rec.partition].append(Logged(offset, rec))
             for records in log.values():
                 records.sort(key=lambda r: r.offset)
+            if moved is not None:
+                partition, by = moved
+                log_start[partition] = min(len(log[partition]), log_start.get(partition, 0) + by)
+                answers[0].log_start[topic] = dict(log_start)
 
             compact(service)
 
-            live, markers = expected(mode, log)
+            live, markers = expected(mode, log, log_start)
             by_offset = {p: {r.offset: r for r in records} for p, records in log.items()}
             # Offsets produced - 1 (the topic has no transactions, so no markers occupy offsets).
             assert service.get_last_compacted_position() == {p: len(records) - 1 for p, records in log.items()}

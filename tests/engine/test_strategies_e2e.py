@@ -67,10 +67,10 @@ def test_event_time_from_record_timestamp(kafka, make_factory):
 
 def test_stale_tombstone_does_not_delete_a_newer_value(kafka, event_time):
     topic = kafka.topic()
-    produce_et(kafka, topic, [("a", "v", 10), ("a", None, 5), ("b", "v", 10), ("b", b"", 11)])
+    produce_et(kafka, topic, [("a", "v", 10), ("a", None, 5), ("b", "v", 10), ("b", None, 11), ("c", b"", 3)])
     service = event_time().new_topic_compaction_service(topic)
     compact(service)
-    assert view(service) == {b"a": b"v"}
+    assert view(service) == {b"a": b"v", b"c": b""}
 
 
 def test_deletion_marker_blocks_late_resurrection_across_runs(kafka, event_time):
@@ -104,10 +104,10 @@ def test_expired_marker_is_forgotten(kafka, event_time):
 def test_first_value_keeps_the_first_until_a_tombstone(kafka, make_factory):
     topic = kafka.topic()
     kafka.produce(topic, [("a", "1"), ("a", "2"), ("b", "1"), ("b", None), ("b", "3"), ("b", "4"), ("c", "1"),
-                          ("c", b"")])
+                          ("c", None), ("e", b""), ("e", "later")])
     service = make_factory(compaction_strategy="first-value").new_topic_compaction_service(topic)
     compact(service)
-    assert view(service) == {b"a": b"1", b"b": b"3"}
+    assert view(service) == {b"a": b"1", b"b": b"3", b"e": b""}  # an empty value is a first value
     kafka.produce(topic, [("a", "5"), ("c", "6"), ("b", None)])
     compact(service)
     assert view(service) == {b"a": b"1", b"c": b"6"}

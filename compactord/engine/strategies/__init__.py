@@ -130,6 +130,9 @@ class StrategyPlan:
     sql_order: str | None = None  # pick winners natively with max_by over this order
     first_value: bool = False  # the native first-value query
     keeps_deletion_markers: bool = False  # event-time: a winning deletion stays as a marker
+    # The winner may be any record of a key, not always its last: the strategy needs a key's earlier
+    # records, which retention or a broker's own cleaner may remove (every strategy but publishing-order).
+    needs_losers: bool = True
 
 
 def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
@@ -142,7 +145,8 @@ def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
         sql = strategy.sql_order if sql_at is not None and order_at is not None and issubclass(sql_at, order_at) \
             else None
         builtin = _BUILTIN_REDUCERS.get(order_at) if order_at in (PublishingOrder, EventTimeOrder) else None
-        return StrategyPlan(builtin or _reduce_custom_order(strategy), sql, False, markers)
+        return StrategyPlan(builtin or _reduce_custom_order(strategy), sql, False, markers,
+                            needs_losers=order_at is not PublishingOrder)
     if _declared_by(cls, "should_keep_left") is FirstValue:
         return StrategyPlan(reduce_first_value, None, True, markers)
     return StrategyPlan(_keep_all, None, False, markers)
