@@ -6,7 +6,8 @@
 - Secrets may be written ``file:/path``: the value is the file's content, without a trailing newline.
 - An unknown key or a bad value fails with the key, the value and what is allowed.
 
-``KEYS`` is the one table of keys; ``broker.conf.example`` documents every one of them (a test checks).
+Each key is written once, as a ``Settings`` field (``_key``); ``KEYS`` is derived from the fields.
+``broker.conf.example`` documents every key (a test checks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,8 @@ def _event_time_source(key: str, raw: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Key:
+    """One broker.conf key: the metadata of a ``Settings`` field (``KEYS`` is built from them)."""
+
     name: str  # as spelled in broker.conf
     attr: str  # Settings attribute
     parse: Callable[[str, str], Any]
@@ -140,133 +143,111 @@ class Key:
     secret: bool = False  # may be given as file:/path
 
 
-KEYS: tuple[Key, ...] = (
-    # Broker
-    Key("kafkaBootstrapServers", "kafka_bootstrap_servers", _bootstrap, "127.0.0.1:9092", "broker",
-        "Kafka-protocol brokers to read from, host:port[,host:port...]."),
-    Key("kafkaClientId", "kafka_client_id", _str, "compactord", "broker", "Client id sent to the broker."),
-    Key("kafkaRequestTimeoutMs", "kafka_request_timeout_ms", _int_range(1000), "30000", "broker",
-        "Timeout of one broker request, in milliseconds."),
-    Key("kafkaSecurityProtocol", "kafka_security_protocol",
-        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "PLAINTEXT", "broker",
-        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
-    Key("kafkaSaslMechanism", "kafka_sasl_mechanism",
-        _choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"), "PLAIN", "broker",
-        "SASL mechanism when the protocol is SASL_*."),
-    Key("kafkaSaslUsername", "kafka_sasl_username", _str, "", "broker", "SASL user name."),
-    Key("kafkaSaslPassword", "kafka_sasl_password", _str, "", "broker",
-        "SASL password (file:/path reads it from a file).", secret=True),
-    Key("kafkaSslCafile", "kafka_ssl_cafile", _str, "", "broker", "CA bundle to verify the broker (PEM)."),
-    Key("kafkaSslCertfile", "kafka_ssl_certfile", _str, "", "broker", "Client certificate (PEM) for mutual TLS."),
-    Key("kafkaSslKeyfile", "kafka_ssl_keyfile", _str, "", "broker", "Client private key (PEM)."),
-    Key("kafkaSslPassword", "kafka_ssl_password", _str, "", "broker",
-        "Password of the client key (file:/path reads it from a file).", secret=True),
-    Key("kafkaSslCheckHostname", "kafka_ssl_check_hostname", _bool, "true", "broker",
-        "Check that the broker's certificate matches its host name."),
-    # Storage
-    Key("compactedLedgerRoot", "compacted_ledger_root", _local_path, "data/ledgers", "storage",
-        "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a cluster)."),
-    # Compaction
-    Key("compactionServiceFactoryClassName", "compaction_service_factory_class_name", _ref, DEFAULT_FACTORY,
-        "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's class names are "
-        "accepted as aliases).", pulsar=True),
-    Key("compactionStrategy", "compaction_strategy", _ref, "publishing-order", "compaction",
-        "Which record of a key survives: publishing-order, event-time, first-value, or module:Class."),
-    Key("compactionEventTimeSource", "compaction_event_time_source", _event_time_source, "timestamp",
-        "compaction", "Event time of a record: timestamp, or header:NAME."),
-    Key("compactionTombstoneRetentionMs", "compaction_tombstone_retention_ms", _int_range(0), "86400000",
-        "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's delete.retention.ms)."),
-    Key("topicCompactionRetainNullKey", "topic_compaction_retain_null_key", _bool, "false", "compaction",
-        "Keep records without a key in place (otherwise they are dropped).", pulsar=True),
-    Key("compactionEmptyValueIsTombstone", "compaction_empty_value_is_tombstone", _bool, "false", "compaction",
-        "Pulsar's rule: an empty value deletes its key like a null one. Off: Kafka's rule (only a null "
-        "value deletes; an empty value is kept). A change rebuilds each ledger in full."),
-    Key("compactionReadRangesPerCore", "compaction_read_ranges_per_core", _int_range(1, 64), "2", "compaction",
-        "Offset ranges per Spark core that the topic is split into for reading."),
-    Key("compactionReaderBatchRecords", "compaction_reader_batch_records", _int_range(100, 1_000_000), "10000",
-        "compaction", "Records per Arrow batch read from Kafka inside Spark."),
-    # Spark
-    Key("sparkMaster", "spark_master", _str, "local[*]", "spark",
-        "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark)."),
-    # Scheduler
-    Key("brokerServiceCompactionMonitorIntervalInSeconds", "monitor_interval_seconds", _int_range(1), "60",
-        "scheduler", "How often the backlog monitor looks at every topic.", pulsar=True),
-    Key("brokerServiceCompactionThresholdInBytes", "threshold_bytes", _int_range(0), "104857600", "scheduler",
-        "Compact a topic whose backlog is larger than this many bytes (0 = off).", pulsar=True),
-    Key("compactionThresholdInMessages", "threshold_messages", _int_range(0), "0", "scheduler",
-        "Compact a topic whose backlog has more records than this (0 = off)."),
-    Key("compactionMaxLagSeconds", "max_lag_seconds", _int_range(0), "0", "scheduler",
-        "Compact a topic whose oldest uncompacted record is older than this (0 = off)."),
-    Key("compactionMinDirtyRatio", "min_dirty_ratio", _float_range(0.0, 1.0), "0", "scheduler",
-        "Compact when tail records / (ledger + tail records) exceeds this (0 = off)."),
-    Key("compactionTopicsPattern", "topics_pattern", _regex, r"(?!__).*", "scheduler",
-        "Regex (full match) of the topics the monitor compacts; default every topic not starting with __."),
-    Key("compactionMaxConcurrentTasks", "max_concurrent_tasks", _int_range(1, 64), "1", "scheduler",
-        "Compactions that may run at once; others wait in state Pending."),
-    Key("compactionCancelTimeoutSeconds", "cancel_timeout_seconds", _int_range(1, 600), "10", "scheduler",
-        "How long a cancel, unload or delete request waits for the task to stop."),
-    Key("compactionTaskTimeoutSeconds", "task_timeout_seconds", _int_range(1), "3600", "scheduler",
-        "A task running longer than this fails."),
-    # HTTP
-    Key("httpBindAddress", "http_bind_address", _bind_address, "127.0.0.1", "http", "Address the HTTP API binds."),
-    Key("httpPort", "http_port", _int_range(0, 65535), "8642", "http", "Port of the HTTP API (0 = any free port)."),
-    Key("httpAuthToken", "http_auth_token", _str, "", "http",
-        "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file).", secret=True),
-    Key("httpTlsCertFile", "http_tls_cert_file", _str, "", "http", "Certificate (PEM): HTTPS when set with the key."),
-    Key("httpTlsKeyFile", "http_tls_key_file", _str, "", "http", "Private key (PEM) of the HTTPS certificate."),
-    # Logging
-    Key("logFormat", "log_format", _choice("text", "json"), "text", "logging", "text or json (one object a line)."),
-    Key("logLevel", "log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
-        "DEBUG, INFO, WARNING or ERROR."),
-)
-KEYS_BY_NAME = {key.name: key for key in KEYS}
+def _key(name: str, parse: Callable[[str, str], Any], default: str, group: str, doc: str, *,
+         pulsar: bool = False, secret: bool = False) -> Any:
+    """A ``Settings`` field read from the key ``name``; its default is ``default`` as the loader parses it."""
+    value = parse(name, default) if default != "" else default
+    return field(default=value, metadata={"key": Key(name, "", parse, default, group, doc, pulsar, secret)})
 
 
 @dataclass(frozen=True)
 class Settings:
-    kafka_bootstrap_servers: str = "127.0.0.1:9092"
-    kafka_client_id: str = "compactord"
-    kafka_request_timeout_ms: int = 30000
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str = "PLAIN"
-    kafka_sasl_username: str = ""
-    kafka_sasl_password: str = ""
-    kafka_ssl_cafile: str = ""
-    kafka_ssl_certfile: str = ""
-    kafka_ssl_keyfile: str = ""
-    kafka_ssl_password: str = ""
-    kafka_ssl_check_hostname: bool = True
-    compacted_ledger_root: str = "data/ledgers"
-    compaction_service_factory_class_name: str = DEFAULT_FACTORY
-    compaction_strategy: str = "publishing-order"
-    compaction_event_time_source: str = "timestamp"
-    compaction_tombstone_retention_ms: int = 86_400_000
-    topic_compaction_retain_null_key: bool = False
-    compaction_empty_value_is_tombstone: bool = False
-    compaction_read_ranges_per_core: int = 2
-    compaction_reader_batch_records: int = 10000
-    spark_master: str = "local[*]"
-    monitor_interval_seconds: int = 60
-    threshold_bytes: int = 104_857_600
-    threshold_messages: int = 0
-    max_lag_seconds: int = 0
-    min_dirty_ratio: float = 0.0
-    topics_pattern: str = r"(?!__).*"
-    max_concurrent_tasks: int = 1
-    cancel_timeout_seconds: int = 10
-    task_timeout_seconds: int = 3600
-    http_bind_address: str = "127.0.0.1"
-    http_port: int = 8642
-    http_auth_token: str = ""
-    http_tls_cert_file: str = ""
-    http_tls_key_file: str = ""
-    log_format: str = "text"
-    log_level: str = "INFO"
+    """Every key of broker.conf, in the order of broker.conf.example; ``spark_conf``: the spark.* keys."""
+
+    # Broker
+    kafka_bootstrap_servers: str = _key("kafkaBootstrapServers", _bootstrap, "127.0.0.1:9092", "broker",
+        "Kafka-protocol brokers to read from, host:port[,host:port...].")
+    kafka_client_id: str = _key("kafkaClientId", _str, "compactord", "broker",
+        "Client id sent to the broker.")
+    kafka_request_timeout_ms: int = _key("kafkaRequestTimeoutMs", _int_range(1000), "30000", "broker",
+        "Timeout of one broker request, in milliseconds.")
+    kafka_security_protocol: str = _key("kafkaSecurityProtocol",
+        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "PLAINTEXT", "broker",
+        "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.")
+    kafka_sasl_mechanism: str = _key("kafkaSaslMechanism",
+        _choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"), "PLAIN", "broker",
+        "SASL mechanism when the protocol is SASL_*.")
+    kafka_sasl_username: str = _key("kafkaSaslUsername", _str, "", "broker", "SASL user name.")
+    kafka_sasl_password: str = _key("kafkaSaslPassword", _str, "", "broker",
+        "SASL password (file:/path reads it from a file).", secret=True)
+    kafka_ssl_cafile: str = _key("kafkaSslCafile", _str, "", "broker",
+        "CA bundle to verify the broker (PEM).")
+    kafka_ssl_certfile: str = _key("kafkaSslCertfile", _str, "", "broker",
+        "Client certificate (PEM) for mutual TLS.")
+    kafka_ssl_keyfile: str = _key("kafkaSslKeyfile", _str, "", "broker", "Client private key (PEM).")
+    kafka_ssl_password: str = _key("kafkaSslPassword", _str, "", "broker",
+        "Password of the client key (file:/path reads it from a file).", secret=True)
+    kafka_ssl_check_hostname: bool = _key("kafkaSslCheckHostname", _bool, "true", "broker",
+        "Check that the broker's certificate matches its host name.")
+    # Storage
+    compacted_ledger_root: str = _key("compactedLedgerRoot", _local_path, "data/ledgers", "storage",
+        "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a "
+        "cluster).")
+    # Compaction
+    compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", _ref,
+        DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "
+        "class names are accepted as aliases).", pulsar=True)
+    compaction_strategy: str = _key("compactionStrategy", _ref, "publishing-order", "compaction",
+        "Which record of a key survives: publishing-order, event-time, first-value, or module:Class.")
+    compaction_event_time_source: str = _key("compactionEventTimeSource", _event_time_source, "timestamp",
+        "compaction", "Event time of a record: timestamp, or header:NAME.")
+    compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", _int_range(0), "86400000",
+        "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's "
+        "delete.retention.ms).")
+    topic_compaction_retain_null_key: bool = _key("topicCompactionRetainNullKey", _bool, "false",
+        "compaction", "Keep records without a key in place (otherwise they are dropped).", pulsar=True)
+    compaction_empty_value_is_tombstone: bool = _key("compactionEmptyValueIsTombstone", _bool, "false",
+        "compaction", "Pulsar's rule: an empty value deletes its key like a null one. Off: Kafka's rule (only a "
+        "null value deletes; an empty value is kept). A change rebuilds each ledger in full.")
+    compaction_retired_ledger_grace_seconds: int = _key("compactionRetiredLedgerGraceSeconds", _int_range(0, 86400),
+        "300", "compaction", "How long a ledger replaced by a switch stays readable by id (?ledger_id=), so that "
+        "a reader pinned to it finishes; then reads of it answer 410 ledger_retired.")
+    compaction_read_ranges_per_core: int = _key("compactionReadRangesPerCore", _int_range(1, 64), "2",
+        "compaction", "Offset ranges per Spark core that the topic is split into for reading.")
+    compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", _int_range(100, 1_000_000),
+        "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
+    # Spark
+    spark_master: str = _key("sparkMaster", _str, "local[*]", "spark",
+        "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark).")
+    # Scheduler
+    monitor_interval_seconds: int = _key("brokerServiceCompactionMonitorIntervalInSeconds", _int_range(1),
+        "60", "scheduler", "How often the backlog monitor looks at every topic.", pulsar=True)
+    threshold_bytes: int = _key("brokerServiceCompactionThresholdInBytes", _int_range(0), "104857600",
+        "scheduler", "Compact a topic whose backlog is larger than this many bytes (0 = off).", pulsar=True)
+    threshold_messages: int = _key("compactionThresholdInMessages", _int_range(0), "0", "scheduler",
+        "Compact a topic whose backlog has more records than this (0 = off).")
+    max_lag_seconds: int = _key("compactionMaxLagSeconds", _int_range(0), "0", "scheduler",
+        "Compact a topic whose oldest uncompacted record is older than this (0 = off).")
+    min_dirty_ratio: float = _key("compactionMinDirtyRatio", _float_range(0.0, 1.0), "0", "scheduler",
+        "Compact when tail records / (ledger + tail records) exceeds this (0 = off).")
+    topics_pattern: str = _key("compactionTopicsPattern", _regex, r"(?!__).*", "scheduler",
+        "Regex (full match) of the topics the monitor compacts; default every topic not starting with __.")
+    max_concurrent_tasks: int = _key("compactionMaxConcurrentTasks", _int_range(1, 64), "1", "scheduler",
+        "Compactions that may run at once; others wait in state Pending.")
+    cancel_timeout_seconds: int = _key("compactionCancelTimeoutSeconds", _int_range(1, 600), "10",
+        "scheduler", "How long a cancel, unload or delete request waits for the task to stop.")
+    task_timeout_seconds: int = _key("compactionTaskTimeoutSeconds", _int_range(1), "3600", "scheduler",
+        "A task running longer than this fails.")
+    # HTTP
+    http_bind_address: str = _key("httpBindAddress", _bind_address, "127.0.0.1", "http",
+        "Address the HTTP API binds.")
+    http_port: int = _key("httpPort", _int_range(0, 65535), "8642", "http",
+        "Port of the HTTP API (0 = any free port).")
+    http_auth_token: str = _key("httpAuthToken", _str, "", "http",
+        "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file).",
+        secret=True)
+    http_tls_cert_file: str = _key("httpTlsCertFile", _str, "", "http",
+        "Certificate (PEM): HTTPS when set with the key.")
+    http_tls_key_file: str = _key("httpTlsKeyFile", _str, "", "http",
+        "Private key (PEM) of the HTTPS certificate.")
+    # Logging
+    log_format: str = _key("logFormat", _choice("text", "json"), "text", "logging",
+        "text or json (one object a line).")
+    log_level: str = _key("logLevel", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
+        "DEBUG, INFO, WARNING or ERROR.")
     spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
 
     def with_overrides(self, **changes: Any) -> Settings:
-        from dataclasses import replace
-
         return replace(self, **changes)
 
     def kafka_client_config(self) -> dict[str, Any]:
@@ -289,6 +270,13 @@ class Settings:
                 if getattr(self, attr):
                     cfg[arg] = getattr(self, attr)
         return cfg
+
+
+#: The keys, in field order; each ``Key`` is its field's metadata with the attribute name filled in.
+KEYS: tuple[Key, ...] = tuple(
+    replace(f.metadata["key"], attr=f.name) for f in fields(Settings) if "key" in f.metadata
+)
+KEYS_BY_NAME = {key.name: key for key in KEYS}
 
 
 def _read_secret(key: str, raw: str) -> str:
@@ -369,7 +357,3 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] | 
         except ValueError as exc:
             raise ConfigError("--config", str(path), f"not valid properties text ({exc})") from None
     return settings_from_properties(props, env)
-
-
-def settings_fields() -> set[str]:
-    return {f.name for f in fields(Settings)} - {"spark_conf"}

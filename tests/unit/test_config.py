@@ -20,7 +20,6 @@ from compactord.config import (
     settings_from_properties,
 )
 from compactord.errors import ConfigError
-from compactord.properties import load_properties
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "broker.conf.example"
 
@@ -29,17 +28,7 @@ def settings(env: dict[str, str] | None = None, /, **props: str) -> Settings:
     return settings_from_properties(props, env={} if env is None else env)
 
 
-# -- the key table and the defaults -----------------------------------------------------------------
-
-
-def test_defaults_of_settings_equal_an_empty_file() -> None:
-    assert settings_from_properties({}, env={}) == Settings()
-
-
-def test_every_key_has_a_settings_field_and_every_field_a_key() -> None:
-    attrs = [key.attr for key in KEYS]
-    assert len(attrs) == len(set(attrs))
-    assert set(attrs) == config.settings_fields()
+# -- the keys (each a Settings field, so a key and its field cannot drift apart) ----------------------
 
 
 def test_key_names_are_unique_and_not_spark_keys() -> None:
@@ -49,17 +38,8 @@ def test_key_names_are_unique_and_not_spark_keys() -> None:
 
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
-def test_each_default_parses_to_the_settings_default(key: config.Key) -> None:
-    expected = getattr(Settings(), key.attr)
-    if key.default == "":
-        assert expected in ("", {})
-    else:
-        assert key.parse(key.name, key.default) == expected
-
-
-@pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
 def test_each_key_has_a_group_and_a_doc(key: config.Key) -> None:
-    groups = ("broker", "storage", "compaction", "spark", "scheduler", "http", "logging", "testing")
+    groups = ("broker", "storage", "compaction", "spark", "scheduler", "http", "logging")
     assert key.group in groups
     assert key.doc.strip()
 
@@ -336,19 +316,6 @@ def test_load_settings_of_a_malformed_file_fails_with_config_error(tmp_path: Pat
 # -- broker.conf.example ----------------------------------------------------------------------------
 
 
-def test_example_loads_into_the_default_settings() -> None:
-    assert load_settings(EXAMPLE, env={}) == Settings()
-
-
-def test_example_sets_every_key_and_only_known_keys() -> None:
-    text = EXAMPLE.read_text(encoding="latin-1")
-    for key in KEYS:
-        assert re.search(rf"^{re.escape(key.name)}=", text, re.MULTILINE), f"{key.name}= is missing"
-    props = load_properties(text)
-    assert set(props) == {key.name for key in KEYS}
-    assert not [name for name in props if name.startswith("spark.")]
-
-
 def test_example_shows_spark_keys_commented_out() -> None:
     lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
     for line in ("#spark.driver.memory=1g", "#spark.executor.memory=2g",
@@ -358,8 +325,11 @@ def test_example_shows_spark_keys_commented_out() -> None:
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
 def test_example_documents_each_key(key: config.Key) -> None:
+    """Each key is set (to its default, as ``test_ready_config_file_loads`` checks) under a comment that
+    marks Pulsar's keys."""
     lines = EXAMPLE.read_text(encoding="latin-1").splitlines()
-    index = next(i for i, line in enumerate(lines) if line.startswith(f"{key.name}="))
+    index = next((i for i, line in enumerate(lines) if line.startswith(f"{key.name}=")), None)
+    assert index is not None, f"{key.name}= is missing"
     comment: list[str] = []
     for line in reversed(lines[:index]):
         if not line.startswith("# "):
@@ -374,3 +344,70 @@ def test_ledger_root_must_be_a_file_system_path(root):
     with pytest.raises(ConfigError) as info:
         settings_from_properties({"compactedLedgerRoot": root}, env={})
     assert "compactedLedgerRoot" in str(info.value) and "shared mount" in str(info.value)
+
+
+# -- the ready files under config/ (and broker.conf.example) load, with the values they promise -----
+
+CONFIG_DIR = EXAMPLE.parent / "config"
+
+
+def _check_example(s: Settings) -> None:
+    assert s == Settings()
+
+
+def _check_embedded(s: Settings) -> None:
+    assert s.http_bind_address == "127.0.0.1" and not s.http_auth_token
+    assert s.spark_master.startswith("local[")
+    assert s.threshold_bytes < Settings().threshold_bytes
+
+
+def _check_production(s: Settings) -> None:
+    assert len(s.kafka_bootstrap_servers.split(",")) == 3
+    assert "127.0.0.1" not in s.kafka_bootstrap_servers
+    assert s.compacted_ledger_root.startswith("/var/lib/compactord/")
+    assert s.http_bind_address == "0.0.0.0" and s.http_auth_token == "from /etc/compactord/token"
+    assert s.spark_master.startswith("local[")
+    assert s.log_format == "json"
+
+
+def _check_spark_standalone(s: Settings) -> None:
+    assert s.spark_master.startswith("spark://")
+    for key in ("spark.executor.memory", "spark.executor.cores", "spark.executorEnv.PYSPARK_PYTHON",
+                "spark.driver.host"):
+        assert s.spark_conf[key]
+    assert not s.compacted_ledger_root.startswith("data/")  # a shared mount, not the working directory
+
+
+def _check_sasl_tls(s: Settings) -> None:
+    client = s.kafka_client_config()
+    assert client["security_protocol"] == "SASL_SSL"
+    assert client["sasl_mechanism"].startswith("SCRAM-")
+    assert client["sasl_plain_password"] == "from /etc/compactord/kafka-password"
+    assert client["ssl_cafile"] and client["ssl_check_hostname"] is True
+
+
+_CONFIG_CHECKS = {
+    "broker.conf.example": _check_example,
+    "embedded.conf": _check_embedded,
+    "production.conf": _check_production,
+    "spark-standalone.conf": _check_spark_standalone,
+    "sasl-tls.conf": _check_sasl_tls,
+}
+
+
+@pytest.mark.parametrize("path", [EXAMPLE, *sorted(CONFIG_DIR.glob("*.conf"))], ids=lambda path: path.name)
+def test_ready_config_file_loads(path: Path, tmp_path: Path) -> None:
+    """Each file loads as the daemon loads it; its ``file:`` secrets come from stand-ins under tmp_path."""
+    assert path.name in _CONFIG_CHECKS, f"add a check of {path.name} to _CONFIG_CHECKS"
+    text = path.read_text(encoding="latin-1")
+    for secret in sorted(set(re.findall(r"=file:(\S+)$", text, re.MULTILINE))):
+        stand_in = tmp_path / Path(secret).name
+        stand_in.write_text(f"from {secret}\n", encoding="utf-8")
+        text = text.replace(f"=file:{secret}\n", f"=file:{stand_in}\n")
+    copy = tmp_path / path.name
+    copy.write_text(text, encoding="latin-1")
+    _CONFIG_CHECKS[path.name](load_settings(copy, env={}))
+
+
+def test_every_check_has_its_config_file() -> None:
+    assert set(_CONFIG_CHECKS) == {EXAMPLE.name} | {p.name for p in CONFIG_DIR.glob("*.conf")}
