@@ -47,6 +47,9 @@ def settings_for(broker: EmbeddedBroker, root: Path, **overrides: Any) -> Settin
         compacted_ledger_root=str(root),
         spark_master="local[2]",
         spark_conf={"spark.driver.memory": "1g"},
+        # A replaced ledger is deleted at once (once no read holds it), as the tests of the ledger's
+        # life expect; the tests of pinned reads set a grace period.
+        compaction_retired_ledger_grace_seconds=0,
     )
     base.update(overrides)
     return Settings(**base)

@@ -110,7 +110,7 @@ def test_first_value_keeps_the_first_until_a_tombstone(kafka, make_factory):
     assert view(service) == {b"a": b"1", b"b": b"3", b"e": b""}  # an empty value is a first value
     kafka.produce(topic, [("a", "5"), ("c", "6"), ("b", None)])
     compact(service)
-    assert view(service) == {b"a": b"1", b"c": b"6"}
+    assert view(service) == {b"a": b"1", b"c": b"6", b"e": b""}
 
 
 def test_custom_ordered_strategy(kafka, make_factory):
