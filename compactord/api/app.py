@@ -29,7 +29,6 @@ from compactord.errors import (
     InvalidArgument,
     NotCompacted,
     PermissionDenied,
-    http_status,
 )
 from compactord.model import Entry, Position, validate_topic_name
 
@@ -91,7 +90,7 @@ def create_app(daemon: Daemon) -> FastAPI:
 
     @app.exception_handler(CompactordError)
     def compactord_error(request: Request, exc: CompactordError) -> JSONResponse:
-        status = http_status(exc)
+        status = exc.status
         extra: dict[str, Any] = {}
         if status == 409:
             task = getattr(exc, "task", None) or daemon.registry.live(request.path_params.get("topic", ""))
