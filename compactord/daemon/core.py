@@ -20,12 +20,13 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
-from compactord.daemon.registry import TaskRegistry, _iso, task_status
+from compactord.daemon.registry import TaskRegistry, task_status
 from compactord.engine.spark_session import SparkSessionManager
 from compactord.errors import CompactionAlreadyRunning, CompactordError, PluginLoadError
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
+from compactord.model import iso_utc
 from compactord.refs import resolve_ref
 from compactord.task import CompactionTaskCtx
 
@@ -185,8 +186,8 @@ class Daemon:
                 "progress": {"records_read": 0, "records_total": 0}}
         if manifest is None:
             return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
-        return {**none, "status": "SUCCESS", "started_at": _iso(manifest.started_at_ms / 1000),
-                "finished_at": _iso(manifest.finished_at_ms / 1000)}
+        return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
+                "finished_at": iso_utc(manifest.finished_at_ms / 1000)}
 
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""

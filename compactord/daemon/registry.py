@@ -17,19 +17,13 @@ from typing import Any
 
 from compactord.errors import CompactionAlreadyRunning, NoTaskRunning, TaskNotCancellable
 from compactord.interfaces import CompactionServiceFactory, TopicCompactionService
-from compactord.model import validate_topic_name
+from compactord.model import iso_utc, validate_topic_name
 from compactord.task import CompactionTaskCtx, TaskState
 
 __all__ = ["CancelOutcome", "TaskRegistry", "task_status"]
 
 log = logging.getLogger(__name__)
 HISTORY = 20
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
 def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
@@ -46,8 +40,8 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "status": status,
         "state": state.value,
         "task_id": ctx.task_id,
-        "started_at": _iso(ctx.started_at or ctx.created_at),
-        "finished_at": _iso(ctx.finished_at),
+        "started_at": iso_utc(ctx.started_at or ctx.created_at),
+        "finished_at": iso_utc(ctx.finished_at),
         "last_error": ctx.error,
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
     }
