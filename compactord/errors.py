@@ -15,6 +15,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- NoTaskRunning (LookupError)     no_task_running              404
     +-- PoliciesUnreadable              policies_unreadable          500
     +-- NotReady                        not_ready                    503
+    +-- Unhealthy                       unhealthy                    503
     +-- BrokerUnavailable (ConnectionError)
     |                                   broker_unavailable           503
     +-- CompactionAlreadyRunning        compaction_already_running   409
@@ -112,6 +113,13 @@ class NotReady(CompactordError):
     """The daemon is starting or its broker or Spark session is down."""
 
     code = "not_ready"
+    status = 503
+
+
+class Unhealthy(CompactordError):
+    """The daemon cannot go on (its Spark JVM died): the supervisor should restart it."""
+
+    code = "unhealthy"
     status = 503
 
 
