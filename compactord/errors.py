@@ -31,6 +31,9 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRootLocked                ledger_root_locked           409
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                forbidden                    403
+    +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
+    +-- DaemonUnreachable (ConnectionError)
+                                        daemon_unreachable           502   (client side)
 
 Third-party errors (kafka-python, py4j/Spark, the file system) are translated at one boundary each
 (``kafka/client.py``, ``engine/spark_session.py``, ``ledger/store.py``) with ``raise ... from exc``.
@@ -217,3 +220,28 @@ class AuthenticationRequired(CompactordError):
 class PermissionDenied(CompactordError):
     code = "forbidden"
     status = 403
+
+
+class DaemonRequestFailed(CompactordError):
+    """Client side (``client.DaemonClient``): the daemon answered with an error. The API never
+    answers with this class; a proxy that relays it answers 502. ``answer_status`` and ``error`` are
+    the daemon's status and code."""
+
+    code = "daemon_request_failed"
+    status = 502
+
+    def __init__(self, method: str, path: str, answer_status: int, error: str | None, text: str) -> None:
+        super().__init__(f"{method} {path} failed ({answer_status}) {text}", answer_status=answer_status,
+                         error=error)
+        self.answer_status = answer_status
+        self.error = error
+
+
+class DaemonUnreachable(CompactordError, ConnectionError):
+    """Client side (``client.DaemonClient``): no answer from the daemon's URL."""
+
+    code = "daemon_unreachable"
+    status = 502
+
+    def __init__(self, url: str, reason: object) -> None:
+        super().__init__(f"cannot reach compactord at {url}: {reason}", url=url)
