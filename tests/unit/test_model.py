@@ -14,6 +14,7 @@ from compactord.model import (
     Entry,
     LedgerManifest,
     StrategySettings,
+    iso_utc,
     validate_topic_name,
 )
 
@@ -138,3 +139,16 @@ def test_fingerprints_tell_records_apart_and_round_trip() -> None:
     manifest = LedgerManifest(1, "t", {0: 9}, StrategySettings(), [], topic_id="id-1", fingerprints={0: a})
     again = LedgerManifest.from_json(manifest.to_json())
     assert again.fingerprints == {0: a} and again.topic_id == "id-1"
+
+
+@pytest.mark.parametrize(
+    ("ts", "text"),
+    [
+        (None, None),
+        (0, "1970-01-01T00:00:00.000Z"),
+        (1_700_000_000.5, "2023-11-14T22:13:20.500Z"),
+        (1_700_000_000.0129, "2023-11-14T22:13:20.012Z"),
+    ],
+)
+def test_iso_utc(ts: float | None, text: str | None) -> None:
+    assert iso_utc(ts) == text
