@@ -13,9 +13,9 @@ so that an application bootstraps its state without rewinding the whole log::
         else:
             state[entry.key] = entry.value
 
-Under the ``event-time`` strategy, ``apply_strategy=True`` yields a tail record only if it wins
-against what the reader has seen for its key (the ledger's deletion markers included), so that the
-application's state equals the strategy's view.
+The read is pinned to one ledger; ``apply_strategy=True`` applies that ledger's strategy to the tail
+(a tail record is yielded only if it changes its key's state, event-time deletion markers included), so
+that the application's state equals the strategy's view. See ``CompactedReader``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,22 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import BrokerUnavailable, DaemonRequestFailed, DaemonUnreachable, NotCompacted
-from compactord.event_time import event_time_extractor, event_time_rank
+from compactord.engine.strategies import BUILTIN_STRATEGIES
+from compactord.errors import (
+    BrokerUnavailable,
+    DaemonRequestFailed,
+    DaemonUnreachable,
+    InvalidArgument,
+    LedgerRetired,
+    NotCompacted,
+    TopicRecreated,
+)
+from compactord.event_time import event_time_extractor
+from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import Entry
 
 __all__ = ["DEFAULT_URL", "CompactedReader", "DaemonClient"]
@@ -85,14 +96,17 @@ class DaemonClient:
     def cancel(self, topic: str) -> Any:
         return self.request("DELETE", f"{self.topic_path(topic)}/compaction")
 
-    def horizon(self, topic: str) -> Any:
-        return self.request("GET", f"{self.topic_path(topic)}/horizon")
+    def horizon(self, topic: str, ledger_id: int | None = None) -> Any:
+        query = {"ledger_id": ledger_id} if ledger_id is not None else None
+        return self.request("GET", f"{self.topic_path(topic)}/horizon", query)
 
     def compacted(self, topic: str, partition: int, start: int = 0, limit: int = 100, *,
-                  encoding: str = "base64", include_markers: bool = False) -> Any:
-        query = {"partition": partition, "start": start, "limit": limit, "encoding": encoding}
+                  encoding: str = "base64", include_markers: bool = False, ledger_id: int | None = None) -> Any:
+        query: dict[str, Any] = {"partition": partition, "start": start, "limit": limit, "encoding": encoding}
         if include_markers:
             query["include_markers"] = "true"
+        if ledger_id is not None:
+            query["ledger_id"] = ledger_id
         return self.request("GET", f"{self.topic_path(topic)}/compacted", query)
 
     def topics(self) -> Any:
@@ -106,12 +120,77 @@ def _b64(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
 
 
-def _rank(e: Entry) -> tuple[bool, int, int]:
-    return event_time_rank(e.event_time, e.offset)
+def _entry(e: dict[str, Any]) -> Entry:
+    return Entry(
+        partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),
+        timestamp=e["timestamp"], headers=tuple((h["key"], _b64(h["value"])) for h in e["headers"]),
+        event_time=e.get("event_time"), marker=bool(e.get("marker", False)),
+    )
+
+
+# A read restarts when the ledger it pinned is retired under it (it outlived the grace period); more
+# restarts than this mean the ledger changes faster than a read can finish.
+_RESTARTS = 5
+
+
+@dataclass(frozen=True)
+class _Pinned:
+    """The ledger a read is pinned to: its id, horizon and the rules it was written under."""
+
+    ledger_id: int | None
+    horizon: dict[int, int]
+    rules: dict[str, Any]
+
+
+class _Strategy:
+    """The ledger's strategy applied to the tail, so that the application's state equals the view:
+    per key, what the reader has kept so far (from the ledger, then from the tail)."""
+
+    def __init__(self, rules: dict[str, Any], custom: CompactionStrategy | None) -> None:
+        name = rules.get("strategy", "publishing-order")
+        if name in BUILTIN_STRATEGIES:
+            self.strategy: CompactionStrategy = custom if custom is not None and custom.name == name else \
+                BUILTIN_STRATEGIES[name]()
+        elif custom is not None:
+            self.strategy = custom
+        else:
+            raise InvalidArgument(
+                f"the ledger was written under the custom strategy {name!r}: pass its object "
+                "(CompactedReader(..., strategy=...)) to apply it, or read without apply_strategy")
+        self.kept: dict[tuple[int, bytes], Entry] = {}
+
+    def saw(self, entry: Entry) -> None:
+        """A ledger entry (a live value, or an event-time deletion marker)."""
+        if entry.key is not None:
+            self.kept[(entry.partition, entry.key)] = entry
+
+    def wins(self, cur: Entry) -> bool:
+        """Whether a tail record changes the key's state (then it is yielded)."""
+        if cur.key is None:
+            return True
+        key = (cur.partition, cur.key)
+        prev = self.kept.get(key)  # an event-time deletion marker takes part in the order like a record
+        if prev is not None and self.strategy.should_keep_left(prev, cur):
+            return False
+        self.kept[key] = cur  # a tombstone too: under an order it competes like a record; a fold drops it
+        if cur.is_tombstone and not isinstance(self.strategy, OrderedCompactionStrategy):
+            del self.kept[key]
+        return True
 
 
 class CompactedReader:
-    """Iterate the compacted view of ``topic``: ledger entries, then the tail after the horizon."""
+    """Iterate the compacted view of ``topic``: ledger entries, then the tail after the horizon.
+
+    The read is pinned to the ledger of its first page (``?ledger_id=``): a compaction that switches the
+    topic to a new ledger mid-read changes nothing it yields. A pinned ledger stays readable for
+    ``compactionRetiredLedgerGraceSeconds`` after a switch; a read that outlives it starts over on the
+    new ledger and yields nothing twice (a key the new ledger no longer holds is yielded as a deletion).
+
+    ``apply_strategy=True`` applies the ledger's own strategy (from its rules) to the tail: a tail record
+    is yielded only if it changes its key's state. A custom strategy needs its object (``strategy=``).
+    The ledger's empty-value rule is applied to the tail: under Pulsar's rule an empty value comes back
+    as a null one (a tombstone).
+    """
 
     def __init__(
         self,
@@ -121,7 +200,8 @@ class CompactedReader:
         url: str | None = None,
         token: str | None = None,
         apply_strategy: bool = False,
-        event_time_source: str = "timestamp",
+        strategy: CompactionStrategy | None = None,
+        event_time_source: str | None = None,
         page_size: int = 1000,
         settings: Settings | None = None,
     ) -> None:
@@ -129,44 +209,38 @@ class CompactedReader:
         self._daemon = DaemonClient(url, token)
         self.url, self.token = self._daemon.url, self._daemon.token
         self.apply_strategy = apply_strategy
+        self.strategy = strategy
+        self.event_time_source = event_time_source  # None: the ledger's
         self.page_size = page_size
         self.settings = settings or Settings(kafka_bootstrap_servers=bootstrap)
-        self._event_time = event_time_extractor(event_time_source)
         self.ledger_entries = 0
         self.tail_records = 0
+        self.restarts = 0
+        self.ledger_id: int | None = None  # the ledger the read is pinned to
 
     # -- HTTP ---------------------------------------------------------------------------------------
 
+    def _pin(self, ledger_id: int | None = None) -> _Pinned:
+        try:
+            body = self._daemon.horizon(self.topic, ledger_id)
+        except DaemonRequestFailed as exc:
+            if exc.error == NotCompacted.code:
+                return _Pinned(None, {}, {})
+            raise
+        return _Pinned(body["ledger_id"], {p["partition"]: p["offset"] for p in body["partitions"]},
+                       body.get("rules", {}))
+
     def horizon(self) -> dict[int, int]:
-        """The horizon per partition; empty if the topic was never compacted."""
-        try:
-            body = self._daemon.horizon(self.topic)
-        except DaemonRequestFailed as exc:
-            if exc.error == NotCompacted.code:
-                return {}
-            raise
-        return {p["partition"]: p["offset"] for p in body["partitions"]}
+        """The current ledger's horizon per partition; empty if the topic was never compacted."""
+        return self._pin().horizon
 
-    def _page(self, partition: int, start: int) -> Any:
-        try:
-            return self._daemon.compacted(self.topic, partition, start, self.page_size,
-                                          include_markers=self.apply_strategy)
-        except DaemonRequestFailed as exc:
-            if exc.error == NotCompacted.code:
-                raise NotCompacted(self.topic) from None
-            raise
-
-    def _ledger(self, partition: int) -> Iterator[Entry]:
+    def _ledger(self, partition: int, ledger_id: int) -> Iterator[Entry]:
         start: int | None = 0
         while start is not None:
-            body = self._page(partition, start)
+            body = self._daemon.compacted(self.topic, partition, start, self.page_size,
+                                          include_markers=self.apply_strategy, ledger_id=ledger_id)
             for e in body["entries"]:
-                yield Entry(
-                    partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),
-                    timestamp=e["timestamp"],
-                    headers=tuple((h["key"], base64.b64decode(h["value"])) for h in e["headers"]),
-                    event_time=e.get("event_time"), marker=bool(e.get("marker", False)),
-                )
+                yield _entry(e)
             start = body["next_start"]
 
     # -- the view -----------------------------------------------------------------------------------
@@ -179,31 +253,66 @@ class CompactedReader:
             ends = admin.offsets(self.topic)  # fixed now: the read ends there
         finally:
             admin.close()
-        horizon = self.horizon()
-        seen: dict[tuple[int, bytes], tuple[bool, int, int]] = {}
-        for partition in sorted(ends):
-            if partition in horizon:
-                for entry in self._ledger(partition):
-                    if entry.key is not None:
-                        seen[(partition, entry.key)] = _rank(entry)
-                    if not entry.marker:
-                        self.ledger_entries += 1
-                        yield entry
-        yield from self._tail(ends, horizon, seen)
+        yielded: dict[tuple[int, bytes | None, int], Entry] = {}  # ledger entries yielded, by key
+        for attempt in range(_RESTARTS + 1):
+            try:
+                yield from self._read(ends, yielded, restart=attempt > 0)
+                return
+            except DaemonRequestFailed as exc:
+                if exc.error == TopicRecreated.code:
+                    raise TopicRecreated(self.topic, "the daemon answered 410 topic_recreated") from exc
+                if exc.error != LedgerRetired.code or attempt == _RESTARTS:
+                    raise
+                self.restarts += 1
 
-    def _tail(self, ends: dict[int, Any], horizon: dict[int, int],
-              seen: dict[tuple[int, bytes], tuple[bool, int, int]]) -> Iterator[Entry]:
+    def _read(self, ends: dict[int, Any], yielded: dict[tuple[int, bytes | None, int], Entry],
+              restart: bool) -> Iterator[Entry]:
+        pinned = self._pin()
+        self.ledger_id = pinned.ledger_id
+        apply = _Strategy(pinned.rules, self.strategy) if self.apply_strategy else None
+        for partition in sorted(ends):
+            if partition not in pinned.horizon or pinned.ledger_id is None:
+                continue
+            present: set[tuple[int, bytes | None, int]] = set()
+            for entry in self._ledger(partition, pinned.ledger_id):
+                if apply is not None:
+                    apply.saw(entry)
+                if entry.marker:
+                    continue
+                ident = (partition, entry.key, entry.offset if entry.key is None else -1)
+                present.add(ident)
+                if restart and yielded.get(ident) == entry:
+                    continue  # yielded before the restart: the same record
+                yielded[ident] = entry
+                self.ledger_entries += 1
+                yield entry
+            if restart:
+                yield from self._deleted_since(partition, pinned, yielded, present)
+        yield from self._tail(ends, pinned, apply)
+
+    def _deleted_since(self, partition: int, pinned: _Pinned, yielded: dict[tuple[int, bytes | None, int], Entry],
+                       present: set[tuple[int, bytes | None, int]]) -> Iterator[Entry]:
+        """After a restart: keys yielded from the retired ledger that the new one no longer holds."""
+        for ident in [i for i in yielded if i[0] == partition and i not in present]:
+            old = yielded.pop(ident)
+            if old.key is not None:
+                yield Entry(partition=partition, offset=pinned.horizon[partition], key=old.key, value=None)
+
+    def _tail(self, ends: dict[int, Any], pinned: _Pinned, apply: _Strategy | None) -> Iterator[Entry]:
         from kafka import TopicPartition
 
         from compactord.kafka.client import consumer, translate_kafka_errors
 
+        horizon = pinned.horizon
         ranges = {p: (max(horizon.get(p, -1) + 1, o.log_start), o.end) for p, o in ends.items()}
         ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
         if not ranges:
             return
+        event_time = event_time_extractor(self.event_time_source or pinned.rules.get("event_time_source", "timestamp"))
+        empty_deletes = bool(pinned.rules.get("empty_value_is_tombstone", False))
         bootstrap = self.settings.kafka_bootstrap_servers
         with translate_kafka_errors(bootstrap, self.topic):
-            cons = consumer(self.settings.kafka_client_config())
+            cons = consumer(self.settings.kafka_client_config(), auto_offset_reset="none")
         try:
             for p in sorted(ranges):
                 start, end = ranges[p]
@@ -219,14 +328,12 @@ class CompactedReader:
                             if r.offset >= end:
                                 break
                             deadline = time.monotonic() + 60
-                            entry = Entry(partition=p, offset=r.offset, key=r.key, value=r.value,
+                            value = None if empty_deletes and r.value == b"" else r.value
+                            entry = Entry(partition=p, offset=r.offset, key=r.key, value=value,
                                           timestamp=r.timestamp, headers=tuple(r.headers or ()),
-                                          event_time=self._event_time(r.timestamp, r.headers or ()))
-                            if self.apply_strategy and entry.key is not None:
-                                rank = _rank(entry)
-                                if rank <= seen.get((p, entry.key), (False, 0, -1)):
-                                    continue
-                                seen[(p, entry.key)] = rank
+                                          event_time=event_time(r.timestamp, r.headers or ()))
+                            if apply is not None and not apply.wins(entry):
+                                continue
                             self.tail_records += 1
                             yield entry
         finally:

@@ -28,6 +28,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     |   +-- InsufficientDiskSpace       insufficient_disk_space      507
     +-- LedgerCorrupt                   ledger_corrupt               500
     +-- LedgerRetired (RuntimeError)    ledger_retired               410
+    +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                forbidden                    403
@@ -191,6 +192,20 @@ class LedgerRetired(CompactordError, RuntimeError):
 
     code = "ledger_retired"
     status = 410
+
+
+class TopicRecreated(CompactordError):
+    """The topic's log is not the one its ledger was made of (deleted and created again under its name):
+    the ledger is not served until the rebuild that follows lands."""
+
+    code = "topic_recreated"
+    status = 410
+
+    def __init__(self, topic: str, why: str) -> None:
+        super().__init__(
+            f"topic {topic!r} was recreated since its ledger was made ({why}); its compacted view is not "
+            "served until the next compaction rebuilds it from the new log (PUT .../compaction)",
+            topic=topic)
 
 
 class InsufficientDiskSpace(CompactionFailed):

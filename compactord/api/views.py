@@ -71,6 +71,9 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "finished_at": iso_utc(ctx.finished_at),
         "last_error": ctx.error,
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
+        "full_rebuild": ctx.stats.full_rebuild,
+        "recreated": ctx.stats.recreated,
+        "warnings": [ctx.stats.switch_warning] if ctx.stats.switch_warning else [],
     }
 
 
@@ -85,11 +88,12 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     if last is not None:
         return task_status(last)
     manifest = daemon.registry.service(topic).ledger_info()
-    none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS)}
+    none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
+            "full_rebuild": False, "recreated": False, "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
-            "finished_at": iso_utc(manifest.finished_at_ms / 1000)}
+            "finished_at": iso_utc(manifest.finished_at_ms / 1000), "full_rebuild": manifest.full_rebuild}
 
 
 def topics_json(daemon: Daemon) -> dict[str, Any]:
@@ -107,8 +111,35 @@ def topics_json(daemon: Daemon) -> dict[str, Any]:
             },
             "last_compaction": topic_status(daemon, topic),
             "current_task": optional_task_status(daemon.registry.live(topic)),
+            **broker_view_json(daemon, topic),
         })
     return {"topics": out}
+
+
+def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:
+    """What the monitor last heard from the broker of the topic (its cleanup configs; "unknown" as
+    nulls where the broker does not describe them) and the warnings about the view that follow."""
+    known = daemon.monitor.known(topic)
+    if known is None:
+        return {"broker": None, "warnings": []}
+    warnings = known.warnings(daemon.strategy_name(topic))
+    try:
+        manifest = daemon.registry.service(topic).ledger_info()
+    except CompactordError:
+        manifest = None
+    recreated = known.new_log(manifest) if manifest is not None else None
+    if recreated is not None:
+        warnings.append(f"the topic was recreated ({recreated}); its view is served again after the next compaction")
+    return {
+        "broker": {
+            "topic_id": known.topic_id,
+            "log_start": {str(p): s for p, s in sorted(known.log_starts().items())},
+            "configs": known.configs.to_json(),
+            "implicit_max_lag_seconds": known.implicit_max_lag_seconds(),
+            "refreshed_at": iso_utc(known.refreshed_at),
+        },
+        "warnings": warnings,
+    }
 
 
 def policies_json(topic: str, policies: TopicPolicies, settings: Settings) -> dict[str, Any]:
@@ -123,6 +154,7 @@ def horizon_json(topic: str, manifest: LedgerManifest) -> dict[str, Any]:
         "topic": topic,
         "ledger_id": manifest.ledger_id,
         "partitions": [{"partition": p, "offset": o} for p, o in sorted(manifest.horizon.items())],
+        "rules": manifest.strategy.rules(),
     }
 
 
@@ -156,7 +188,9 @@ def entry_json(entry: Entry, encoding: str, markers: bool = False) -> dict[str, 
         "key": _encode(entry.key, encoding),
         "value": _encode(entry.value, encoding),
         "timestamp": entry.timestamp,
-        "headers": [{"key": k, "value": base64.b64encode(v or b"").decode("ascii")} for k, v in entry.headers],
+        # A null header value stays null (Kafka allows it), an empty one is "".
+        "headers": [{"key": k, "value": None if v is None else base64.b64encode(v).decode("ascii")}
+                    for k, v in entry.headers],
     }
     if markers:  # what the compacted reader needs to apply the event-time strategy
         data.update(event_time=entry.event_time, marker=entry.marker)

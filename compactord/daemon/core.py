@@ -212,6 +212,14 @@ class Daemon:
             self.policies.put(topic, policies)
         self.factory.set_topic_strategy(topic, policies.strategy if policies is not None else None)
 
+    def strategy_name(self, topic: str) -> str:
+        """The strategy in force for ``topic``: its policy's, else the configured one."""
+        try:
+            chosen = self.policies.get(topic).strategy
+        except CompactordError:
+            chosen = None
+        return chosen or self.settings.compaction_strategy
+
     def known_topics(self) -> dict[str, bool]:
         """Every topic on the broker, with a ledger or with a task, sorted; each with whether the
         broker has it. :raises BrokerUnavailable: the broker is down."""
@@ -225,6 +233,8 @@ class Daemon:
         self.metrics.task_ended(ctx)
         if ctx.finished_at is not None and ctx.state.value == "Succeed":
             self._last_success[ctx.topic] = ctx.finished_at
+        # What reads check against (log starts, topic id) is fresh when a run has just looked.
+        threading.Thread(target=self.monitor.refresh_quietly, args=(ctx.topic,), name="refresh", daemon=True).start()
 
     def _load_last_successes(self) -> None:
         for topic in self.store.topics():

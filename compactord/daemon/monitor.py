@@ -73,13 +73,16 @@ class BrokerTopic:
     topic_id: str | None
     offsets: dict[int, PartitionOffsets]
     configs: TopicConfigs
-    refreshed_at: float
+    refreshed_at: float  # when the broker was asked (before its first answer)
 
     def log_starts(self) -> dict[int, int]:
         return {p: o.log_start for p, o in self.offsets.items()}
 
     def new_log(self, manifest: LedgerManifest) -> str | None:
-        """Why the topic's log is not the one ``manifest``'s ledger was made of, or None."""
+        """Why the topic's log is not the one ``manifest``'s ledger was made of, or None. A view older
+        than the ledger tells nothing (the run that made it saw the log later)."""
+        if self.refreshed_at * 1000 < manifest.finished_at_ms:
+            return None
         if manifest.topic_id and self.topic_id and manifest.topic_id != self.topic_id:
             return f"the topic id changed from {manifest.topic_id} to {self.topic_id}"
         for p, horizon in manifest.horizon.items():
@@ -171,13 +174,14 @@ class BacklogMonitor:
         :raises TopicNotFound: the broker has no such topic.
         """
         broker = self._broker
+        asked = time.time()  # the view is as old as its first answer
         offsets = broker.offsets(topic)
         configs = broker.topic_configs(topic)
         if not configs.known and topic not in self._configs_unknown_logged:
             self._configs_unknown_logged.add(topic)
             log.info("topic %s: the broker did not describe its cleanup configs (DescribeConfigs); "
                      "whether it compacts the topic itself is unknown", topic)
-        known = BrokerTopic(broker.topic_id(topic), offsets, configs, time.time())
+        known = BrokerTopic(broker.topic_id(topic), offsets, configs, asked)
         self.topics[topic] = known
         self._metrics.topic_broker_compacted.labels(topic).set(1 if configs.compacted_by_broker else 0)
         return known
@@ -201,7 +205,7 @@ class BacklogMonitor:
         self._note_missing(broker_topics)
         for topic in sorted(broker_topics & set(self._store.topics())):
             if not self._pattern.fullmatch(topic):  # matching topics are refreshed by _consider
-                self._refresh_quietly(topic)
+                self.refresh_quietly(topic)
         uncleanable = 0
         for topic in sorted(broker_topics):
             if not self._pattern.fullmatch(topic):
@@ -218,7 +222,7 @@ class BacklogMonitor:
         self._metrics.uncleanable.set(uncleanable)
         self._registry.kick()
 
-    def _refresh_quietly(self, topic: str) -> BrokerTopic | None:
+    def refresh_quietly(self, topic: str) -> BrokerTopic | None:
         try:
             return self.refresh(topic)
         except CompactordError as exc:

@@ -12,19 +12,24 @@ from typing import Any
 import pytest
 
 from compactord.client import CompactedReader
+from compactord.errors import InvalidArgument
+from compactord.kafka.admin import KafkaAdmin
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
 from compactord.task import TaskState
 from tests.conftest import settings_for
+from tests.support.brokers import Answers
 
 
 @pytest.fixture
 def daemon_api(broker, spark_manager, tmp_path: Path):
     started: list[tuple[Daemon, ThreadedServer]] = []
 
-    def start(**overrides: Any) -> tuple[Daemon, ThreadedServer]:
+    def start(metadata: Any = None, **overrides: Any) -> tuple[Daemon, ThreadedServer]:
+        """``metadata`` wraps the real broker metadata (``tests.support.brokers.Answers``)."""
         settings = settings_for(broker, tmp_path / f"root{len(started)}", threshold_bytes=0, **overrides)
-        daemon = Daemon(settings, spark=spark_manager)
+        daemon = Daemon(settings, spark=spark_manager,
+                        broker=metadata(KafkaAdmin(settings)) if metadata is not None else None)
         daemon.start()
         server = ThreadedServer(daemon).start()
         started.append((daemon, server))
@@ -94,3 +99,125 @@ def test_reader_apply_strategy_event_time_respects_markers(kafka, daemon_api):
                                        event_time_source="header:et"))
     # "stale" loses to the ledger's v10; "late" loses to the ledger's deletion marker (event time 9)
     assert [v for *_, v in applied] == [b"v10", b"fresh", b"newer"]
+
+
+def _state(entries: list[tuple[int, int, bytes | None, bytes | None]]) -> dict[bytes | None, bytes]:
+    state: dict[bytes | None, bytes] = {}
+    for _, _, key, value in entries:
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    return state
+
+
+def test_reader_stays_on_its_ledger_across_a_switch(kafka, daemon_api):
+    """A compaction completes between two pages: the reader finishes on the ledger it pinned (readable
+    for the grace period), takes the tail from that ledger's horizon, and yields nothing twice."""
+    daemon, server = daemon_api(compaction_retired_ledger_grace_seconds=300)
+    topic = kafka.topic()
+    first = [(f"k{i}", f"v{i}") for i in range(10)]
+    kafka.produce(topic, first)
+    compact(daemon, topic)
+    pinned = daemon.registry.service(topic).ledger_info().ledger_id
+    second = [("k1", "new"), ("k2", None), ("k10", "v10")]
+    kafka.produce(topic, second)
+
+    reader = CompactedReader(kafka.bootstrap, topic, url=server.url, page_size=3)
+    it = iter(reader)
+    got = [next(it) for _ in range(4)]
+    compact(daemon, topic)  # the switch: the ledger the reader pinned is replaced
+    assert daemon.registry.service(topic).ledger_info().ledger_id != pinned
+    got += list(it)
+
+    rows = [(e.partition, e.offset, e.key, e.value) for e in got]
+    assert reader.ledger_id == pinned and reader.restarts == 0
+    assert len({(p, o) for p, o, *_ in rows}) == len(rows), rows  # nothing twice
+    assert [o for _, o, *_ in rows[:10]] == list(range(10))  # the pinned ledger whole, then its tail
+    assert [o for _, o, *_ in rows[10:]] == [10, 11, 12]
+    expected = {f"k{i}".encode(): f"v{i}".encode() for i in range(11)} | {b"k1": b"new"}
+    del expected[b"k2"]
+    assert _state(rows) == expected
+
+
+def test_reader_starts_over_when_its_ledger_is_retired_and_yields_nothing_twice(kafka, daemon_api):
+    """No grace period: the pinned ledger goes at the switch, its next page answers 410 ledger_retired,
+    and the reader starts over on the new ledger: what it yielded is not yielded again, a key the new
+    ledger no longer holds comes as a deletion, and the state equals the view."""
+    daemon, server = daemon_api(compaction_retired_ledger_grace_seconds=0)
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
+    compact(daemon, topic)
+    reader = CompactedReader(kafka.bootstrap, topic, url=server.url, page_size=2)
+    it = iter(reader)
+    got = [next(it) for _ in range(4)]  # k0..k3, from the first ledger
+    kafka.produce(topic, [("k1", "new"), ("k2", None), ("k8", "v8b")])
+    compact(daemon, topic)
+    got += list(it)
+
+    rows = [(e.partition, e.offset, e.key, e.value) for e in got]
+    assert reader.restarts == 1
+    assert (0, 12, b"k2", None) in rows  # k2 was yielded, then deleted: a deletion at the new horizon
+    real = [r for r in rows if r != (0, 12, b"k2", None)]
+    assert len({(p, o) for p, o, *_ in real}) == len(real), rows
+    expected = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)} | {b"k1": b"new", b"k8": b"v8b"}
+    del expected[b"k2"]
+    assert _state(rows) == expected
+
+
+def test_reader_applies_the_ledger_s_own_strategy(kafka, daemon_api):
+    daemon, server = daemon_api(compaction_strategy="first-value")
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1"), ("a", "2")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("a", "3"), ("b", "1"), ("b", "2"), ("b", None), ("b", "4")])
+    applied = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url, apply_strategy=True))
+    assert applied == [(0, 0, b"a", b"1"), (0, 3, b"b", b"1"), (0, 5, b"b", None), (0, 6, b"b", b"4")]
+
+
+def test_reader_needs_a_custom_strategy_s_object_to_apply_it(kafka, daemon_api):
+    from tests.engine.strategies import LongestValue
+
+    daemon, server = daemon_api(compaction_strategy="tests.engine.strategies:LongestValue")
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "long value")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("a", "short"), ("a", "a longer value")])
+    with pytest.raises(InvalidArgument, match="custom strategy"):
+        list(CompactedReader(kafka.bootstrap, topic, url=server.url, apply_strategy=True))
+    applied = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url, apply_strategy=True,
+                                       strategy=LongestValue()))
+    assert [v for *_, v in applied] == [b"long value", b"a longer value"]
+
+
+def test_reader_reads_the_tail_under_the_ledger_s_empty_value_rule(kafka, daemon_api):
+    daemon, server = daemon_api(compaction_empty_value_is_tombstone=True)
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1"), ("b", "1")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("a", b"")])
+    rows = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url))
+    assert rows[-1] == (0, 2, b"a", None)  # Pulsar's rule, as the ledger was written: a deletion
+    assert _state(rows) == {b"b": b"1"}
+
+
+def test_reads_stop_below_the_log_start_the_monitor_saw(kafka, daemon_api):
+    """Retention moved the log start (the broker's answer, given at the metadata boundary: Tansu cannot
+    move it); the monitor's refresh sees it; reads of the ledger never return what the log no longer
+    holds, before any new compaction."""
+    answers: list[Answers] = []
+    daemon, server = daemon_api(metadata=lambda real: answers.append(Answers(real)) or answers[0])
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
+    compact(daemon, topic)
+    answers[0].log_start[topic] = {0: 6}
+    daemon.monitor.refresh(topic)
+    import httpx
+
+    page = httpx.get(f"{server.url}/v1/topics/{topic}/compacted", params={"partition": 0}).json()
+    assert [e["offset"] for e in page["entries"]] == [6, 7, 8, 9]
+    assert read_all(CompactedReader(kafka.bootstrap, topic, url=server.url))[0][1] == 6
+    answers[0].log_start[topic] = {0: 10}
+    daemon.monitor.refresh(topic)
+    last = httpx.get(f"{server.url}/v1/topics/{topic}/compacted/last", params={"partition": 0})
+    assert last.status_code == 404 and last.json()["error"] == "entry_not_found"

@@ -77,3 +77,28 @@ def test_empty_values_are_values_and_null_header_values_stay_null(shared_daemon:
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
     assert horizon["rules"] == {"strategy": "publishing-order", "event_time_source": "timestamp",
                                 "empty_value_is_tombstone": False, "retain_null_key": True}
+
+
+def test_a_topic_the_broker_compacts_itself_shows_its_configs_and_the_risk(shared_daemon: DaemonProcess,
+                                                                           kafka: Any) -> None:
+    """The test broker describes ``cleanup.policy`` of a topic created with it; the monitor's refresh
+    (one second here) brings it to ``GET /v1/topics`` with the warning for a strategy that needs losers."""
+    from kafka.admin import NewTopic
+
+    daemon = shared_daemon
+    topic = f"view-bc-{time.time_ns() % 10**9}"
+    kafka.admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+    kafka.produce(topic, [("k", "v")])
+    assert daemon.http.put(f"/v1/topics/{topic}/policies", json={"strategy": "first-value"}).status_code == 200
+    compact(daemon, topic)
+
+    def listed() -> dict[str, Any] | None:
+        rows = daemon.http.get("/v1/topics").json()["topics"]
+        row = next((r for r in rows if r["topic"] == topic), None)
+        return row if row is not None and row["broker"] is not None else None
+
+    row = wait_for(listed, 30, f"{topic} with the broker's view in GET /v1/topics", daemon)
+    assert row["broker"]["configs"]["cleanup_policy"] == "compact"
+    assert row["broker"]["configs"]["compacted_by_broker"] is True
+    assert any("first-value" in w and "broker compacts" in w for w in row["warnings"])
+    assert metric(daemon, "compactord_topic_broker_compacted", topic=topic) == 1.0

@@ -1,4 +1,5 @@
-"""Reads of the current compacted ledger: the horizon, a page of entries, the last entry."""
+"""Reads of the compacted ledger (the current one, or one pinned by id): the horizon, a page of entries,
+the last entry. Reads never call the broker: the log starts and identity come from the monitor."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from fastapi import APIRouter, Query
 
 from compactord.api.views import entry_json, horizon_json, page_json
-from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted
-from compactord.model import Position, validate_topic_name
+from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted, TopicRecreated
+from compactord.model import LedgerManifest, Position, validate_topic_name
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -17,18 +18,23 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 Encoding = Literal["base64", "utf8"]
+# A read pinned to one ledger (CompactedReader pins the ledger of its first page): readable while current
+# and for compactionRetiredLedgerGraceSeconds after a switch replaced it, then 410 ledger_retired.
+_PIN = Query(None, ge=0, le=2**63 - 1, description="read this ledger (410 ledger_retired once it is gone)")
 
 
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
-    def horizon(topic: str) -> dict[str, Any]:
-        """The compaction horizon: per partition, the last offset the current ledger covers."""
+    def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
+        """The compaction horizon: per partition, the last offset the ledger covers, and the rules it
+        was written under (strategy, event-time source, empty-value and null-key rules)."""
         validate_topic_name(topic)
-        manifest = daemon.registry.service(topic).ledger_info()
+        manifest = daemon.registry.service(topic).ledger_info(ledger_id)
         if manifest is None:
             raise NotCompacted(topic)
+        _check_log(daemon, topic, manifest)
         return horizon_json(topic, manifest)
 
     @api.get("/v1/topics/{topic}/compacted", tags=["ledger"])
@@ -39,39 +45,54 @@ def router(daemon: Daemon) -> APIRouter:
         limit: int = Query(100, ge=1, le=10000),
         encoding: Encoding = Query("base64"),
         include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
+        ledger_id: int | None = _PIN,
     ) -> dict[str, Any]:
-        """Live entries of one partition with offset >= start, in order, from the current ledger."""
-        page = _service_of(daemon, topic, partition).read_compacted_page(
-            Position(partition, start), limit, include_markers=include_markers)
+        """Live entries of one partition with offset >= start, in order, from the current ledger (or the
+        pinned one). Entries below the partition's log start (retention) are not readable."""
+        start = max(start, daemon.monitor.log_starts(topic).get(partition, 0))
+        page = _service_of(daemon, topic, partition, ledger_id).read_compacted_page(
+            Position(partition, start), limit, include_markers=include_markers, ledger_id=ledger_id)
         manifest, entries = page.ledger, page.entries
         _check_partition(manifest.horizon, partition)
+        _check_log(daemon, topic, manifest)
         more = len(entries) == limit and entries[-1].offset < manifest.horizon[partition]
         return page_json(topic, manifest, entries, encoding, include_markers,
                          next_start=entries[-1].offset + 1 if more else None)
 
     @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"])
     def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
-                       encoding: Encoding = Query("base64")) -> dict[str, Any]:
-        """The last live entry of a partition (404 for an empty partition)."""
-        page = _service_of(daemon, topic, partition).read_last_compacted_page(partition)
+                       encoding: Encoding = Query("base64"), ledger_id: int | None = _PIN) -> dict[str, Any]:
+        """The last live entry of a partition (404 for an empty partition, or one whose entries all
+        lie below its log start)."""
+        page = _service_of(daemon, topic, partition, ledger_id).read_last_compacted_page(partition, ledger_id)
         _check_partition(page.ledger.horizon, partition)
-        if not page.entries:
+        _check_log(daemon, topic, page.ledger)
+        log_start = daemon.monitor.log_starts(topic).get(partition, 0)
+        if not page.entries or page.entries[0].offset < log_start:
             raise EntryNotFound(f"partition {partition} of topic {topic!r} has no compacted entry")
         return entry_json(page.entries[0], encoding)
 
     return api
 
 
-def _service_of(daemon: Daemon, topic: str, partition: int) -> TopicCompactionService:
-    """The topic's service, after a cheap check that the partition exists in its current ledger
-    (the page's own ledger is checked again: a switch may come in between)."""
+def _service_of(daemon: Daemon, topic: str, partition: int, ledger_id: int | None) -> TopicCompactionService:
+    """The topic's service, after a cheap check that the partition exists in its current (or pinned)
+    ledger (the page's own ledger is checked again: a switch may come in between)."""
     validate_topic_name(topic)
     service = daemon.registry.service(topic)
-    manifest = service.ledger_info()
+    manifest = service.ledger_info(ledger_id)
     if manifest is None:
         raise NotCompacted(topic)
     _check_partition(manifest.horizon, partition)
     return service
+
+
+def _check_log(daemon: Daemon, topic: str, manifest: LedgerManifest) -> None:
+    """:raises TopicRecreated: the broker's log (as the monitor last saw it: reads never call the broker)
+    is not the one the ledger was made of."""
+    why = daemon.monitor.recreated(topic, manifest)
+    if why is not None:
+        raise TopicRecreated(topic, why)
 
 
 def _check_partition(horizon: dict[int, int], partition: int) -> None:

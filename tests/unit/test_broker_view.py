@@ -1,0 +1,61 @@
+"""What the monitor keeps of a topic (``BrokerTopic``) and what reads and triggers conclude from it:
+a new log, the implicit max lag of a broker-compacted topic, the strategies at risk there."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from compactord.daemon.monitor import BrokerTopic
+from compactord.model import LedgerManifest, PartitionOffsets, StrategySettings, TopicConfigs
+
+
+def manifest(topic_id: str | None = "id-1", horizon: dict[int, int] | None = None,
+             finished_at: float | None = None) -> LedgerManifest:
+    return LedgerManifest(1, "t", horizon if horizon is not None else {0: 9, 1: 4}, StrategySettings(), [],
+                          topic_id=topic_id, finished_at_ms=int((finished_at or time.time() - 60) * 1000))
+
+
+def seen(topic_id: str | None = "id-1", ends: dict[int, int] | None = None,
+         configs: TopicConfigs | None = None, at: float | None = None) -> BrokerTopic:
+    ends = ends if ends is not None else {0: 10, 1: 5}
+    offsets = {p: PartitionOffsets(p, 0, e) for p, e in ends.items()}
+    return BrokerTopic(topic_id, offsets, configs or TopicConfigs(), at or time.time())
+
+
+def test_the_same_log_is_not_new() -> None:
+    assert seen().new_log(manifest()) is None
+    assert seen(topic_id=None).new_log(manifest()) is None  # a broker without ids: nothing to compare
+    assert seen().new_log(manifest(topic_id=None)) is None  # a legacy manifest
+
+
+@pytest.mark.parametrize(("view", "why"), [
+    (seen(topic_id="id-2"), "topic id changed"),
+    (seen(ends={0: 3, 1: 5}), "below the horizon"),
+    (seen(ends={0: 10}), "no longer exists"),
+])
+def test_a_new_log_says_why(view: BrokerTopic, why: str) -> None:
+    assert why in (view.new_log(manifest()) or "")
+
+
+def test_a_view_older_than_the_ledger_tells_nothing() -> None:
+    now = time.time()
+    assert seen(topic_id="id-2", at=now - 10).new_log(manifest(finished_at=now)) is None
+
+
+def test_a_broker_compacted_topic_is_compacted_before_its_tombstones_go() -> None:
+    compacted = TopicConfigs(cleanup_policy="compact,delete", delete_retention_ms=86_400_000)
+    assert seen(configs=compacted).implicit_max_lag_seconds() == 43_200
+    assert seen(configs=TopicConfigs(cleanup_policy="delete", delete_retention_ms=1000)).implicit_max_lag_seconds() \
+        is None
+    assert seen().implicit_max_lag_seconds() is None  # unknown configs
+
+
+def test_strategies_that_need_losers_are_at_risk_on_a_broker_compacted_topic() -> None:
+    view = seen(configs=TopicConfigs(cleanup_policy="compact"))
+    assert view.warnings("publishing-order") == []
+    assert all("first-value" in w for w in view.warnings("first-value"))
+    assert view.warnings("event-time") and view.warnings("my.module:Custom")
+    assert seen(configs=TopicConfigs(cleanup_policy="delete")).warnings("first-value") == []
+    assert TopicConfigs().compacted_by_broker is None and TopicConfigs().to_json()["compacted_by_broker"] is None
