@@ -29,6 +29,7 @@ __all__ = [
     "policies_json",
     "problem_response",
     "task_status",
+    "tasks_json",
     "topic_status",
     "topics_json",
     "unloaded_json",
@@ -72,6 +73,11 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "last_error": ctx.error,
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
     }
+
+
+def tasks_json(tasks: list[CompactionTaskCtx]) -> dict[str, Any]:
+    """``tasks`` newest first."""
+    return {"tasks": [task_status(t) for t in reversed(tasks)]}
 
 
 def optional_task_status(ctx: CompactionTaskCtx | None) -> dict[str, Any] | None:
