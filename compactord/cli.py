@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
 from compactord import __version__
+from compactord.client import DEFAULT_URL, DaemonClient
 from compactord.errors import CompactordError
 
 __all__ = ["main"]
-
-DEFAULT_URL = "http://127.0.0.1:8642"
-
-
-class CliError(Exception):
-    pass
 
 
 def _common(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -73,39 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- HTTP -----------------------------------------------------------------------------------------
+# -- the client commands ------------------------------------------------------------------------
 
 
-def _request(args: argparse.Namespace, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    base = (args.url or os.environ.get("COMPACTORD_URL") or DEFAULT_URL).rstrip("/")
-    url = base + path + ("?" + urllib.parse.urlencode(query) if query else "")
-    request = urllib.request.Request(url, method=method)
-    token = args.token or os.environ.get("COMPACTORD_TOKEN")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        try:
-            body = json.loads(exc.read())
-            message = f"{body.get('error')}: {body.get('message')}"
-        except ValueError:
-            message = str(exc)
-        raise CliError(f"{method} {path} failed ({exc.code}) {message}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach compactord at {base}: {reason}") from None
-
-
-def _quote(topic: str) -> str:
-    import urllib.parse
-
-    return urllib.parse.quote(topic, safe="")
+def _daemon(args: argparse.Namespace) -> DaemonClient:
+    return DaemonClient(args.url, args.token or None)
 
 
 def _print_task(t: dict[str, Any]) -> None:
@@ -117,10 +83,10 @@ def _print_task(t: dict[str, Any]) -> None:
         print(f"error     {t['last_error']}")
 
 
-def _wait(args: argparse.Namespace, topic: str) -> int:
+def _wait(args: argparse.Namespace, daemon: DaemonClient, topic: str) -> int:
     width = 30
     while True:
-        status = _request(args, "GET", f"/v1/topics/{_quote(topic)}/compaction")
+        status = daemon.status(topic)
         prog = status.get("progress") or {}
         done, total = prog.get("records_read", 0), max(prog.get("records_total", 0), 1)
         filled = min(width, int(width * done / total))
@@ -140,25 +106,23 @@ def _wait(args: argparse.Namespace, topic: str) -> int:
 def _client(args: argparse.Namespace) -> int:
     cmd = args.command
     topic: str = getattr(args, "topic", "")
-    path = f"/v1/topics/{_quote(topic)}" if topic else ""
+    daemon = _daemon(args)
     if cmd in ("compact", "rebuild"):
-        rebuild = cmd == "rebuild" or args.rebuild
-        body = _request(args, "PUT", f"{path}/compaction", {"rebuild": "true"} if rebuild else None)
+        body = daemon.trigger(topic, rebuild=cmd == "rebuild" or args.rebuild)
         if args.wait:
-            return _wait(args, topic)
+            return _wait(args, daemon, topic)
     elif cmd == "status":
-        body = _request(args, "GET", f"{path}/compaction")
+        body = daemon.status(topic)
     elif cmd == "cancel":
-        body = _request(args, "DELETE", f"{path}/compaction")
+        body = daemon.cancel(topic)
     elif cmd == "horizon":
-        body = _request(args, "GET", f"{path}/horizon")
+        body = daemon.horizon(topic)
     elif cmd == "read":
-        body = _request(args, "GET", f"{path}/compacted", {"partition": args.partition, "start": args.start,
-                                                            "limit": args.limit, "encoding": args.encoding})
+        body = daemon.compacted(topic, args.partition, args.start, args.limit, encoding=args.encoding)
     elif cmd == "topics":
-        body = _request(args, "GET", "/v1/topics")
+        body = daemon.topics()
     else:
-        body = _request(args, "GET", "/v1/tasks")
+        body = daemon.tasks()
     if args.json:
         print(json.dumps(body))
         return 0
@@ -213,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         return _client(args)
-    except (CliError, CompactordError) as exc:
+    except CompactordError as exc:
         print(f"compactord: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

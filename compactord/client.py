@@ -1,4 +1,5 @@
-"""``CompactedReader``: the compacted view of a topic, like Pulsar's ``readCompacted``.
+"""The clients of the daemon: ``DaemonClient``, the one HTTP client of its API (the CLI uses it),
+and ``CompactedReader``, the compacted view of a topic, like Pulsar's ``readCompacted``.
 
 It yields the compacted ledger up to the horizon (served by the daemon's HTTP API), then the live
 topic after the horizon up to the end offsets fixed when the read starts (tombstones included there),
@@ -30,11 +31,75 @@ from collections.abc import Iterator
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import BrokerUnavailable, CompactordError, NotCompacted
+from compactord.errors import BrokerUnavailable, DaemonRequestFailed, DaemonUnreachable, NotCompacted
 from compactord.event_time import event_time_extractor, event_time_rank
 from compactord.model import Entry
 
-__all__ = ["CompactedReader"]
+__all__ = ["DEFAULT_URL", "CompactedReader", "DaemonClient"]
+
+DEFAULT_URL = "http://127.0.0.1:8642"
+
+
+class DaemonClient:
+    """The daemon's HTTP API, one method per endpoint; each returns the answer's JSON body.
+
+    ``url`` defaults to ``COMPACTORD_URL``, then ``DEFAULT_URL``; ``token`` to ``COMPACTORD_TOKEN``.
+
+    :raises DaemonRequestFailed: the daemon answered with an error (its status and code inside).
+    :raises DaemonUnreachable: no answer.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0) -> None:
+        self.url = (url or os.environ.get("COMPACTORD_URL") or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else os.environ.get("COMPACTORD_TOKEN")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        request = urllib.request.Request(url, method=method)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                body = json.loads(exc.read())
+                error, text = body.get("error"), f"{body.get('error')}: {body.get('message')}"
+            except ValueError:
+                error, text = None, str(exc)
+            raise DaemonRequestFailed(method, path, exc.code, error, text) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise DaemonUnreachable(self.url, getattr(exc, "reason", exc)) from None
+
+    @staticmethod
+    def topic_path(topic: str) -> str:
+        return f"/v1/topics/{urllib.parse.quote(topic, safe='')}"
+
+    def trigger(self, topic: str, rebuild: bool = False) -> Any:
+        return self.request("PUT", f"{self.topic_path(topic)}/compaction", {"rebuild": "true"} if rebuild else None)
+
+    def status(self, topic: str) -> Any:
+        return self.request("GET", f"{self.topic_path(topic)}/compaction")
+
+    def cancel(self, topic: str) -> Any:
+        return self.request("DELETE", f"{self.topic_path(topic)}/compaction")
+
+    def horizon(self, topic: str) -> Any:
+        return self.request("GET", f"{self.topic_path(topic)}/horizon")
+
+    def compacted(self, topic: str, partition: int, start: int = 0, limit: int = 100, *,
+                  encoding: str = "base64", include_markers: bool = False) -> Any:
+        query = {"partition": partition, "start": start, "limit": limit, "encoding": encoding}
+        if include_markers:
+            query["include_markers"] = "true"
+        return self.request("GET", f"{self.topic_path(topic)}/compacted", query)
+
+    def topics(self) -> Any:
+        return self.request("GET", "/v1/topics")
+
+    def tasks(self) -> Any:
+        return self.request("GET", "/v1/tasks")
 
 
 def _b64(value: str | None) -> bytes | None:
@@ -61,8 +126,8 @@ class CompactedReader:
         settings: Settings | None = None,
     ) -> None:
         self.topic = topic
-        self.url = (url or os.environ.get("COMPACTORD_URL") or "http://127.0.0.1:8642").rstrip("/")
-        self.token = token if token is not None else os.environ.get("COMPACTORD_TOKEN")
+        self._daemon = DaemonClient(url, token)
+        self.url, self.token = self._daemon.url, self._daemon.token
         self.apply_strategy = apply_strategy
         self.page_size = page_size
         self.settings = settings or Settings(kafka_bootstrap_servers=bootstrap)
@@ -72,36 +137,29 @@ class CompactedReader:
 
     # -- HTTP ---------------------------------------------------------------------------------------
 
-    def _get(self, path: str, query: dict[str, Any] | None = None) -> Any:
-        quoted = urllib.parse.quote(self.topic, safe="")
-        url = f"{self.url}/v1/topics/{quoted}{path}" + ("?" + urllib.parse.urlencode(query) if query else "")
-        request = urllib.request.Request(url)
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            body = json.loads(exc.read() or b"{}")
-            if body.get("error") == NotCompacted.code:
-                raise NotCompacted(self.topic) from None
-            raise CompactordError(f"GET {url} failed ({exc.code}): {body.get('message')}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise CompactordError(f"cannot reach compactord at {self.url}: {exc}") from None
-
     def horizon(self) -> dict[int, int]:
         """The horizon per partition; empty if the topic was never compacted."""
         try:
-            body = self._get("/horizon")
-        except NotCompacted:
-            return {}
+            body = self._daemon.horizon(self.topic)
+        except DaemonRequestFailed as exc:
+            if exc.error == NotCompacted.code:
+                return {}
+            raise
         return {p["partition"]: p["offset"] for p in body["partitions"]}
+
+    def _page(self, partition: int, start: int) -> Any:
+        try:
+            return self._daemon.compacted(self.topic, partition, start, self.page_size,
+                                          include_markers=self.apply_strategy)
+        except DaemonRequestFailed as exc:
+            if exc.error == NotCompacted.code:
+                raise NotCompacted(self.topic) from None
+            raise
 
     def _ledger(self, partition: int) -> Iterator[Entry]:
         start: int | None = 0
         while start is not None:
-            body = self._get("/compacted", {"partition": partition, "start": start, "limit": self.page_size,
-                                            "include_markers": "true" if self.apply_strategy else "false"})
+            body = self._page(partition, start)
             for e in body["entries"]:
                 yield Entry(
                     partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),

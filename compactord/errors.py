@@ -1,9 +1,42 @@
 """The error tree. Every error compactord raises on purpose is a ``CompactordError``.
 
+Each class carries ``code``, the stable machine-readable name the API answers with
+(``{"error": code, "message": ...}``), and ``status``, the HTTP status of that answer; a subclass
+without its own ``status`` inherits its parent's, and a test checks that every class here sets one.
+
+    CompactordError                     internal_error               500
+    +-- ConfigError (ValueError)        bad_config                   422
+    |   +-- PluginLoadError             bad_plugin_reference         422
+    +-- InvalidTopicName (ValueError)   invalid_topic_name           422
+    +-- InvalidArgument (ValueError)    invalid_argument             422
+    +-- TopicNotFound (LookupError)     topic_not_found              404
+    +-- NotCompacted (LookupError)      not_compacted                404
+    +-- EntryNotFound (LookupError)     entry_not_found              404
+    +-- NoTaskRunning (LookupError)     no_task_running              404
+    +-- PoliciesUnreadable              policies_unreadable          500
+    +-- NotReady                        not_ready                    503
+    +-- Unhealthy                       unhealthy                    503
+    +-- BrokerUnavailable (ConnectionError)
+    |                                   broker_unavailable           503
+    +-- CompactionAlreadyRunning        compaction_already_running   409
+    +-- TaskNotCancellable              task_not_cancellable         409
+    +-- IllegalStateTransition (RuntimeError)
+    |                                   illegal_state_transition     409
+    +-- CompactionCancelled             compaction_cancelled         409
+    +-- CompactionFailed (RuntimeError) compaction_failed            500
+    |   +-- SparkError                  spark_error                  500
+    |   +-- InsufficientDiskSpace       insufficient_disk_space      507
+    +-- LedgerCorrupt                   ledger_corrupt               500
+    +-- LedgerRetired (RuntimeError)    ledger_retired               410
+    +-- LedgerRootLocked                ledger_root_locked           409
+    +-- AuthenticationRequired          unauthorized                 401
+    +-- PermissionDenied                forbidden                    403
+    +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
+    +-- DaemonUnreachable (ConnectionError)
+                                        daemon_unreachable           502   (client side)
+
 Third-party errors (kafka-python, py4j/Spark, the file system) are translated at one boundary each
-(``kafka/client.py``, ``spark/session.py``, ``ledger/store.py``) with ``raise ... from exc``.
-``HTTP_STATUS`` maps every class to the HTTP status the API answers with; a test checks that every
-subclass defined here has an entry.
+(``kafka/client.py``, ``engine/spark_session.py``, ``ledger/store.py``) with ``raise ... from exc``.
 """
 
 from __future__ import annotations
@@ -12,9 +45,11 @@ from typing import Any
 
 
 class CompactordError(Exception):
-    """Root of compactord's errors. ``code`` is the stable, machine-readable name used by the API."""
+    """Root of compactord's errors. ``code`` is the stable, machine-readable name used by the API,
+    ``status`` the HTTP status the API answers with."""
 
-    code = "internal_error"
+    code: str = "internal_error"
+    status: int = 500
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -26,6 +61,7 @@ class ConfigError(CompactordError, ValueError):
     """A configuration key has a bad value, or is unknown."""
 
     code = "bad_config"
+    status = 422
 
     def __init__(self, key: str, value: object, allowed: str) -> None:
         super().__init__(f"config key {key}={value!r} is invalid: {allowed}", key=key, value=value)
@@ -35,14 +71,17 @@ class ConfigError(CompactordError, ValueError):
 
 class InvalidTopicName(CompactordError, ValueError):
     code = "invalid_topic_name"
+    status = 422
 
 
 class InvalidArgument(CompactordError, ValueError):
     code = "invalid_argument"
+    status = 422
 
 
 class TopicNotFound(CompactordError, LookupError):
     code = "topic_not_found"
+    status = 404
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"topic {topic!r} does not exist on the broker", topic=topic)
@@ -53,6 +92,7 @@ class NotCompacted(CompactordError, LookupError):
     """The topic has no compacted ledger yet."""
 
     code = "not_compacted"
+    status = 404
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"topic {topic!r} has never been compacted (no ledger)", topic=topic)
@@ -62,22 +102,33 @@ class EntryNotFound(CompactordError, LookupError):
     """A read found no entry (e.g. the last entry of an empty partition)."""
 
     code = "entry_not_found"
+    status = 404
 
 
 class PoliciesUnreadable(CompactordError):
     """A topic's stored policies file is corrupt (PUT or DELETE the policies to repair it)."""
 
     code = "policies_unreadable"
+    status = 500
 
 
 class NotReady(CompactordError):
     """The daemon is starting or its broker or Spark session is down."""
 
     code = "not_ready"
+    status = 503
+
+
+class Unhealthy(CompactordError):
+    """The daemon cannot go on (its Spark JVM died): the supervisor should restart it."""
+
+    code = "unhealthy"
+    status = 503
 
 
 class NoTaskRunning(CompactordError, LookupError):
     code = "no_task_running"
+    status = 404
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"no compaction of topic {topic!r} is running", topic=topic)
@@ -85,10 +136,12 @@ class NoTaskRunning(CompactordError, LookupError):
 
 class BrokerUnavailable(CompactordError, ConnectionError):
     code = "broker_unavailable"
+    status = 503
 
 
 class CompactionAlreadyRunning(CompactordError):
     code = "compaction_already_running"
+    status = 409
 
     def __init__(self, topic: str, task: Any = None) -> None:
         super().__init__(f"a compaction of topic {topic!r} is already running", topic=topic)
@@ -99,95 +152,96 @@ class TaskNotCancellable(CompactordError):
     """A cancel was asked in a state that does not allow it (the switch, or an ended task)."""
 
     code = "task_not_cancellable"
+    status = 409
 
 
 class IllegalStateTransition(CompactordError, RuntimeError):
     code = "illegal_state_transition"
+    status = 409
 
 
 class CompactionCancelled(CompactordError):
     """Raised inside a task's work when it sees that it was cancelled."""
 
     code = "compaction_cancelled"
+    status = 409
 
 
 class CompactionFailed(CompactordError, RuntimeError):
     code = "compaction_failed"
+    status = 500
 
 
 class SparkError(CompactionFailed):
     """A Spark job failed (translated from py4j at ``spark/session.py``)."""
 
     code = "spark_error"
+    status = 500
 
 
 class LedgerCorrupt(CompactordError):
     """A ledger's files are missing or fail their checksum: it is never served."""
 
     code = "ledger_corrupt"
+    status = 500
 
 
 class LedgerRetired(CompactordError, RuntimeError):
     """The ledger was replaced by a newer one; acquire the topic's current handle again."""
 
     code = "ledger_retired"
+    status = 410
 
 
 class InsufficientDiskSpace(CompactionFailed):
     code = "insufficient_disk_space"
+    status = 507
 
 
 class LedgerRootLocked(CompactordError):
     """Another live daemon holds the ledger root."""
 
     code = "ledger_root_locked"
+    status = 409
 
 
 class PluginLoadError(ConfigError):
     """A ``module:Class`` reference in the configuration cannot be resolved."""
 
     code = "bad_plugin_reference"
+    status = 422
 
 
 class AuthenticationRequired(CompactordError):
     code = "unauthorized"
+    status = 401
 
 
 class PermissionDenied(CompactordError):
     code = "forbidden"
+    status = 403
 
 
-HTTP_STATUS: dict[type[CompactordError], int] = {
-    CompactordError: 500,
-    ConfigError: 422,
-    InvalidTopicName: 422,
-    InvalidArgument: 422,
-    TopicNotFound: 404,
-    NotCompacted: 404,
-    NoTaskRunning: 404,
-    EntryNotFound: 404,
-    NotReady: 503,
-    PoliciesUnreadable: 500,
-    BrokerUnavailable: 503,
-    CompactionAlreadyRunning: 409,
-    TaskNotCancellable: 409,
-    IllegalStateTransition: 409,
-    CompactionCancelled: 409,
-    CompactionFailed: 500,
-    SparkError: 500,
-    LedgerCorrupt: 500,
-    LedgerRetired: 410,
-    InsufficientDiskSpace: 507,
-    LedgerRootLocked: 409,
-    PluginLoadError: 422,
-    AuthenticationRequired: 401,
-    PermissionDenied: 403,
-}
+class DaemonRequestFailed(CompactordError):
+    """Client side (``client.DaemonClient``): the daemon answered with an error. The API never
+    answers with this class; a proxy that relays it answers 502. ``answer_status`` and ``error`` are
+    the daemon's status and code."""
+
+    code = "daemon_request_failed"
+    status = 502
+
+    def __init__(self, method: str, path: str, answer_status: int, error: str | None, text: str) -> None:
+        super().__init__(f"{method} {path} failed ({answer_status}) {text}", answer_status=answer_status,
+                         error=error)
+        self.answer_status = answer_status
+        self.error = error
 
 
-def http_status(exc: CompactordError) -> int:
-    """The HTTP status of an error: its own class's entry, else its nearest ancestor's."""
-    for cls in type(exc).__mro__:
-        if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]  # type: ignore[index]
-    return 500
+class DaemonUnreachable(CompactordError, ConnectionError):
+    """Client side (``client.DaemonClient``): no answer from the daemon's URL."""
+
+    code = "daemon_unreachable"
+    status = 502
+
+    def __init__(self, url: str, reason: object) -> None:
+        super().__init__(f"cannot reach compactord at {url}: {reason}", url=url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,6 +20,7 @@ __all__ = [
     "PartitionOffsets",
     "Position",
     "StrategySettings",
+    "iso_utc",
     "validate_topic_name",
 ]
 
@@ -45,6 +47,16 @@ def validate_topic_name(topic: object) -> str:
             f"topic name {topic!r} has a character outside [a-zA-Z0-9._-] (ASCII letters, digits, '.', '_', '-')"
         )
     return topic
+
+
+def iso_utc(ts: float | None) -> str | None:
+    """``ts`` (seconds since the epoch) as ISO 8601 UTC with milliseconds, e.g. ``2026-11-23T09:28:44.123Z``.
+
+    The one timestamp format of the API, the status objects and the JSON log; ``None`` stays ``None``.
+    """
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
 class Position(NamedTuple):

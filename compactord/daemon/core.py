@@ -20,7 +20,7 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
-from compactord.daemon.registry import TaskRegistry, _iso, task_status
+from compactord.daemon.registry import TaskRegistry
 from compactord.engine.spark_session import SparkSessionManager
 from compactord.errors import CompactionAlreadyRunning, CompactordError, PluginLoadError
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
@@ -176,18 +176,6 @@ class Daemon:
         """:raises TopicNotFound: the broker lacks it. :raises BrokerUnavailable: the broker is down."""
         self.admin.partitions(topic)
 
-    def topic_status(self, topic: str) -> dict[str, Any]:
-        last = self.registry.last(topic)
-        if last is not None:
-            return task_status(last)
-        manifest = self.registry.service(topic).ledger_info()
-        none = {"topic": topic, "state": None, "task_id": None, "last_error": None,
-                "progress": {"records_read": 0, "records_total": 0}}
-        if manifest is None:
-            return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
-        return {**none, "status": "SUCCESS", "started_at": _iso(manifest.started_at_ms / 1000),
-                "finished_at": _iso(manifest.finished_at_ms / 1000)}
-
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
         outcome = self.registry.stop_topic(topic, timeout * 0.8)
@@ -224,25 +212,12 @@ class Daemon:
             self.policies.put(topic, policies)
         self.factory.set_topic_strategy(topic, policies.strategy if policies is not None else None)
 
-    def list_topics(self) -> list[dict[str, Any]]:
-        on_broker = set(self.admin.list_topics())  # BrokerUnavailable: the API answers 503
+    def known_topics(self) -> dict[str, bool]:
+        """Every topic on the broker, with a ledger or with a task, sorted; each with whether the
+        broker has it. :raises BrokerUnavailable: the broker is down."""
+        on_broker = set(self.admin.list_topics())
         known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
-        out = []
-        for topic in sorted(known):
-            backlog = self.monitor.backlogs.get(topic)
-            live = self.registry.live(topic)
-            out.append({
-                "topic": topic,
-                "on_broker": topic in on_broker,
-                "unloaded": self.policies.unloaded(topic),
-                "backlog": None if backlog is None else {
-                    "records": backlog.records, "bytes": backlog.bytes,
-                    "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
-                },
-                "last_compaction": self.topic_status(topic),
-                "current_task": task_status(live) if live is not None else None,
-            })
-        return out
+        return {topic: topic in on_broker for topic in sorted(known)}
 
     # -- metrics --------------------------------------------------------------------------------
 

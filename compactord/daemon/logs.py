@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+
+from compactord.model import iso_utc
 
 __all__ = ["configure_logging"]
 
@@ -12,7 +13,7 @@ __all__ = ["configure_logging"]
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": iso_utc(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

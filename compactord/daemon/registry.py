@@ -13,44 +13,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from compactord.errors import CompactionAlreadyRunning, NoTaskRunning, TaskNotCancellable
 from compactord.interfaces import CompactionServiceFactory, TopicCompactionService
 from compactord.model import validate_topic_name
 from compactord.task import CompactionTaskCtx, TaskState
 
-__all__ = ["CancelOutcome", "TaskRegistry", "task_status"]
+__all__ = ["CancelOutcome", "TaskRegistry"]
 
 log = logging.getLogger(__name__)
 HISTORY = 20
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
-
-
-def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
-    """The API's status object of a task (with its topic)."""
-    state = ctx.state
-    if state is TaskState.SUCCEED:
-        status = "SUCCESS"
-    elif state in (TaskState.FAILED, TaskState.CANCELLED):
-        status = "ERROR"
-    else:
-        status = "RUNNING"
-    return {
-        "topic": ctx.topic,
-        "status": status,
-        "state": state.value,
-        "task_id": ctx.task_id,
-        "started_at": _iso(ctx.started_at or ctx.created_at),
-        "finished_at": _iso(ctx.finished_at),
-        "last_error": ctx.error,
-        "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
-    }
 
 
 @dataclass

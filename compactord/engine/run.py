@@ -142,9 +142,11 @@ class CompactionRun:
 
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:
+            # The group first: a reader stopped by the file fails the job, which must be seen as
+            # cancelled (``CompactionCancelled``), not as a Spark failure.
+            self.factory.spark.cancel_group(self.ctx.task_id)
             with contextlib.suppress(OSError):
                 (progress_dir / CANCEL_FILE).touch()  # stops the Kafka readers at their next poll
-            self.factory.spark.cancel_group(self.ctx.task_id)
 
         return hook
 

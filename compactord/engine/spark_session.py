@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,6 +38,9 @@ _DEFAULT_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
 }
+# Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
+# not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
+MAX_CANCELLED_GROUPS = 256
 
 
 def _cause(text: str, exc: BaseException) -> str:
@@ -59,6 +63,9 @@ class SparkSessionManager:
         self._spark: Any = None
         self._stopped = False
         self.warmed = False
+        # The job groups this process cancelled: a failure of such a group's job is its cancellation.
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._cancelled_lock = threading.Lock()
 
     @property
     def spark(self) -> Any:
@@ -150,7 +157,11 @@ class SparkSessionManager:
 
     @contextlib.contextmanager
     def job_group(self, group_id: str, description: str) -> Iterator[None]:
-        """Run the body's Spark jobs under ``group_id`` (this thread only), translating errors."""
+        """Run the body's Spark jobs under ``group_id`` (this thread only), translating errors.
+
+        :raises CompactionCancelled: a job failed after ``cancel_group(group_id)``.
+        :raises SparkError: a job failed otherwise.
+        """
         sc = self.spark.sparkContext
         sc.setJobGroup(group_id, description, interruptOnCancel=True)
         try:
@@ -158,13 +169,14 @@ class SparkSessionManager:
         except CompactionCancelled:
             raise
         except Exception as exc:
-            text = str(exc)
-            if "SPARK_JOB_CANCELLED" in text or "cancelled" in text.lower():
+            if self.was_cancelled(group_id):
                 raise CompactionCancelled(f"Spark job group {group_id} was cancelled") from exc
             if type(exc).__module__.startswith(("py4j", "pyspark")):
-                raise SparkError(f"Spark job of {description} failed: {_cause(text, exc)}") from exc
+                raise SparkError(f"Spark job of {description} failed: {_cause(str(exc), exc)}") from exc
             raise
         finally:
+            with self._cancelled_lock:
+                self._cancelled.pop(group_id, None)
             try:
                 sc.setLocalProperty("spark.jobGroup.id", None)
                 sc.setLocalProperty("spark.job.description", None)
@@ -176,8 +188,14 @@ class SparkSessionManager:
 
         ``cancelJobGroup`` alone does nothing while no job has been submitted yet (a cold session
         spends seconds planning a Python data source), so the JVM's ``cancelJobGroupAndFutureJobs``
-        is called too.
+        is called too. The group is remembered as cancelled first, so that a job failing because of
+        this call raises ``CompactionCancelled``.
         """
+        with self._cancelled_lock:
+            self._cancelled[group_id] = None
+            self._cancelled.move_to_end(group_id)
+            while len(self._cancelled) > MAX_CANCELLED_GROUPS:
+                self._cancelled.popitem(last=False)
         if self._spark is None:
             return
         sc = self._spark.sparkContext
@@ -186,6 +204,11 @@ class SparkSessionManager:
             sc._jsc.sc().cancelJobGroupAndFutureJobs(group_id)
         except Exception:
             log.warning("cancelling Spark job group %s failed", group_id, exc_info=True)
+
+    def was_cancelled(self, group_id: str) -> bool:
+        """Whether ``cancel_group(group_id)`` was called and the group's ``job_group`` has not ended."""
+        with self._cancelled_lock:
+            return group_id in self._cancelled
 
     def run(self, group_id: str, description: str, fn: Callable[[], T]) -> T:
         with self.job_group(group_id, description):

@@ -14,6 +14,7 @@ from compactord.model import (
     Entry,
     LedgerManifest,
     StrategySettings,
+    iso_utc,
     validate_topic_name,
 )
 
@@ -114,3 +115,16 @@ def test_manifest_without_log_start_reads() -> None:
     data = json.loads(json.dumps(_manifest().to_json()))
     del data["log_start"]
     assert LedgerManifest.from_json(data).log_start == {}
+
+
+@pytest.mark.parametrize(
+    ("ts", "text"),
+    [
+        (None, None),
+        (0, "1970-01-01T00:00:00.000Z"),
+        (1_700_000_000.5, "2023-11-14T22:13:20.500Z"),
+        (1_700_000_000.0129, "2023-11-14T22:13:20.012Z"),
+    ],
+)
+def test_iso_utc(ts: float | None, text: str | None) -> None:
+    assert iso_utc(ts) == text

@@ -1,0 +1,54 @@
+"""Compaction of one topic: trigger, status, cancel; and the recent tasks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from compactord.api.views import task_status, tasks_json, topic_status
+from compactord.model import validate_topic_name
+
+if TYPE_CHECKING:
+    from compactord.daemon.core import Daemon
+
+__all__ = ["router"]
+
+
+def router(daemon: Daemon) -> APIRouter:
+    api = APIRouter()
+    cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
+
+    @api.put("/v1/topics/{topic}/compaction", status_code=202, tags=["compaction"])
+    def trigger(topic: str, rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")
+                ) -> JSONResponse:
+        """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic)."""
+        validate_topic_name(topic)
+        daemon.require_topic(topic)
+        daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back
+        ctx = daemon.registry.trigger(topic, rebuild=rebuild)
+        return JSONResponse(task_status(ctx), status_code=202)
+
+    @api.get("/v1/topics/{topic}/compaction", tags=["compaction"])
+    def status(topic: str) -> dict[str, Any]:
+        """Status of the topic's last compaction: NOT_RUN, RUNNING, SUCCESS or ERROR."""
+        validate_topic_name(topic)
+        return topic_status(daemon, topic)
+
+    @api.delete("/v1/topics/{topic}/compaction", tags=["compaction"])
+    def cancel(topic: str) -> JSONResponse:
+        """Cancel the running compaction (200 when stopped, 202 while stopping, 409 while switching)."""
+        validate_topic_name(topic)
+        outcome = daemon.registry.cancel(topic, cancel_timeout)
+        return JSONResponse(task_status(outcome.task), status_code=200 if outcome.stopped else 202)
+
+    @api.get("/v1/tasks", tags=["topics"])
+    def tasks(topic: str | None = Query(None)) -> dict[str, Any]:
+        """The recent tasks (the last 20 of each topic), newest first."""
+        if topic is not None:
+            validate_topic_name(topic)
+        found = [t for t in daemon.registry.tasks() if topic is None or t.topic == topic]
+        return tasks_json(found)
+
+    return api

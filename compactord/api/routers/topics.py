@@ -1,0 +1,51 @@
+"""The topic listing and each topic's policies (per-topic overrides of the thresholds and the strategy)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Body
+
+from compactord.api.views import policies_json, topics_json
+from compactord.daemon.policies import TopicPolicies
+from compactord.model import validate_topic_name
+
+if TYPE_CHECKING:
+    from compactord.daemon.core import Daemon
+
+__all__ = ["router"]
+
+
+def router(daemon: Daemon) -> APIRouter:
+    api = APIRouter()
+
+    def answer(topic: str) -> dict[str, Any]:
+        return policies_json(topic, daemon.policies.get(topic), daemon.settings)
+
+    @api.get("/v1/topics/{topic}/policies", tags=["policies"])
+    def get_policies(topic: str) -> dict[str, Any]:
+        """Per-topic overrides of the thresholds and the strategy, and what is in force."""
+        validate_topic_name(topic)
+        return answer(topic)
+
+    @api.put("/v1/topics/{topic}/policies", tags=["policies"])
+    def put_policies(topic: str, body: dict[str, Any] = Body(..., examples=[{"thresholdBytes": 1048576}])
+                     ) -> dict[str, Any]:
+        """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
+        minDirtyRatio, strategy; null or absent = the broker-wide setting)."""
+        validate_topic_name(topic)
+        daemon.set_policies(topic, TopicPolicies.from_json(body))
+        return answer(topic)
+
+    @api.delete("/v1/topics/{topic}/policies", tags=["policies"])
+    def delete_policies(topic: str) -> dict[str, Any]:
+        validate_topic_name(topic)
+        daemon.set_policies(topic, None)
+        return answer(topic)
+
+    @api.get("/v1/topics", tags=["topics"])
+    def topics() -> dict[str, Any]:
+        """Every known topic with its backlog, last compaction and current task."""
+        return topics_json(daemon)  # BrokerUnavailable: 503
+
+    return api

@@ -1,0 +1,183 @@
+"""The JSON shapes of the API: every dict an endpoint answers with is built here.
+
+Every error is ``{"error": code, "message": text}`` (and, for a 409, the task in the way).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from fastapi.responses import JSONResponse
+
+from compactord.errors import CompactordError, InvalidArgument
+from compactord.model import Entry, LedgerManifest, iso_utc
+from compactord.task import CompactionTaskCtx, TaskState
+
+if TYPE_CHECKING:
+    from compactord.config import Settings
+    from compactord.daemon.core import Daemon
+    from compactord.daemon.policies import TopicPolicies
+
+__all__ = [
+    "deleted_json",
+    "entry_json",
+    "error_response",
+    "horizon_json",
+    "optional_task_status",
+    "page_json",
+    "policies_json",
+    "problem_response",
+    "task_status",
+    "tasks_json",
+    "topic_status",
+    "topics_json",
+    "unloaded_json",
+]
+
+_NO_PROGRESS = {"records_read": 0, "records_total": 0}
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def problem_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    """An error answer that has no class in the error tree (a 404 route, a 405, a validation error)."""
+    return JSONResponse({"error": code, "message": message, **extra}, status_code=status)
+
+
+def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
+    """The answer to a ``CompactordError``: its class's status and code, its message."""
+    return problem_response(exc.status, exc.code, exc.message, **extra)
+
+
+# -- tasks and topics ---------------------------------------------------------------------------
+
+
+def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
+    """The status object of a task (with its topic)."""
+    state = ctx.state
+    if state is TaskState.SUCCEED:
+        status = "SUCCESS"
+    elif state in (TaskState.FAILED, TaskState.CANCELLED):
+        status = "ERROR"
+    else:
+        status = "RUNNING"
+    return {
+        "topic": ctx.topic,
+        "status": status,
+        "state": state.value,
+        "task_id": ctx.task_id,
+        "started_at": iso_utc(ctx.started_at or ctx.created_at),
+        "finished_at": iso_utc(ctx.finished_at),
+        "last_error": ctx.error,
+        "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
+    }
+
+
+def tasks_json(tasks: list[CompactionTaskCtx]) -> dict[str, Any]:
+    """``tasks`` newest first."""
+    return {"tasks": [task_status(t) for t in reversed(tasks)]}
+
+
+def optional_task_status(ctx: CompactionTaskCtx | None) -> dict[str, Any] | None:
+    return task_status(ctx) if ctx is not None else None
+
+
+def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
+    """The status of the topic's last compaction: the last task's, else the current ledger's
+    (a ledger from before this process started), else NOT_RUN."""
+    last = daemon.registry.last(topic)
+    if last is not None:
+        return task_status(last)
+    manifest = daemon.registry.service(topic).ledger_info()
+    none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS)}
+    if manifest is None:
+        return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
+    return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
+            "finished_at": iso_utc(manifest.finished_at_ms / 1000)}
+
+
+def topics_json(daemon: Daemon) -> dict[str, Any]:
+    """Every known topic with its backlog, last compaction and current task."""
+    out = []
+    for topic, on_broker in daemon.known_topics().items():
+        backlog = daemon.monitor.backlogs.get(topic)
+        out.append({
+            "topic": topic,
+            "on_broker": on_broker,
+            "unloaded": daemon.policies.unloaded(topic),
+            "backlog": None if backlog is None else {
+                "records": backlog.records, "bytes": backlog.bytes,
+                "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
+            },
+            "last_compaction": topic_status(daemon, topic),
+            "current_task": optional_task_status(daemon.registry.live(topic)),
+        })
+    return {"topics": out}
+
+
+def policies_json(topic: str, policies: TopicPolicies, settings: Settings) -> dict[str, Any]:
+    return {"topic": topic, "policies": policies.to_json(), "effective": policies.effective(settings)}
+
+
+# -- ledger reads -------------------------------------------------------------------------------
+
+
+def horizon_json(topic: str, manifest: LedgerManifest) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "ledger_id": manifest.ledger_id,
+        "partitions": [{"partition": p, "offset": o} for p, o in sorted(manifest.horizon.items())],
+    }
+
+
+def page_json(topic: str, manifest: LedgerManifest, entries: list[Entry], encoding: str, markers: bool,
+              next_start: int | None) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "ledger_id": manifest.ledger_id,
+        "entries": [entry_json(e, encoding, markers) for e in entries],
+        "next_start": next_start,
+    }
+
+
+def _encode(data: bytes | None, encoding: str) -> str | None:
+    if data is None:
+        return None
+    if encoding == "utf8":
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgument(
+                "an entry holds bytes that are not UTF-8; read it with encoding=base64 (the default)"
+            ) from None
+    return base64.b64encode(data).decode("ascii")
+
+
+def entry_json(entry: Entry, encoding: str, markers: bool = False) -> dict[str, Any]:
+    data = {
+        "partition": entry.partition,
+        "offset": entry.offset,
+        "key": _encode(entry.key, encoding),
+        "value": _encode(entry.value, encoding),
+        "timestamp": entry.timestamp,
+        "headers": [{"key": k, "value": base64.b64encode(v or b"").decode("ascii")} for k, v in entry.headers],
+    }
+    if markers:  # what the compacted reader needs to apply the event-time strategy
+        data.update(event_time=entry.event_time, marker=entry.marker)
+    return data
+
+
+# -- topic lifecycle ----------------------------------------------------------------------------
+
+
+def unloaded_json(topic: str, unloaded: bool, task: CompactionTaskCtx | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"topic": topic, "unloaded": unloaded}
+    if unloaded:  # an unload stops the topic's task; a load has none to show
+        body["task"] = optional_task_status(task)
+    return body
+
+
+def deleted_json(topic: str, deleted: bool, task: CompactionTaskCtx | None) -> dict[str, Any]:
+    return {"topic": topic, "deleted": deleted, "task": optional_task_status(task)}
