@@ -23,7 +23,7 @@ import pytest
 from compactord.embedded import free_port
 from compactord.model import Entry
 
-from ..engine.helpers import compact, entries
+from tests.inprocess.engine.helpers import compact, entries
 from . import DaemonProcess, write_conf
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from compactord.ledger.store import LedgerStore
 
 from .helpers import compact, last_value_model
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 KILLS_IN_RUNNING = 7  # with the 3 held kills: 10, as the engine issue asks
 # The pause points of the switch, in order, and the ledger current while the child is held there.
 HOLDS = {"written": "old", "switch": "old", "switched": "new"}
@@ -90,7 +90,7 @@ class Child:
         self.log_path = workdir / "child.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.crash_child", bootstrap, str(root), topic, hold],
+            [sys.executable, "-m", "tests.inprocess.engine.crash_child", bootstrap, str(root), topic, hold],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
         )
         self.events: dict[str, float] = {}  # first word of a line, or the state of a STATE line -> time

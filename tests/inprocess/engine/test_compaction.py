@@ -201,7 +201,9 @@ def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_fa
     before = (service.ledger_info().ledger_id, service.get_last_compacted_position(), view(service))
     kafka.produce(topic, [("a", "3")])
     # A strategy that raises inside Spark makes the job fail after the ledger dir was allocated.
-    broken = make_factory(store=service.factory.store, compaction_strategy="tests.engine.strategies:Exploding")
+    broken = make_factory(
+        store=service.factory.store, compaction_strategy="tests.inprocess.engine.strategies:Exploding"
+    )
     broken_service = broken.new_topic_compaction_service(topic)
     ctx = broken_service.compact()
     assert ctx.result(TIMEOUT) is TaskState.FAILED
