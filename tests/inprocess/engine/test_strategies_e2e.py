@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from .helpers import compact, entries, view
+from tests.support.service import compact, entries, view
 
 
 def et(value: int | None) -> list[tuple[str, bytes]]:

@@ -13,8 +13,7 @@ import pytest
 from compactord.engine.job import CompactionJobSpec, build_winners
 from compactord.engine.kafka_source import OffsetRange
 from compactord.engine.strategies import load_strategy
-
-from .helpers import compact, entries, view
+from tests.support.service import compact, entries, view
 
 
 @pytest.fixture
