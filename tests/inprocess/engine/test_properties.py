@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from compactord.model import Entry, Position
-
-from .helpers import compact, entries
+from tests.support.service import compact, entries
 
 PARTITIONS = 2
 HEADER = "et"
