@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Spark's Python workers import test strategies by reference (tests.engine.strategies:Name).
+# Spark's Python workers import test strategies by reference (tests.inprocess.engine.strategies:Name).
 _REPO = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, os.environ.get("PYTHONPATH")]))
 

@@ -29,6 +29,7 @@ __all__ = [
     "policies_json",
     "problem_response",
     "task_status",
+    "tasks_json",
     "topic_status",
     "topics_json",
     "unloaded_json",
@@ -75,6 +76,11 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "recreated": ctx.stats.recreated,
         "warnings": [ctx.stats.switch_warning] if ctx.stats.switch_warning else [],
     }
+
+
+def tasks_json(tasks: list[CompactionTaskCtx]) -> dict[str, Any]:
+    """``tasks`` newest first."""
+    return {"tasks": [task_status(t) for t in reversed(tasks)]}
 
 
 def optional_task_status(ctx: CompactionTaskCtx | None) -> dict[str, Any] | None:

@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import SHARED_TOKEN, DaemonProcess, assert_error, compact, metric, status, wait_for
+from tests.support.daemon import DaemonProcess, compact, status
+from tests.support.waiting import wait_for
+
+from .conftest import SHARED_TOKEN, assert_error, metric
 
 pytestmark = pytest.mark.slow
 

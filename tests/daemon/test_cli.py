@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from compactord.embedded import free_port
+from tests.support.daemon import DaemonProcess, wait_state
 
-from .conftest import SHARED_TOKEN, DaemonProcess, run_cli, wait_state
+from .conftest import SHARED_TOKEN, run_cli
 
 pytestmark = pytest.mark.slow
 

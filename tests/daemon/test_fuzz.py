@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SHARED_TOKEN, DaemonProcess
+from tests.support.daemon import DaemonProcess
+
+from .conftest import SHARED_TOKEN
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
-from .conftest import DaemonProcess, Launcher, compact, ledger_dirs, status, wait_for
+from tests.support.daemon import DaemonProcess, compact, status
+from tests.support.service import ledger_dirs
+from tests.support.waiting import wait_for
+
+from .conftest import Launcher
 
 pytestmark = pytest.mark.slow
 

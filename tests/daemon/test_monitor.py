@@ -15,17 +15,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import (
-    MONITOR_PATTERN,
-    SHARED_THRESHOLD_MESSAGES,
-    DaemonProcess,
-    assert_error,
-    compact,
-    metric,
-    metric_samples,
-    wait_for,
-    wait_state,
-)
+from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.waiting import wait_for
+
+from .conftest import MONITOR_PATTERN, SHARED_THRESHOLD_MESSAGES, assert_error, metric, metric_samples
 
 pytestmark = pytest.mark.slow
 

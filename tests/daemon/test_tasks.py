@@ -17,17 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import (
-    DaemonProcess,
-    Launcher,
-    assert_error,
-    ledger_dirs,
-    metric,
-    run_cli,
-    status,
-    wait_for,
-    wait_state,
-)
+from tests.support.daemon import DaemonProcess, status, wait_state
+from tests.support.service import ledger_dirs
+from tests.support.waiting import wait_for
+
+from .conftest import Launcher, assert_error, metric, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,10 @@ import base64
 import time
 from typing import Any
 
-from .conftest import DaemonProcess, assert_error, compact, metric, wait_for
+from tests.support.daemon import DaemonProcess, compact
+from tests.support.waiting import wait_for
+
+from .conftest import assert_error, metric
 
 
 def _b64(data: bytes) -> str:

@@ -22,9 +22,9 @@ import pytest
 
 from compactord.embedded import free_port
 from compactord.model import Entry
-
-from ..engine.helpers import compact, entries
-from . import DaemonProcess, write_conf
+from tests.support.daemon import DaemonProcess, compact, write_conf
+from tests.support.service import compact as compact_here
+from tests.support.service import entries
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +163,7 @@ def produce_mixed(kafka: Any, topic: str) -> None:
 def local_mode_ledger(make_factory: Any, root: Path, topic: str) -> tuple[dict[int, int], list[Row]]:
     """Compact ``topic`` in this process on the test session's local[2] Spark; its horizon and entries."""
     local = make_factory(root=root).new_topic_compaction_service(topic)
-    compact(local)
+    compact_here(local)
     rows = [_row(e) for p in range(PARTITIONS) for e in entries(local, p)]
     manifest = local.ledger_info()
     assert manifest is not None
@@ -175,7 +175,7 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     topic = kafka.topic(partitions=PARTITIONS, prefix="cluster")
     produce_mixed(kafka, topic)
     cluster = StandaloneCluster(tmp_path / "spark-cluster")
-    port = DaemonProcess.free_port()
+    port = free_port()
     token = "cluster-token"
     conf = write_conf(tmp_path / "broker.conf", {
         "kafkaBootstrapServers": broker.bootstrap,
@@ -190,7 +190,7 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         "compactionTopicsPattern": topic,
         "brokerServiceCompactionThresholdInBytes": "0",
     })
-    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, token)
+    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "cluster-ledgers", token)
     try:
         cluster.start()
         daemon.start()
@@ -201,7 +201,7 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         daemon.wait_ready()
         (app,) = [a for a in cluster.status()["activeapps"] if a["name"] == "compactord"]
         assert app["cores"] >= 1, f"the daemon's application got no executor cores: {app}"
-        daemon.compact(topic)
+        compact(daemon, topic)
         cluster_horizon, cluster_rows = ledger_over_http(daemon, topic)
     finally:
         try:

@@ -21,9 +21,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from compactord.config import KEYS_BY_NAME, settings_from_properties
+from compactord.embedded import free_port
 from compactord.properties import load_properties
-
-from . import DaemonProcess, write_conf
+from tests.support.daemon import DaemonProcess, compact, write_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -416,7 +416,7 @@ def test_every_metric_name_in_deploy_is_served_by_a_running_daemon(kafka: Any, b
     kafka.produce(topic, [(f"k{i % 10}", f"v{i}", i % 2) for i in range(100)])
     token = "t0ken-from-a-file"
     (tmp_path / "token").write_text(token + "\n", encoding="utf-8")
-    port = DaemonProcess.free_port()
+    port = free_port()
     conf = write_conf(tmp_path / "broker.conf", {
         "kafkaBootstrapServers": broker.bootstrap,
         "compactedLedgerRoot": str(tmp_path / "ledgers"),
@@ -429,15 +429,15 @@ def test_every_metric_name_in_deploy_is_served_by_a_running_daemon(kafka: Any, b
         "brokerServiceCompactionThresholdInBytes": "0",
         "brokerServiceCompactionMonitorIntervalInSeconds": "2",
     })
-    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, token).start()
+    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "ledgers", token).start()
     try:
         daemon.wait_ready()
-        with daemon.client(auth=False) as anonymous:
+        with daemon.client(token=None) as anonymous:
             # what probes and scrapers ask needs no token; the API does
             assert anonymous.get("/healthz").status_code == 200
             assert anonymous.get(f"/v1/topics/{topic}/compaction").status_code == 401
-        daemon.compact(topic)
-        with daemon.client(auth=False) as anonymous:
+        compact(daemon, topic)
+        with daemon.client(token=None) as anonymous:
             deadline = time.monotonic() + 60
             while True:  # until a monitor pass after the compaction has set the backlog series
                 response = anonymous.get("/metrics")

@@ -4,44 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
-from tests.deploy import DaemonProcess, write_conf
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+from compactord.embedded import free_port
+from tests.support.daemon import DaemonProcess, write_conf
+from tests.support.processes import descendants, executable
 
 
 def _java_descendant(pid: int) -> int | None:
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        for child in _children(current):
-            try:
-                exe = os.readlink(f"/proc/{child}/exe")
-            except OSError:
-                continue
-            if exe.endswith("/java"):
-                return child
-            todo.append(child)
-    return None
+    return next((p for p in descendants(pid) if (executable(p) or "").endswith("/java")), None)
 
 
 @pytest.mark.slow
 def test_daemon_exits_non_zero_when_the_spark_jvm_dies(broker, tmp_path):
-    port = DaemonProcess.free_port()
+    port = free_port()
     conf = write_conf(tmp_path / "broker.conf", {
         "kafkaBootstrapServers": broker.bootstrap,
         "compactedLedgerRoot": str(tmp_path / "ledgers"),
@@ -49,7 +26,7 @@ def test_daemon_exits_non_zero_when_the_spark_jvm_dies(broker, tmp_path):
         "sparkMaster": "local[1]",
         "spark.ui.enabled": "false",
     })
-    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port).start()
+    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "ledgers").start()
     try:
         daemon.wait_ready()
         jvm = _java_descendant(daemon.process.pid)

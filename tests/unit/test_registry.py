@@ -8,6 +8,7 @@ from typing import Any
 
 from compactord.daemon.registry import TaskRegistry
 from compactord.task import CompactionTaskCtx, TaskState
+from tests.support.waiting import wait_for
 
 
 class HeldService:
@@ -45,20 +46,11 @@ class Factory:
         return self.services.setdefault(topic, HeldService(topic))
 
 
-def wait_for(predicate: Any, timeout: float = 10.0) -> bool:
-    event = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return True
-        event.wait(0.01)
-    return predicate()
-
-
 def test_a_cancelled_task_keeps_its_slot_until_its_work_has_stopped():
     factory = Factory()
     registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60)  # type: ignore[arg-type]
     a = registry.trigger("a")
-    assert wait_for(lambda: a.state is TaskState.RUNNING)
+    wait_for(lambda: a.state is TaskState.RUNNING, 10, "task a to run", interval=0.01)
     b = registry.trigger("b")
     assert b.state is TaskState.PENDING and registry.pending_count() == 1
 
@@ -69,21 +61,21 @@ def test_a_cancelled_task_keeps_its_slot_until_its_work_has_stopped():
     assert registry.running_count() == 1
 
     factory.services["a"].release.set()  # a's work ends: its slot goes to b
-    assert wait_for(lambda: b.state is TaskState.RUNNING)
+    wait_for(lambda: b.state is TaskState.RUNNING, 10, "task b to run", interval=0.01)
     assert registry.running_count() == 1 and registry.pending_count() == 0
     factory.services["b"].release.set()
     assert b.result(10) is TaskState.SUCCEED
-    assert wait_for(lambda: registry.running_count() == 0)
+    wait_for(lambda: registry.running_count() == 0, 10, "no running task", interval=0.01)
 
 
 def test_work_that_never_stops_frees_its_slot_after_the_bound():
     factory = Factory()
     registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60, release_after_s=0.5)  # type: ignore[arg-type]
     a = registry.trigger("a")
-    assert wait_for(lambda: a.state is TaskState.RUNNING)
+    wait_for(lambda: a.state is TaskState.RUNNING, 10, "task a to run", interval=0.01)
     b = registry.trigger("b")
     registry.cancel("a", timeout=0.0)
-    assert wait_for(lambda: b.state is TaskState.RUNNING, timeout=5)
+    wait_for(lambda: b.state is TaskState.RUNNING, 5, "task b to run", interval=0.01)
     factory.services["a"].release.set()
     factory.services["b"].release.set()
     assert b.result(10) is TaskState.SUCCEED
@@ -98,6 +90,6 @@ def test_a_pending_task_cancelled_never_held_a_slot():
     registry.cancel("b", timeout=1)
     assert b.state is TaskState.CANCELLED and b.worker_done.is_set()
     factory.services["a"].release.set()
-    assert wait_for(lambda: c.state is TaskState.RUNNING)
+    wait_for(lambda: c.state is TaskState.RUNNING, 10, "task c to run", interval=0.01)
     factory.services["c"].release.set()
     assert a.result(10) is TaskState.SUCCEED and c.result(10) is TaskState.SUCCEED

@@ -1,7 +1,7 @@
 """How a job group's failure is translated: a cancellation is known by the group, not by the text.
 
 No Spark here: the session is a stand-in that records the calls (the real cancellation is in
-tests/engine/test_cancel.py).
+tests/inprocess/engine/test_cancel.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from compactord.api.views import task_status, topic_status
+from compactord.api.views import task_status, tasks_json, topic_status
 from compactord.model import validate_topic_name
 
 if TYPE_CHECKING:
@@ -49,6 +49,6 @@ def router(daemon: Daemon) -> APIRouter:
         if topic is not None:
             validate_topic_name(topic)
         found = [t for t in daemon.registry.tasks() if topic is None or t.topic == topic]
-        return {"tasks": [task_status(t) for t in reversed(found)]}
+        return tasks_json(found)
 
     return api

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,9 @@ from compactord.errors import IllegalStateTransition, TaskNotCancellable
 from compactord.model import Position
 from compactord.task import CompactionTaskCtx, TaskState
 from tests.support.probes import Hold
-
-from .helpers import TIMEOUT, compact, last_value_model, ledger_dirs, view
+from tests.support.service import compact, last_value_model, ledger_dirs, succeeded, view
+from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 # A warm session must stop a cancelled task within this bound (the figure).
 CANCEL_BOUND_S = 5.0
@@ -33,15 +33,6 @@ BIG_VALUE = 1_000
 
 def progress_dir(store: Any, ctx: CompactionTaskCtx) -> Path:
     return Path(store.root) / "@compactord" / "progress" / ctx.task_id
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT, interval: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
 
 
 def snapshot(service: Any, partitions: int = 1) -> tuple[Any, ...]:
@@ -60,7 +51,7 @@ def big_view(service: Any, partitions: int) -> dict[bytes, bytes]:
 
 
 def assert_cleaned_up(store: Any, topic: str, ctx: CompactionTaskCtx, expected_dirs: list[str]) -> None:
-    assert ledger_dirs(store, topic) == expected_dirs
+    assert ledger_dirs(store.root, topic) == expected_dirs
     assert not progress_dir(store, ctx).exists()
 
 
@@ -169,8 +160,8 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     # 1. A cancel while the Spark job runs on the warm session.
     ctx = service.compact()
     # The job really runs: readers have reported records and Spark shows an active job of the group.
-    assert wait_for(lambda: ctx.progress.records_read > 0 and spark_jobs(spark_manager, ctx.task_id)[1], 120,
-                    interval=0.05), f"the Spark job never got going (state {ctx.state.value})"
+    wait_for(lambda: ctx.progress.records_read > 0 and spark_jobs(spark_manager, ctx.task_id)[1], 120,
+             "the Spark job to get going", interval=0.05)
     read_at_cancel = ctx.progress.records_read
     assert ctx.state is TaskState.RUNNING
     started = time.monotonic()
@@ -178,8 +169,8 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     cancel_returned = time.monotonic() - started
     assert ctx.state is TaskState.CANCELLED
     assert cancel_returned < CANCEL_BOUND_S
-    assert wait_for(lambda: not spark_jobs(spark_manager, ctx.task_id)[1], CANCEL_BOUND_S, 0.01), \
-        "Spark still runs jobs of the cancelled group"
+    wait_for(lambda: not spark_jobs(spark_manager, ctx.task_id)[1], CANCEL_BOUND_S,
+             "Spark to stop the jobs of the cancelled group", interval=0.01)
     jobs_stopped = time.monotonic() - started
     assert ctx.worker_done.wait(WORKER_DONE_BOUND_S)
     worker_done = time.monotonic() - started
@@ -207,7 +198,7 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     ctx = service.compact(rebuild=True)  # reads the whole topic again: a long job if nothing stops it
     progress = progress_dir(factory.store, ctx)
     # The progress dir is made just before the task enters spark.run: cancel at once.
-    assert wait_for(lambda: progress.exists() or ctx.done, 60, interval=0.001)
+    wait_for(lambda: progress.exists() or ctx.done, 60, "the task's progress dir", interval=0.001)
     started = time.monotonic()
     jobs_at_cancel = spark_jobs(spark_manager, ctx.task_id)[0]
     ctx.cancel()
@@ -250,12 +241,11 @@ def test_cancel_is_refused_while_switching_ledgers(kafka, make_factory, point):
         ctx.cancel()
     assert not ctx.cancelled
     hold.release()
-    assert ctx.result(TIMEOUT) is TaskState.SUCCEED
-    assert ctx.worker_done.wait(TIMEOUT)
+    succeeded(ctx)
     assert ctx.ledger_id is not None and ctx.ledger_id != old_id
     assert service.ledger_info().ledger_id == ctx.ledger_id
     assert view(service) == view(paused) == last_value_model(first + second)
-    assert ledger_dirs(base.store, topic) == [f"ledger-{ctx.ledger_id}"]
+    assert ledger_dirs(base.store.root, topic) == [f"ledger-{ctx.ledger_id}"]
 
 
 # -- ended tasks ------------------------------------------------------------------------------------
@@ -277,7 +267,7 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
         cancelled.cancel()
 
     failed = factory.new_topic_compaction_service("no-such-topic-for-cancel").compact()
-    assert failed.result(TIMEOUT) is TaskState.FAILED
+    assert failed.result(TASK_TIMEOUT_S) is TaskState.FAILED
     with pytest.raises(TaskNotCancellable, match="Failed"):
         failed.cancel()
 

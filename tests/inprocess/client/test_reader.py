@@ -5,7 +5,6 @@ A real broker, a real Spark session and the daemon's real HTTP API (uvicorn in a
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,11 @@ from compactord.errors import InvalidArgument
 from compactord.kafka.admin import KafkaAdmin
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
-from compactord.task import TaskState
 from tests.conftest import settings_for
 from tests.support.brokers import Answers
+from tests.support.service import succeeded
+from tests.support.timeouts import READY_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -33,10 +34,8 @@ def daemon_api(broker, spark_manager, tmp_path: Path):
         daemon.start()
         server = ThreadedServer(daemon).start()
         started.append((daemon, server))
-        deadline = time.monotonic() + 120
-        while daemon.readiness_problems():
-            assert time.monotonic() < deadline, daemon.readiness_problems()
-            time.sleep(0.2)
+        wait_for(lambda: not daemon.readiness_problems(), READY_TIMEOUT_S,
+                 "the daemon to be ready", interval=0.2)
         return daemon, server
 
     yield start
@@ -46,8 +45,7 @@ def daemon_api(broker, spark_manager, tmp_path: Path):
 
 
 def compact(daemon: Daemon, topic: str) -> None:
-    ctx = daemon.registry.trigger(topic)
-    assert ctx.result(180) is TaskState.SUCCEED, ctx.error
+    succeeded(daemon.registry.trigger(topic))
 
 
 def read_all(reader: CompactedReader) -> list[tuple[int, int, bytes | None, bytes | None]]:
@@ -176,9 +174,9 @@ def test_reader_applies_the_ledger_s_own_strategy(kafka, daemon_api):
 
 
 def test_reader_needs_a_custom_strategy_s_object_to_apply_it(kafka, daemon_api):
-    from tests.engine.strategies import LongestValue
+    from tests.inprocess.engine.strategies import LongestValue
 
-    daemon, server = daemon_api(compaction_strategy="tests.engine.strategies:LongestValue")
+    daemon, server = daemon_api(compaction_strategy="tests.inprocess.engine.strategies:LongestValue")
     topic = kafka.topic()
     kafka.produce(topic, [("a", "long value")])
     compact(daemon, topic)

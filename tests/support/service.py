@@ -1,22 +1,29 @@
-"""Small helpers shared by the engine tests."""
+"""A compaction service in the test process (the in-process tiers, and the local-mode reference of
+the cluster test): run a compaction to its end, read the compacted view, list ledgers."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from compactord.model import Entry, Position
 from compactord.task import CompactionTaskCtx, TaskState
+from tests.support.timeouts import TASK_TIMEOUT_S
 
-TIMEOUT = 180
+__all__ = ["compact", "entries", "last_value_model", "ledger_dirs", "succeeded", "view"]
+
+
+def succeeded(ctx: CompactionTaskCtx) -> CompactionTaskCtx:
+    """Wait for the task to end and insist that it succeeded and its worker has stopped."""
+    state = ctx.result(TASK_TIMEOUT_S)
+    assert state is TaskState.SUCCEED, f"task ended {state.value}: {ctx.error}"
+    assert ctx.worker_done.wait(TASK_TIMEOUT_S)
+    return ctx
 
 
 def compact(service: Any, **kwargs: Any) -> CompactionTaskCtx:
-    """Run a compaction to its end and insist that it succeeded."""
-    ctx = service.compact(**kwargs)
-    state = ctx.result(TIMEOUT)
-    assert state is TaskState.SUCCEED, f"task ended {state.value}: {ctx.error}"
-    assert ctx.worker_done.wait(TIMEOUT)
-    return ctx
+    """Run a compaction of ``service`` to its end and insist that it succeeded."""
+    return succeeded(service.compact(**kwargs))
 
 
 def entries(service: Any, partition: int = 0) -> list[Entry]:
@@ -57,9 +64,9 @@ def last_value_model(records: list[tuple[Any, ...]], empty_deletes: bool = False
     return model
 
 
-def ledger_dirs(store: Any, topic: str) -> list[str]:
-    """The topic's ledger folders, by name."""
-    topic_dir = store.topic_dir(topic)
-    if not topic_dir.exists():
+def ledger_dirs(root: Path, topic: str) -> list[str]:
+    """The topic's ledger folders under the ledger root ``root``, by name."""
+    topic_dir = root / topic
+    if not topic_dir.is_dir():
         return []
     return sorted(p.name for p in topic_dir.iterdir() if p.name.startswith("ledger-"))

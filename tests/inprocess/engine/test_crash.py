@@ -30,55 +30,14 @@ import pytest
 
 from compactord.ledger.reader import LedgerReader
 from compactord.ledger.store import LedgerStore
+from tests.support.processes import alive, descendants, start_time
+from tests.support.service import compact, last_value_model
+from tests.support.timeouts import TASK_TIMEOUT_S
 
-from .helpers import compact, last_value_model
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 KILLS_IN_RUNNING = 7  # with the 3 held kills: 10, as the engine issue asks
 # The pause points of the switch, in order, and the ledger current while the child is held there.
 HOLDS = {"written": "old", "switch": "old", "switched": "new"}
-EVENT_TIMEOUT = 180
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc), children before grandchildren."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        children = parents.get(todo.pop(0), [])
-        found.extend(children)
-        todo.extend(children)
-    return found
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def start_time(pid: int) -> str | None:
-    stat = _stat(pid)
-    return stat[19] if stat else None  # field 22: start time, tells a reused PID apart
-
-
-def alive(pid: int, started: str | None = None) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z" and (started is None or stat[19] == started)
 
 
 class Child:
@@ -90,7 +49,7 @@ class Child:
         self.log_path = workdir / "child.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.crash_child", bootstrap, str(root), topic, hold],
+            [sys.executable, "-m", "tests.inprocess.engine.crash_child", bootstrap, str(root), topic, hold],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, start_new_session=True,
         )
         self.events: dict[str, float] = {}  # first word of a line, or the state of a STATE line -> time
@@ -119,7 +78,7 @@ class Child:
             self.events.setdefault("EOF", time.monotonic())
             self._cond.notify_all()
 
-    def wait_event(self, name: str, timeout: float = EVENT_TIMEOUT) -> float | None:
+    def wait_event(self, name: str, timeout: float = TASK_TIMEOUT_S) -> float | None:
         """When the child printed ``name`` (monotonic), or None if it did not in time or exited."""
         with self._cond:
             self._cond.wait_for(lambda: name in self.events or "EOF" in self.events, timeout)

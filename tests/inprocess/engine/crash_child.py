@@ -1,6 +1,6 @@
 """The process ``test_crash.py`` kills: one compaction of one topic on its own Spark session.
 
-Usage: ``python -m tests.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``
+Usage: ``python -m tests.inprocess.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``
 
 Prints ``STATE <state> <epoch seconds>`` at every state change of the task, ``POINT <name> <epoch
 seconds>`` when the task reaches a pause point (``task.CHECKPOINTS``) and ``END <state>`` at the end

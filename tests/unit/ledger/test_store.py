@@ -32,7 +32,7 @@ from compactord.errors import (
 from compactord.ledger.store import LedgerStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def rows(partition: int, offsets: range, markers: frozenset[int] = frozenset()) -> list[dict[str, Any]]:

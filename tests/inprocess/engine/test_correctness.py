@@ -19,7 +19,8 @@ import pytest
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.store import LedgerStore
 from compactord.task import TaskState
-from tests.engine.helpers import TIMEOUT, compact, entries, view
+from tests.support.service import compact, entries, view
+from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.brokers import Answers
 
 
@@ -161,7 +162,7 @@ def test_a_range_the_log_no_longer_reaches_fails_the_task_and_keeps_the_ledger(
     kafka.produce(topic, [("x", "1"), ("y", "2"), ("z", "3")])
 
     ctx = service.compact()
-    assert ctx.result(TIMEOUT) is TaskState.FAILED
+    assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
     assert "OffsetOutOfRange" in str(ctx.error) or "below the end" in str(ctx.error), ctx.error
     assert _manifest(service).ledger_id == before.ledger_id
     assert len(entries(service)) == 10
@@ -231,7 +232,7 @@ def test_an_empty_value_is_a_value_and_pulsar_s_rule_is_a_setting_that_rebuilds(
     assert view(service) == {b"value": b"v"}
 
 
-@pytest.mark.parametrize("strategy", ["first-value", "event-time", "tests.engine.strategies:LongestValue"])
+@pytest.mark.parametrize("strategy", ["first-value", "event-time", "tests.inprocess.engine.strategies:LongestValue"])
 def test_every_strategy_keeps_an_empty_value(kafka: Any, make_factory: Any, strategy: str) -> None:
     topic = kafka.topic()
     service = make_factory(compaction_strategy=strategy).new_topic_compaction_service(topic)
@@ -245,7 +246,7 @@ def test_every_strategy_keeps_an_empty_value(kafka: Any, make_factory: Any, stra
 
 def test_a_subclass_of_a_builtin_gets_its_own_fold_in_the_job(kafka: Any, make_factory: Any) -> None:
     topic = kafka.topic()
-    service = make_factory(compaction_strategy="tests.engine.strategies:LastValueWins").new_topic_compaction_service(topic)
+    service = make_factory(compaction_strategy="tests.inprocess.engine.strategies:LastValueWins").new_topic_compaction_service(topic)
     kafka.produce(topic, [("k", "first"), ("k", "second")])
     compact(service)
     assert view(service) == {b"k": b"second"}  # FirstValue's native query would keep "first"
@@ -279,8 +280,8 @@ def test_the_switch_commits_at_the_replacement_of_current(kafka: Any, make_facto
     kafka.produce(topic, [("b", "2")])
 
     ctx = service.compact()
-    state = ctx.result(TIMEOUT)
-    assert ctx.worker_done.wait(TIMEOUT)  # the slot is released either way
+    state = ctx.result(TASK_TIMEOUT_S)
+    assert ctx.worker_done.wait(TASK_TIMEOUT_S)  # the slot is released either way
     if when == "before":
         assert state is TaskState.FAILED
         assert store.current_ledger_id(topic) == first

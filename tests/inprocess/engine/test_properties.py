@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 
 from compactord.model import Entry, Position
 from tests.support.brokers import Answers
-
-from .helpers import compact, entries
+from tests.support.service import compact, entries
 
 PARTITIONS = 2
 HEADER = "et"

@@ -10,8 +10,8 @@ from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFo
 from compactord.model import Position
 from compactord.task import TaskState
 from tests.support.probes import Hold
-
-from .helpers import TIMEOUT, compact, entries, last_value_model, view
+from tests.support.service import compact, entries, last_value_model, view
+from tests.support.timeouts import TASK_TIMEOUT_S
 
 
 def test_last_value_per_key_offsets_kept_and_in_order(kafka, make_factory):
@@ -180,7 +180,7 @@ def test_read_api_paging_and_errors(kafka, make_factory):
 def test_unknown_topic_fails_the_task_with_topic_not_found(make_factory):
     service = make_factory().new_topic_compaction_service("no-such-topic-here")
     ctx = service.compact()
-    assert ctx.result(TIMEOUT) is TaskState.FAILED
+    assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
     assert ctx.error_type == TopicNotFound.code
     assert "no-such-topic-here" in ctx.error
     assert service.ledger_info() is None
@@ -193,13 +193,13 @@ def test_second_compact_while_running_is_refused(kafka, make_factory):
     service = make_factory(probe=hold).new_topic_compaction_service(topic)
     ctx = service.compact()
     try:
-        assert hold.reached.wait(TIMEOUT)
+        assert hold.reached.wait(TASK_TIMEOUT_S)
         with pytest.raises(CompactionAlreadyRunning) as info:
             service.compact()
         assert info.value.task is ctx
     finally:
         ctx.cancel()
-        ctx.worker_done.wait(TIMEOUT)
+        ctx.worker_done.wait(TASK_TIMEOUT_S)
 
 
 def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_factory, broker):
@@ -210,11 +210,13 @@ def test_failed_compaction_leaves_the_previous_ledger_and_horizon(kafka, make_fa
     before = (service.ledger_info().ledger_id, service.get_last_compacted_position(), view(service))
     kafka.produce(topic, [("a", "3")])
     # A strategy that raises inside Spark makes the job fail after the ledger dir was allocated.
-    broken = make_factory(store=service.factory.store, compaction_strategy="tests.engine.strategies:Exploding")
+    broken = make_factory(
+        store=service.factory.store, compaction_strategy="tests.inprocess.engine.strategies:Exploding"
+    )
     broken_service = broken.new_topic_compaction_service(topic)
     ctx = broken_service.compact()
-    assert ctx.result(TIMEOUT) is TaskState.FAILED
-    assert ctx.worker_done.wait(TIMEOUT)
+    assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
+    assert ctx.worker_done.wait(TASK_TIMEOUT_S)
     assert "explod" in ctx.error.lower()
     after = (service.ledger_info().ledger_id, service.get_last_compacted_position(), view(service))
     assert after == before

@@ -16,8 +16,8 @@ from compactord.errors import InsufficientDiskSpace, LedgerCorrupt, LedgerRootLo
 from compactord.ledger.store import LedgerStore
 from compactord.model import Position
 from compactord.task import TaskState
-
-from .helpers import TIMEOUT, compact, last_value_model, ledger_dirs, view
+from tests.support.service import compact, last_value_model, ledger_dirs, view
+from tests.support.timeouts import TASK_TIMEOUT_S
 
 
 def snapshot(service: Any) -> tuple[Any, ...]:
@@ -64,7 +64,7 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
     assert service.ledger_info().ledger_id == ctx.ledger_id != corrupt_id
     assert view(service) == last_value_model(records)
     # the rebuilt ledger replaced the corrupt one, which is gone
-    assert ledger_dirs(factory.store, topic) == [f"ledger-{ctx.ledger_id}"]
+    assert ledger_dirs(factory.store.root, topic) == [f"ledger-{ctx.ledger_id}"]
 
 
 @pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])
@@ -84,12 +84,12 @@ def test_ledger_damaged_after_it_was_loaded_is_rebuilt_not_built_upon(kafka, mak
 
     with caplog.at_level(logging.WARNING, logger="compactord"):
         ctx = service.compact()
-        assert ctx.result(TIMEOUT) is TaskState.SUCCEED, ctx.error
+        assert ctx.result(TASK_TIMEOUT_S) is TaskState.SUCCEED, ctx.error
     assert ctx.stats.full_rebuild is True
     assert ctx.stats.records_read == len(first) + len(second)
     assert any(r.levelno >= logging.ERROR and "not served" in r.getMessage() for r in caplog.records)
     assert view(service) == last_value_model(first + second)
-    assert ledger_dirs(factory.store, topic) == [f"ledger-{ctx.ledger_id}"]
+    assert ledger_dirs(factory.store.root, topic) == [f"ledger-{ctx.ledger_id}"]
 
 
 # -- orphans and the root's lock --------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_reads_during_switches_see_the_old_or_the_new_ledger_whole(kafka, make_f
     assert len(set(seen)) >= 3, f"the readers saw too few ledgers: {sorted(set(seen))}"
     assert seen and max(seen) == 4
     assert view(service) == views[-1]
-    assert len(ledger_dirs(factory.store, topic)) == 1
+    assert len(ledger_dirs(factory.store.root, topic)) == 1
 
 
 # -- a full disk ------------------------------------------------------------------------------------
@@ -209,12 +209,12 @@ def test_insufficient_disk_space_fails_the_task_and_keeps_the_ledger(kafka, make
 
     monkeypatch.setattr("compactord.ledger.store.shutil.disk_usage", nearly_full)
     ctx = service.compact()
-    assert ctx.result(TIMEOUT) is TaskState.FAILED
-    assert ctx.worker_done.wait(TIMEOUT)
+    assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
+    assert ctx.worker_done.wait(TASK_TIMEOUT_S)
     assert ctx.error_type == InsufficientDiskSpace.code
     assert "10 bytes free" in ctx.error
     assert snapshot(service) == before
-    assert ledger_dirs(factory.store, topic) == [f"ledger-{before[0]}"]
+    assert ledger_dirs(factory.store.root, topic) == [f"ledger-{before[0]}"]
 
     monkeypatch.undo()
     compact(service)

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from .helpers import compact, entries, view
+from tests.support.service import compact, entries, view
 
 
 def et(value: int | None) -> list[tuple[str, bytes]]:
@@ -116,7 +116,7 @@ def test_first_value_keeps_the_first_until_a_tombstone(kafka, make_factory):
 def test_custom_ordered_strategy(kafka, make_factory):
     topic = kafka.topic()
     kafka.produce(topic, [("a", "5"), ("a", "30"), ("a", "7"), ("b", "1"), ("b", "2")])
-    factory = make_factory(compaction_strategy="tests.engine.strategies:NumericMax")
+    factory = make_factory(compaction_strategy="tests.inprocess.engine.strategies:NumericMax")
     service = factory.new_topic_compaction_service(topic)
     compact(service)
     assert view(service) == {b"a": b"30", b"b": b"2"}
@@ -126,7 +126,7 @@ def test_custom_general_strategy(kafka, make_factory):
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, [("a", "xx", 0), ("a", "y", 0), ("a", "zzz", 0), ("b", "long", 1), ("b", None, 1),
                           ("b", "s", 1)])
-    factory = make_factory(compaction_strategy="tests.engine.strategies.LongestValue")
+    factory = make_factory(compaction_strategy="tests.inprocess.engine.strategies.LongestValue")
     service = factory.new_topic_compaction_service(topic)
     compact(service)
     assert view(service, 2) == {b"a": b"zzz", b"b": b"s"}

@@ -1,4 +1,5 @@
-"""Custom strategies loaded by reference (``tests.engine.strategies:Name``) inside Spark's workers."""
+"""Custom strategies loaded by reference (``tests.inprocess.engine.strategies:Name``) inside Spark's
+workers."""
 
 from __future__ import annotations
 
