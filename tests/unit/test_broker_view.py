@@ -59,3 +59,16 @@ def test_strategies_that_need_losers_are_at_risk_on_a_broker_compacted_topic() -
     assert view.warnings("event-time") and view.warnings("my.module:Custom")
     assert seen(configs=TopicConfigs(cleanup_policy="delete")).warnings("first-value") == []
     assert TopicConfigs().compacted_by_broker is None and TopicConfigs().to_json()["compacted_by_broker"] is None
+
+
+def test_entry_json_keeps_null_values_null_and_empty_ones_empty() -> None:
+    """kafka-python cannot produce a null header value (Kafka allows one): the shape is checked here."""
+    from compactord.api.views import entry_json
+    from compactord.model import Entry
+
+    entry = Entry(partition=0, offset=3, key=b"k", value=b"", headers=(("none", None), ("empty", b""), ("x", b"1")))
+    data = entry_json(entry, "base64")
+    assert data["value"] == ""
+    assert data["headers"] == [{"key": "none", "value": None}, {"key": "empty", "value": ""},
+                               {"key": "x", "value": "MQ=="}]
+    assert entry_json(Entry(partition=0, offset=4, key=b"k", value=None), "utf8")["value"] is None

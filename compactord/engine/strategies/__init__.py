@@ -76,8 +76,9 @@ def load_strategy(value: str, key: str = "compactionStrategy") -> CompactionStra
 
 
 def strategy_name(strategy: CompactionStrategy, configured: str) -> str:
-    """The name recorded in manifests: the built-in name, or the configured reference."""
-    return strategy.name if configured in BUILTIN_STRATEGIES else configured
+    """The name recorded in manifests: the built-in name (also when a built-in class is named by its
+    ``module:Class`` reference, old or new), or the configured reference."""
+    return strategy.name if type(strategy) in BUILTIN_STRATEGIES.values() else configured
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,9 @@ class ResolvedStrategy:
                 key: str = "compactionStrategy", empty_value_is_tombstone: bool = False) -> ResolvedStrategy:
         """:raises ConfigError: ``ref`` names no strategy."""
         strategy = load_strategy(ref, key)
-        return cls(ref, strategy, StrategySettings(strategy_name(strategy, ref), event_time_source, retain_null_key,
+        name = strategy_name(strategy, ref)
+        ref = name if name in BUILTIN_STRATEGIES else ref  # the readers load a built-in by its name
+        return cls(ref, strategy, StrategySettings(name, event_time_source, retain_null_key,
                                                    empty_value_is_tombstone))
 
 
