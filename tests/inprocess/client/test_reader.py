@@ -15,6 +15,8 @@ from compactord.errors import InvalidArgument
 from compactord.kafka.admin import KafkaAdmin
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
+from compactord.model import Position
+from compactord.task import TaskState
 from tests.conftest import settings_for
 from tests.support.brokers import Answers
 from tests.support.service import succeeded
@@ -219,3 +221,40 @@ def test_reads_stop_below_the_log_start_the_monitor_saw(kafka, daemon_api):
     daemon.monitor.refresh(topic)
     last = httpx.get(f"{server.url}/v1/topics/{topic}/compacted/last", params={"partition": 0})
     assert last.status_code == 404 and last.json()["error"] == "entry_not_found"
+
+
+def test_a_recreated_topic_stops_the_reader_with_a_named_error(kafka, daemon_api):
+    from kafka.admin import NewTopic
+
+    from compactord.errors import TopicRecreated
+
+    daemon, server = daemon_api()
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", "v") for i in range(5)])
+    compact(daemon, topic)
+    kafka.admin.delete_topics([topic])
+    wait_for(lambda: topic not in kafka.admin.list_topics(), 30, f"{topic} to be deleted")
+    kafka.admin.create_topics([NewTopic(topic, 1, 1)])
+    daemon.monitor.refresh(topic)  # what the monitor's next pass does
+    with pytest.raises(TopicRecreated):
+        list(CompactedReader(kafka.bootstrap, topic, url=server.url))
+
+
+def test_a_log_start_that_moved_past_ledger_entries_triggers_a_run(kafka, daemon_api):
+    """Only the log start moved (retention; the broker's answer at the metadata boundary): no new
+    record, yet the monitor's pass compacts, so that the ledger drops what the log no longer holds."""
+    answers: list[Answers] = []
+    topic = kafka.topic()
+    daemon, _ = daemon_api(metadata=lambda real: answers.append(Answers(real)) or answers[0],
+                           topics_pattern=topic, monitor_interval_seconds=3600)
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
+    compact(daemon, topic)
+    daemon.monitor.run_once()
+    assert daemon.registry.live(topic) is None  # nothing new: no run
+    answers[0].log_start[topic] = {0: 4}
+    daemon.monitor.run_once()
+    task = daemon.registry.last(topic)
+    assert task is not None and task.result(READY_TIMEOUT_S) is TaskState.SUCCEED, task.error
+    assert daemon.registry.service(topic).ledger_info().log_start == {0: 4}
+    assert [e.offset for e in daemon.registry.service(topic).read_compacted_entries(Position(0, 0), 100)] == \
+        [4, 5, 6, 7, 8, 9]
