@@ -102,8 +102,8 @@ class BrokerTopic:
 
     def warnings(self, strategy: str) -> list[str]:
         if self.configs.compacted_by_broker and strategy not in _SAFE_UNDER_BROKER_COMPACTION:
-            return [f"the broker compacts this topic itself (cleanup.policy={self.configs.cleanup_policy}); "
-                    f"the {strategy} strategy needs records the broker's cleaner may already have removed"]
+            return [(f"the broker compacts this topic itself (cleanup.policy={self.configs.cleanup_policy}); "
+                     f"the {strategy} strategy needs records the broker's cleaner may already have removed")]
         return []
 
 

@@ -19,9 +19,9 @@ import pytest
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.store import LedgerStore
 from compactord.task import TaskState
+from tests.support.brokers import Answers
 from tests.support.service import compact, entries, view
 from tests.support.timeouts import TASK_TIMEOUT_S
-from tests.support.brokers import Answers
 
 
 def _recreate(kafka: Any, topic: str, partitions: int) -> None:
