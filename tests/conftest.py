@@ -114,6 +114,17 @@ class Kafka:
                               timestamp_ms=timestamp, headers=headers)
             producer.flush()
 
+    def recreate(self, topic: str, partitions: int = 1) -> None:
+        """Delete ``topic`` and create it again under its name, empty; nothing tells compactord (Apache
+        Kafka calls no hook either)."""
+        from kafka.admin import NewTopic
+
+        from tests.support.waiting import wait_for
+
+        self.admin.delete_topics([topic])
+        wait_for(lambda: topic not in self.admin.list_topics(), 30, f"topic {topic} to be deleted", interval=0.2)
+        self.admin.create_topics([NewTopic(topic, partitions, 1)])
+
     def close(self) -> None:
         if self.admin is not None:
             self.admin.close()

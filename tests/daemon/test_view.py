@@ -26,17 +26,6 @@ def _view(daemon: DaemonProcess, topic: str) -> dict[bytes, bytes | None]:
             for e in response.json()["entries"]}
 
 
-def _recreate(kafka: Any, topic: str) -> None:
-    from kafka.admin import NewTopic
-
-    kafka.admin.delete_topics([topic])
-    deadline = time.monotonic() + 30
-    while topic in kafka.admin.list_topics():
-        assert time.monotonic() < deadline, f"{topic} was not deleted"
-        time.sleep(0.2)
-    kafka.admin.create_topics([NewTopic(topic, 1, 1)])
-
-
 def test_a_recreated_topic_answers_410_until_its_rebuild_lands(shared_daemon: DaemonProcess, kafka: Any) -> None:
     """Reproduced from the issue on the real broker: 100 keys compacted, the topic deleted and created
     again with nothing calling the DELETE hook, 150 new records. The daemon's monitor (one-second
@@ -49,7 +38,7 @@ def test_a_recreated_topic_answers_410_until_its_rebuild_lands(shared_daemon: Da
     assert len(_view(daemon, topic)) == 100
     before = metric(daemon, "compactord_recreated_rebuilds_total", topic=topic) or 0.0
 
-    _recreate(kafka, topic)
+    kafka.recreate(topic)
     kafka.produce(topic, [(f"new{i}", f"w{i}") for i in range(150)])
     gone = wait_for(lambda: (r := daemon.http.get(f"/v1/topics/{topic}/compacted",
                                                   params={"partition": 0})).status_code == 410 and r,

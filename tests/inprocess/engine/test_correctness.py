@@ -10,7 +10,6 @@ that answer at the boundary that receives it (``tests.support.brokers.Answers``)
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,46 +23,44 @@ from tests.support.service import compact, entries, view
 from tests.support.timeouts import TASK_TIMEOUT_S
 
 
-def _recreate(kafka: Any, topic: str, partitions: int) -> None:
-    """Delete ``topic`` and create it again, empty, with ``partitions`` (nothing tells compactord)."""
-    from kafka.admin import NewTopic
-
-    kafka.admin.delete_topics([topic])
-    deadline = time.monotonic() + 30
-    while topic in kafka.admin.list_topics():
-        assert time.monotonic() < deadline, f"{topic} was not deleted"
-        time.sleep(0.2)
-    kafka.admin.create_topics([NewTopic(topic, partitions, 1)])
-
-
 def _manifest(service: Any) -> Any:
     return service.ledger_info()
+
+
+@pytest.fixture
+def answered(make_factory: Any) -> Any:
+    """``answered(**settings) -> (factory, answers)``: a factory whose broker metadata the test answers
+    for where the test broker cannot (``Answers``), the rest coming from the real broker."""
+
+    def make(**overrides: Any) -> tuple[Any, Answers]:
+        made: list[Answers] = []
+        factory = make_factory(metadata=lambda real: made.append(Answers(real)) or made[0], **overrides)
+        return factory, made[0]
+
+    return make
 
 
 # -- 1. a topic deleted and recreated under the same name -------------------------------------------------
 
 
 @pytest.mark.parametrize("topic_ids", [True, False], ids=["topic-id", "fingerprint-only"])
-def test_a_recreated_topic_longer_than_the_old_horizon_is_rebuilt(kafka: Any, make_factory: Any,
+def test_a_recreated_topic_longer_than_the_old_horizon_is_rebuilt(kafka: Any, answered: Any,
                                                                  topic_ids: bool) -> None:
     """Reproduced from the issue: 100 keys compacted, topic recreated, 150 new records: the old view
     must go and every new record count. Without topic ids (``fingerprint-only``: a broker that reports
     none, answered at the metadata boundary) the record at the fingerprint's offset tells."""
     topic = kafka.topic()
-    answers: dict[str, Answers] = {}
-
-    def metadata(real: Any) -> Answers:
-        answers["a"] = Answers(real, topic_ids={} if topic_ids else {topic: None})
-        return answers["a"]
-
-    service = make_factory(metadata=metadata).new_topic_compaction_service(topic)
+    factory, answers = answered()
+    if not topic_ids:
+        answers.topic_ids[topic] = None  # a broker that reports no topic ids
+    service = factory.new_topic_compaction_service(topic)
     kafka.produce(topic, [(f"old{i}", f"v{i}") for i in range(100)])
     compact(service)
     first = _manifest(service)
     assert first.fingerprints is not None and first.fingerprints[0].offset == 99
     assert (first.topic_id is not None) is topic_ids
 
-    _recreate(kafka, topic, 1)
+    kafka.recreate(topic, 1)
     kafka.produce(topic, [(f"new{i}", f"w{i}") for i in range(150)])
     ctx = compact(service)
 
@@ -83,7 +80,7 @@ def test_a_recreated_topic_with_fewer_partitions_drops_the_rows_of_the_partition
     compact(service)
     assert len(entries(service, 2)) == 5
 
-    _recreate(kafka, topic, 2)
+    kafka.recreate(topic, 2)
     kafka.produce(topic, [(f"n{p}-{i}", "w", p) for p in range(2) for i in range(20)])
     ctx = compact(service)
 
@@ -93,21 +90,16 @@ def test_a_recreated_topic_with_fewer_partitions_drops_the_rows_of_the_partition
     assert view(service, 2) == {f"n{p}-{i}".encode(): b"w" for p in range(2) for i in range(20)}
 
 
-def test_a_fingerprinted_record_that_is_only_gone_is_not_a_recreate(kafka: Any, make_factory: Any) -> None:
+def test_a_fingerprinted_record_that_is_only_gone_is_not_a_recreate(kafka: Any, answered: Any) -> None:
     """Retention (or the broker's own cleaner) removed the fingerprinted record; same topic id: the run
     stays incremental. The moved log start is the broker's answer (Tansu cannot move it)."""
     topic = kafka.topic()
-    answers: dict[str, Answers] = {}
-
-    def metadata(real: Any) -> Answers:
-        answers["a"] = Answers(real)
-        return answers["a"]
-
-    service = make_factory(metadata=metadata).new_topic_compaction_service(topic)
+    factory, answers = answered()
+    service = factory.new_topic_compaction_service(topic)
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
     compact(service)
     kafka.produce(topic, [("k0", "again"), ("k20", "v20")])
-    answers["a"].log_start[topic] = {0: 11}  # offsets 0..10 are gone; the fingerprint was at 9
+    answers.log_start[topic] = {0: 11}  # offsets 0..10 are gone; the fingerprint was at 9
     ctx = compact(service)
 
     assert not ctx.stats.recreated and not ctx.stats.full_rebuild
@@ -140,25 +132,20 @@ def test_a_legacy_manifest_without_identity_records_it_and_stays_incremental(
 
 
 def test_a_range_the_log_no_longer_reaches_fails_the_task_and_keeps_the_ledger(
-    kafka: Any, make_factory: Any
+    kafka: Any, answered: Any
 ) -> None:
     """The broker says the log ends at 20 when the run is planned, but the log (recreated behind an
     unchanged topic id, as the broker's answer has it) ends at 3: the readers never read other offsets
     than the range's (no reset to the log start), the task fails, the ledger stays."""
     topic = kafka.topic()
-    answers: dict[str, Answers] = {}
-
-    def metadata(real: Any) -> Answers:
-        answers["a"] = Answers(real)
-        return answers["a"]
-
-    service = make_factory(metadata=metadata).new_topic_compaction_service(topic)
+    factory, answers = answered()
+    service = factory.new_topic_compaction_service(topic)
     kafka.produce(topic, [(f"k{i}", "v") for i in range(10)])
     compact(service)
     before = _manifest(service)
-    answers["a"].topic_ids[topic] = before.topic_id
-    answers["a"].ends[topic] = {0: 20}
-    _recreate(kafka, topic, 1)
+    answers.topic_ids[topic] = before.topic_id
+    answers.ends[topic] = {0: 20}
+    kafka.recreate(topic, 1)
     kafka.produce(topic, [("x", "1"), ("y", "2"), ("z", "3")])
 
     ctx = service.compact()
@@ -172,39 +159,29 @@ def test_a_range_the_log_no_longer_reaches_fails_the_task_and_keeps_the_ledger(
 
 
 def test_records_below_a_moved_log_start_leave_the_ledger_without_new_records(
-    kafka: Any, make_factory: Any
+    kafka: Any, answered: Any
 ) -> None:
     """Pulsar's rule: a message retention removed is not readable from the compacted ledger. Only the
     log start moved (given at the metadata boundary): the run still runs and drops them."""
     topic = kafka.topic()
-    answers: dict[str, Answers] = {}
-
-    def metadata(real: Any) -> Answers:
-        answers["a"] = Answers(real)
-        return answers["a"]
-
-    service = make_factory(metadata=metadata).new_topic_compaction_service(topic)
+    factory, answers = answered()
+    service = factory.new_topic_compaction_service(topic)
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
     compact(service)
-    answers["a"].log_start[topic] = {0: 6}
+    answers.log_start[topic] = {0: 6}
     ctx = compact(service)
     assert not ctx.stats.skipped
     assert view(service) == {f"k{i}".encode(): f"v{i}".encode() for i in range(6, 10)}
 
 
-def test_first_value_chooses_among_what_the_log_still_holds(kafka: Any, make_factory: Any) -> None:
+def test_first_value_chooses_among_what_the_log_still_holds(kafka: Any, answered: Any) -> None:
     topic = kafka.topic()
-    answers: dict[str, Answers] = {}
-
-    def metadata(real: Any) -> Answers:
-        answers["a"] = Answers(real)
-        return answers["a"]
-
-    service = make_factory(metadata=metadata, compaction_strategy="first-value").new_topic_compaction_service(topic)
+    factory, answers = answered(compaction_strategy="first-value")
+    service = factory.new_topic_compaction_service(topic)
     kafka.produce(topic, [("k", "first"), ("j", "1"), ("k", "second"), ("k", "third")])
     compact(service)
     assert view(service) == {b"k": b"first", b"j": b"1"}
-    answers["a"].log_start[topic] = {0: 2}
+    answers.log_start[topic] = {0: 2}
     ctx = compact(service)
     assert ctx.stats.full_rebuild  # the ledger dropped "second" as a loser: only the log has it
     assert view(service) == {b"k": b"second"}

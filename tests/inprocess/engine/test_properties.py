@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -173,17 +172,6 @@ def pinned(service: Any, partition: int, ledger_id: int) -> list[Entry]:
     return out
 
 
-def _recreate(kafka: Any, topic: str) -> None:
-    from kafka.admin import NewTopic
-
-    kafka.admin.delete_topics([topic])
-    deadline = time.monotonic() + 30
-    while topic in kafka.admin.list_topics():
-        assert time.monotonic() < deadline, f"{topic} was not deleted"
-        time.sleep(0.1)
-    kafka.admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-
-
 def with_markers(service: Any, partition: int) -> list[Entry]:
     """Every entry of a partition, deletion markers included, page by page."""
     out: list[Entry] = []
@@ -234,7 +222,7 @@ def test_ledger_equals_the_reference_model(kafka, make_factory, tmp_path, strate
         log: dict[int, list[Logged]] = {p: [] for p in range(PARTITIONS)}
         for recreated, batch, moved in program:
             if recreated:
-                _recreate(kafka, topic)
+                kafka.recreate(topic, PARTITIONS)
                 log = {p: [] for p in range(PARTITIONS)}
                 log_start = {}
                 answers[0].log_start.pop(topic, None)
