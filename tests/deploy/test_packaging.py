@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "compactord.service"
 KUBERNETES = DEPLOY / "kubernetes"
 CONF_PATH = "/etc/compactord/broker.conf"
+SECRET_NAME = "compactord-secrets"
 COMMAND = ["compactord", "run", "--config", CONF_PATH]
 METRIC_NAME = re.compile(r"\bcompactord_[a-z_]+")
 
@@ -282,7 +284,8 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text(encoding="utf-8"))
     others = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == others
-    assert set(manifests()) == {"Deployment", "ConfigMap", "Secret", "Service", "PersistentVolumeClaim"}
+    # no Secret: a default token in the repository would be deployed by whoever forgets to change it
+    assert set(manifests()) == {"Deployment", "ConfigMap", "Service", "PersistentVolumeClaim", "NetworkPolicy"}
 
 
 def test_deployment_one_writer_probes_and_scrape_annotations() -> None:
@@ -318,14 +321,14 @@ def test_deployment_mounts_the_config_the_secret_and_the_ledger_claim() -> None:
     assert config["configMap"]["name"] == objects["ConfigMap"]["metadata"]["name"]
     assert f"{config_path}/broker.conf" == CONF_PATH
     secret, secret_path = by_source["secret"]
-    assert secret["secret"]["secretName"] == objects["Secret"]["metadata"]["name"]
+    assert secret["secret"]["secretName"] == SECRET_NAME
     claim, claim_path = by_source["persistentVolumeClaim"]
     assert claim["persistentVolumeClaim"]["claimName"] == objects["PersistentVolumeClaim"]["metadata"]["name"]
     assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteOnce"]
 
     conf = broker_conf()
     assert conf["compactedLedgerRoot"].startswith(claim_path + "/")
-    secret_files = set(objects["Secret"].get("stringData", {})) | set(objects["Secret"].get("data", {}))
+    secret_files = set(secret_items().values())
     for key in ("httpAuthToken", "kafkaSaslPassword"):
         value = conf[key]
         assert value.startswith(f"file:{secret_path}/"), f"{key} must be read from the Secret, not given here"
@@ -339,18 +342,88 @@ def test_configmap_broker_conf_is_valid_and_holds_no_secret(tmp_path: Path) -> N
     for name, key in KEYS_BY_NAME.items():
         if key.secret and conf.get(name):
             assert conf[name].startswith("file:"), f"{name} holds a secret in the ConfigMap"
-    # Validate every value as the daemon would, with the secret files where the Secret puts them.
-    secret = manifests()["Secret"]["stringData"]
+    # Validate every value as the daemon would, with secret files where the Secret's volume puts them.
     local: dict[str, str] = {}
     for name, value in conf.items():
         if value.startswith("file:"):
             path = tmp_path / value.rsplit("/", 1)[1]
-            path.write_text(secret[path.name] + "\n", encoding="utf-8")
+            path.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
             value = f"file:{path}"
         local[name] = value
     settings = settings_from_properties(local, env={})
     assert settings.http_bind_address == "0.0.0.0" and settings.http_auth_token
     assert settings.http_port == container()["ports"][0]["containerPort"]
+
+
+def secret_items() -> dict[str, str]:
+    """key -> file name of the Secret's volume (every key listed, so that a missing key stops the pod)."""
+    pod = manifests()["Deployment"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    return {item["key"]: item["path"] for item in volume["secret"]["items"]}
+
+
+def test_no_secret_with_a_default_value_and_the_readme_creates_the_one_the_pod_mounts() -> None:
+    for path in KUBERNETES.rglob("*"):
+        if path.suffix in (".yaml", ".yml"):
+            kinds = {doc.get("kind") for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc}
+            assert "Secret" not in kinds, f"{path.name}: create the Secret with kubectl instead"
+    readme = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    (command,) = [line for line in readme.splitlines() if line.startswith("kubectl create secret generic")]
+    words = shlex.split(command)
+    assert words[4] == SECRET_NAME
+    created = dict(w.removeprefix("--from-file=").split("=", 1) for w in words if w.startswith("--from-file="))
+    assert set(created) == set(secret_items()), "the README must create every key the pod mounts"
+    assert "openssl rand" in readme
+
+
+def test_pod_runs_locked_down_with_a_read_only_root_and_writable_volumes_where_spark_writes() -> None:
+    pod = manifests()["Deployment"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    c = container()
+    security = c["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security.get("privileged", False) is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for context in (security, pod["securityContext"]):
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    writable = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"] if not m.get("readOnly")}
+
+    def volume_holding(path: str) -> dict[str, Any]:
+        mount = max((m for m in writable if path == m or path.startswith(m + "/")), key=len, default=None)
+        assert mount, f"{path} is on the read-only root file system"
+        return writable[mount]
+
+    conf = broker_conf()
+    assert "persistentVolumeClaim" in volume_holding(conf["compactedLedgerRoot"])
+    # java.io.tmpdir, the JVM's hsperfdata, Python's tempfile and Spark's shuffle files and spills
+    for scratch in ("/tmp", conf["spark.local.dir"]):
+        assert "emptyDir" in volume_holding(scratch), scratch
+    # the image's HOME and WORKDIR (Spark may write there) are the claim
+    (workdir,) = args_of("WORKDIR")
+    assert "persistentVolumeClaim" in volume_holding(workdir)
+
+
+def test_network_policy_lets_in_the_api_port_and_out_the_brokers_and_dns() -> None:
+    objects = manifests()
+    policy = objects["NetworkPolicy"]["spec"]
+    labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    (ingress,) = policy["ingress"]
+    assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert {"name": "http", "containerPort": 8642, "protocol": "TCP"} in container()["ports"]
+    sources = ingress["from"]
+    assert {"podSelector": {}} in sources, "the namespace's own pods"
+    assert all(set(s) <= {"podSelector", "namespaceSelector"} for s in sources), "no ipBlock: not the world"
+    assert any(s.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+               == "monitoring" for s in sources), "Prometheus"
+    allowed_out = {(p["port"], p.get("protocol", "TCP")) for rule in policy["egress"] for p in rule["ports"]}
+    broker_ports = {int(server.rsplit(":", 1)[1]) for server in broker_conf()["kafkaBootstrapServers"].split(",")}
+    assert allowed_out == {(port, "TCP") for port in broker_ports} | {(53, "UDP"), (53, "TCP")}
 
 
 def test_memory_limits_leave_room_beyond_the_spark_driver_heap() -> None:
