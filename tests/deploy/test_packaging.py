@@ -1,7 +1,9 @@
 """The packaging and deployment files: Dockerfile (statically: no Docker engine runs here), the systemd
-unit (``systemd-analyze verify``), the Kubernetes manifests and the Prometheus rules (they parse, agree
-with each other and with the daemon), and every ``compactord_*`` name under ``deploy/`` checked against
-a running daemon's ``/metrics``.
+unit (its hardening; ``systemd-analyze verify`` and ``security``), the Kubernetes manifests (locked
+down, no default secret, a NetworkPolicy) and the Prometheus rules (``promtool check rules``): they
+parse, agree with each other and with the daemon, and every ``compactord_*`` name under ``deploy/`` is
+checked against a running daemon's ``/metrics``. Tests that need ``systemd-analyze`` or ``promtool``
+skip, saying which package has it, where the tool is absent.
 """
 
 from __future__ import annotations
@@ -472,11 +474,18 @@ def test_alerts_cover_failures_uncleanable_backlog_staleness_corruption_missing_
                    "compactord_seconds_since_last_success >", "compactord_ledger_corrupt",
                    "compactord_topics_missing_on_broker"):
         assert needed in exprs, needed
+
+
+def test_promtool_accepts_the_alert_rules() -> None:
     promtool = shutil.which("promtool")
-    if promtool:
-        result = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
-                                capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, result.stdout + result.stderr
+    if promtool is None:
+        pytest.skip("promtool is not installed on this machine (Debian: apt-get install prometheus)")
+    result = subprocess.run([promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
+                            capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    # promtool prints lint findings (duplicate rules) and still exits 0
+    assert f"SUCCESS: {len(alert_rules())} rules found" in output and "WARNING" not in output, output
 
 
 # -- README and CI -----------------------------------------------------------------------------------
