@@ -31,7 +31,7 @@ def _skip_reason() -> str | None:
             return f"{tool} is not installed on this machine (Debian: apt-get install {package})"
     if ctypes.util.find_library("seccomp") is None:
         return "libseccomp is not installed on this machine (Debian: apt-get install libseccomp2)"
-    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    probe = subprocess.run(["unshare", "--mount", "true"], check=False, capture_output=True, text=True)
     if probe.returncode != 0:
         return f"cannot create a mount namespace here (needs root with CAP_SYS_ADMIN): {probe.stderr.strip()}"
     return None
@@ -48,7 +48,7 @@ def confined(state: Path, *command: str, timeout: float) -> subprocess.Completed
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, str(SANDBOX), "mounts",
          str(UNIT), str(state), "--", *command],
-        capture_output=True, text=True, timeout=timeout)
+        check=False, capture_output=True, text=True, timeout=timeout)
 
 
 PROBE = """

@@ -29,7 +29,8 @@ SCMP_ACT_ALLOW = 0x7FFF0000
 AF_MAX = 46  # linux/socket.h
 
 
-def SCMP_ACT_ERRNO(code: int) -> int:  # noqa: N802 (libseccomp's name)
+def scmp_act_errno(code: int) -> int:
+    """libseccomp's scmp_act_errno(code)."""
     return 0x00050000 | (code & 0xFFFF)
 
 
@@ -55,7 +56,7 @@ def service_settings(unit: Path) -> dict[str, list[str]]:
     return settings
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expand(name: str) -> frozenset[str]:
     """A system call or a ``@group``, as the system calls it stands for."""
     if not name.startswith("@"):
@@ -90,7 +91,7 @@ def load_seccomp(settings: dict[str, list[str]]) -> None:
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     code = getattr(errno, settings["SystemCallErrorNumber"][-1])
     assert settings["SystemCallArchitectures"][-1] == "native"  # libseccomp's default: native only
-    ctx = lib.seccomp_init(SCMP_ACT_ERRNO(code))
+    ctx = lib.seccomp_init(scmp_act_errno(code))
     assert ctx
 
     def rule(action: int, number: int, *cmps: ScmpArgCmp) -> None:
@@ -107,9 +108,9 @@ def load_seccomp(settings: dict[str, list[str]]) -> None:
         rule(SCMP_ACT_ALLOW, number)
     # RestrictAddressFamilies: socket() of another family fails with EAFNOSUPPORT, as under systemd
     for family in range(AF_MAX):
-        action = SCMP_ACT_ALLOW if family in families else SCMP_ACT_ERRNO(errno.EAFNOSUPPORT)
+        action = SCMP_ACT_ALLOW if family in families else scmp_act_errno(errno.EAFNOSUPPORT)
         rule(action, socket_nr, ScmpArgCmp(0, SCMP_CMP_EQ, family, 0))
-    rule(SCMP_ACT_ERRNO(errno.EAFNOSUPPORT), socket_nr, ScmpArgCmp(0, SCMP_CMP_GE, AF_MAX, 0))
+    rule(scmp_act_errno(errno.EAFNOSUPPORT), socket_nr, ScmpArgCmp(0, SCMP_CMP_GE, AF_MAX, 0))
     result = lib.seccomp_load(ctx)
     assert result == 0, f"seccomp_load: {os.strerror(-result)}"
 
