@@ -86,6 +86,15 @@ def _ref(key: str, raw: str) -> str:
     return raw.strip()
 
 
+def _ref_list(key: str, raw: str) -> str:
+    refs = [r.strip() for r in raw.split(",") if r.strip()]
+    for ref in refs:
+        module_name, sep, qualname = ref.partition(":") if ":" in ref else ref.rpartition(".")
+        if not sep or not module_name or not qualname:
+            raise ConfigError(key, raw, f"{ref!r} is not a reference: expected module:Class[,module:Class...]")
+    return ",".join(refs)
+
+
 def _local_path(key: str, raw: str) -> str:
     value = raw.strip()
     if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
@@ -189,6 +198,10 @@ class Settings:
         "class names are accepted as aliases).", pulsar=True)
     compaction_strategy: str = _key("compactionStrategy", _ref, "publishing-order", "compaction",
         "Which record of a key survives: publishing-order, event-time, first-value, or module:Class.")
+    compaction_strategy_plugins: str = _key("compactionStrategyPlugins", _ref_list, "", "compaction",
+        "Strategy plug-ins (module:Class[,module:Class...]) that a topic's policies may choose over HTTP, "
+        "by the exact reference; loaded and checked at start-up. HTTP may choose the built-in strategies, "
+        "compactionStrategy and these, nothing else: a request never makes the daemon import code.")
     compaction_event_time_source: str = _key("compactionEventTimeSource", _event_time_source, "timestamp",
         "compaction", "Event time of a record: timestamp, or header:NAME.")
     compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", _int_range(0), "86400000",
@@ -246,6 +259,11 @@ class Settings:
     log_level: str = _key("logLevel", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
         "DEBUG, INFO, WARNING or ERROR.")
     spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
+
+    @property
+    def strategy_plugins(self) -> tuple[str, ...]:
+        """The references of ``compactionStrategyPlugins``."""
+        return tuple(self.compaction_strategy_plugins.split(",")) if self.compaction_strategy_plugins else ()
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)

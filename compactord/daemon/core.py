@@ -22,6 +22,7 @@ from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.registry import TaskRegistry
 from compactord.engine.spark_session import SparkSessionManager
+from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
 from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerRootUnwritable, PluginLoadError
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
@@ -63,6 +64,7 @@ class Daemon:
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
+            load_strategy_plugins(settings)
             self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
             self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store, broker=self.admin))
@@ -70,7 +72,7 @@ class Daemon:
             self.admin.close()
             self.store.close()
             raise
-        self.policies = PolicyStore(self.store)
+        self.policies = PolicyStore(self.store, allowed_strategies(settings))
         self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,

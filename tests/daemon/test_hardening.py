@@ -15,11 +15,30 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import write_conf
+from tests.daemon.conftest import Launcher, assert_error
+from tests.support.daemon import DaemonProcess, write_conf
+from tests.support.plugins import IMPORT_MARKS_ENV
 
 EXIT_CONFIG = 2
 EXIT_IOERR = 74
 REFUSE_TIMEOUT_S = 120.0
+ADMIN_TOKEN = "admin-t0ken"
+LISTED = "tests.support.plugins.listed:ListedOrder"
+UNLISTED = "tests.support.plugins.unlisted:UnlistedOrder"
+
+
+@pytest.fixture(scope="module")
+def marks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the plug-in modules of tests/support/plugins write a file when a daemon imports them."""
+    return tmp_path_factory.mktemp("import-marks")
+
+
+@pytest.fixture(scope="module")
+def daemon(launch: Launcher, marks: Path) -> DaemonProcess:
+    """On loopback, with an admin token and one strategy plug-in listed."""
+    prepared = launch.prepare("hardening", token=ADMIN_TOKEN, compactionStrategyPlugins=LISTED)
+    prepared.env[IMPORT_MARKS_ENV] = str(marks)
+    return prepared.start().wait_ready()
 
 
 def refused_start(tmp_path: Path, **conf: object) -> tuple[int, list[str]]:
@@ -76,3 +95,31 @@ def test_a_ledger_root_under_a_file_exits_74(tmp_path: Path) -> None:
     (tmp_path / "not-a-folder").write_text("")
     assert_refused(refused_start(tmp_path, compactedLedgerRoot=tmp_path / "not-a-folder" / "ledgers"),
                    EXIT_IOERR, "not-a-folder", "compactedLedgerRoot")
+
+
+def test_a_plugin_that_exits_on_import_refuses_the_start_with_2_not_its_own_code(tmp_path: Path) -> None:
+    assert_refused(refused_start(tmp_path, compactionStrategyPlugins="tests.support.plugins.exits:X"),
+                   EXIT_CONFIG, "compactionStrategyPlugins", "tests.support.plugins.exits:X", "SystemExit")
+
+
+# -- 1. HTTP must not load code ---------------------------------------------------------------------
+
+
+def test_a_listed_plugin_is_loaded_at_start_and_may_be_chosen(daemon: DaemonProcess, marks: Path) -> None:
+    assert (marks / "tests.support.plugins.listed").read_text() == str(daemon.pid)  # loaded at start-up
+    response = daemon.http.put("/v1/topics/hardening-listed/policies", json={"strategy": LISTED})
+    assert response.status_code == 200, response.text
+    assert response.json()["effective"]["strategy"] == LISTED
+    assert daemon.http.delete("/v1/topics/hardening-listed/policies").status_code == 200
+
+
+@pytest.mark.parametrize("strategy", [UNLISTED, "unittest.__main__:X", "compactord.__main__:main"])
+def test_a_strategy_that_is_not_allowed_answers_422_imports_nothing_and_the_daemon_stays_up(
+        daemon: DaemonProcess, marks: Path, strategy: str) -> None:
+    body = assert_error(daemon.http.put("/v1/topics/hardening-unlisted/policies", json={"strategy": strategy}),
+                        422, "invalid_argument")
+    assert strategy in body["message"] and "publishing-order" in body["message"] and LISTED in body["message"]
+    assert not (marks / "tests.support.plugins.unlisted").exists(), "the daemon imported a module a request named"
+    assert daemon.process is not None and daemon.process.poll() is None, daemon.log_tail()
+    assert daemon.http.get("/healthz").status_code == 200
+    assert daemon.http.get("/v1/topics/hardening-unlisted/policies").json()["policies"]["strategy"] is None
