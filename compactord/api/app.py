@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI). JSON everywhere; every error is ``{"error": code, "message": text}``.
 
-This module builds the app: the error handlers, the bearer-token middleware (``auth.py``) and one
+This module builds the app: the error handlers, the middleware that checks the Host, the tokens and
+the content type (``auth.py``) and one
 router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
 functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
 blocks the event loop.
@@ -21,9 +22,10 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
-from compactord.api.auth import BearerTokenMiddleware
+from compactord.api.auth import ApiGuard
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
+from compactord.config import is_loopback
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
 
 if TYPE_CHECKING:
@@ -44,9 +46,10 @@ def create_app(daemon: Daemon) -> FastAPI:
         openapi_url=None,
     )
     _add_error_handlers(app, daemon)
-    token = daemon.settings.http_auth_token.encode()
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
+    settings = daemon.settings
+    app.add_middleware(ApiGuard, token=settings.http_auth_token.encode(),
+                       read_token=settings.http_read_token.encode(),
+                       loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
     routers = [module.router(daemon) for module in (health, compaction, reads, hooks, topics)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)

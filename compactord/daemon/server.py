@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
 import sys
@@ -37,11 +36,7 @@ def refuse_start(exc: CompactordError) -> int:
 
 
 def _warnings(settings: Settings) -> None:
-    host = settings.http_bind_address
-    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    if not loopback and not settings.http_auth_token:
-        log.warning("httpBindAddress=%s is not a loopback address and httpAuthToken is empty: anyone who reaches "
-                    "this port can trigger, cancel and delete compactions; set httpAuthToken", host)
+    # A non-loopback address without a token is refused by the config's rules (config._check_http).
     master = settings.spark_master
     if not master.startswith("local"):
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.daemon.conftest import Launcher, assert_error
+from tests.daemon.conftest import Launcher, assert_error, run_cli
 from tests.support.daemon import DaemonProcess, write_conf
 from tests.support.plugins import IMPORT_MARKS_ENV
 
@@ -23,6 +24,8 @@ EXIT_CONFIG = 2
 EXIT_IOERR = 74
 REFUSE_TIMEOUT_S = 120.0
 ADMIN_TOKEN = "admin-t0ken"
+READ_TOKEN = "read-t0ken"
+OPEN_HOST = "compactord.example"
 LISTED = "tests.support.plugins.listed:ListedOrder"
 UNLISTED = "tests.support.plugins.unlisted:UnlistedOrder"
 
@@ -34,11 +37,21 @@ def marks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def daemon(launch: Launcher, marks: Path) -> DaemonProcess:
-    """On loopback, with an admin token and one strategy plug-in listed."""
-    prepared = launch.prepare("hardening", token=ADMIN_TOKEN, compactionStrategyPlugins=LISTED)
+def daemon(launch: Launcher, marks: Path, tmp_path_factory: pytest.TempPathFactory) -> DaemonProcess:
+    """On loopback, with an admin token, a read token (both file:) and one strategy plug-in listed."""
+    read_token = tmp_path_factory.mktemp("read-token") / "token"
+    read_token.write_text(READ_TOKEN + "\n")
+    prepared = launch.prepare("hardening", token=ADMIN_TOKEN, compactionStrategyPlugins=LISTED,
+                              httpReadToken=f"file:{read_token}")
     prepared.env[IMPORT_MARKS_ENV] = str(marks)
     return prepared.start().wait_ready()
+
+
+@pytest.fixture(scope="module")
+def open_daemon(launch: Launcher) -> DaemonProcess:
+    """On every address, without a token on purpose, answering to two host names only."""
+    return launch("open", httpBindAddress="0.0.0.0", httpAllowUnauthenticated="true",
+                  httpAllowedHosts=f"{OPEN_HOST},127.0.0.1")
 
 
 def refused_start(tmp_path: Path, **conf: object) -> tuple[int, list[str]]:
@@ -123,3 +136,88 @@ def test_a_strategy_that_is_not_allowed_answers_422_imports_nothing_and_the_daem
     assert daemon.process is not None and daemon.process.poll() is None, daemon.log_tail()
     assert daemon.http.get("/healthz").status_code == 200
     assert daemon.http.get("/v1/topics/hardening-unlisted/policies").json()["policies"]["strategy"] is None
+
+
+# -- 2. an API that is not open by accident ---------------------------------------------------------
+
+
+def test_an_empty_token_file_refuses_the_start_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    assert_refused(refused_start(tmp_path, httpAuthToken=f"file:{tmp_path / 'token'}", httpBindAddress="0.0.0.0"),
+                   EXIT_CONFIG, "httpAuthToken", f"file:{tmp_path / 'token'}", "empty")
+
+
+def test_a_non_loopback_address_without_a_token_refuses_the_start(tmp_path: Path) -> None:
+    assert_refused(refused_start(tmp_path, httpBindAddress="0.0.0.0"), EXIT_CONFIG,
+                   "httpBindAddress", "0.0.0.0", "httpAuthToken", "httpAllowUnauthenticated=true")
+
+
+READS = ["/v1/topics", "/v1/tasks", "/v1/topics/hardening-read/compaction", "/v1/topics/hardening-read/horizon",
+         "/v1/topics/hardening-read/compacted?partition=0", "/v1/topics/hardening-read/compacted/last?partition=0"]
+ADMIN_ONLY = [("PUT", "/v1/topics/hardening-read/compaction"), ("DELETE", "/v1/topics/hardening-read/compaction"),
+              ("GET", "/v1/topics/hardening-read/policies"), ("PUT", "/v1/topics/hardening-read/policies"),
+              ("POST", "/v1/topics/hardening-read/unload"), ("POST", "/v1/topics/hardening-read/load"),
+              ("DELETE", "/v1/topics/hardening-read"), ("GET", "/openapi.json")]
+
+
+def test_the_read_token_reads(daemon: DaemonProcess) -> None:
+    with daemon.client(token=READ_TOKEN) as reader:
+        for path in READS:
+            response = reader.get(path)
+            assert response.status_code in (200, 404), f"{path}: {response.status_code} {response.text}"
+            if response.status_code == 404:  # never compacted: the read got past auth
+                assert response.json()["error"] == "not_compacted", response.text
+
+
+def test_the_read_token_is_refused_elsewhere_with_403_naming_the_admin_token(daemon: DaemonProcess) -> None:
+    with daemon.client(token=READ_TOKEN) as reader:
+        for method, path in ADMIN_ONLY:
+            body = assert_error(reader.request(method, path, json={}), 403, "forbidden")
+            assert "httpAuthToken" in body["message"], body
+    assert not (daemon.root / "hardening-read").exists()  # nothing the read token asked was done
+    with daemon.client() as admin:  # the admin token may
+        assert admin.get("/v1/topics/hardening-read/policies").status_code == 200
+        assert admin.get("/openapi.json").status_code == 200
+    with daemon.client(token=None) as anonymous:
+        assert_error(anonymous.get("/v1/tasks"), 401, "unauthorized")
+
+
+def test_a_foreign_host_header_answers_400_on_loopback_but_probes_answer(daemon: DaemonProcess) -> None:
+    with daemon.client() as admin:
+        for host in ("evil.example", f"evil.example:{daemon.port}", "127.0.0.2"):
+            body = assert_error(admin.get("/v1/tasks", headers={"Host": host}), 400, "host_not_allowed")
+            assert "localhost" in body["message"]
+        for host in (f"localhost:{daemon.port}", "127.0.0.1", f"[::1]:{daemon.port}"):
+            assert admin.get("/v1/tasks", headers={"Host": host}).status_code == 200, host
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert admin.get(path, headers={"Host": "10.1.2.3:8642"}).status_code == 200, path
+
+
+def test_allowed_hosts_when_bound_to_every_address(open_daemon: DaemonProcess) -> None:
+    with open_daemon.client() as client:
+        assert client.get("/v1/tasks", headers={"Host": f"{OPEN_HOST}:{open_daemon.port}"}).status_code == 200
+        body = assert_error(client.get("/v1/tasks", headers={"Host": "evil.example"}), 400, "host_not_allowed")
+        assert OPEN_HOST in body["message"]
+        assert client.get("/metrics", headers={"Host": "10.1.2.3"}).status_code == 200
+
+
+def test_a_state_changing_request_without_a_token_must_say_json(open_daemon: DaemonProcess) -> None:
+    topic = "hardening-cross-site"
+    with httpx.Client(base_url=open_daemon.url, timeout=60.0) as browser_like:
+        for method, path, headers in [("POST", f"/v1/topics/{topic}/unload", {}),
+                                      ("PUT", f"/v1/topics/{topic}/compaction", {"Content-Type": "text/plain"}),
+                                      ("DELETE", f"/v1/topics/{topic}", {}),
+                                      ("PUT", f"/v1/topics/{topic}/policies",
+                                       {"Content-Type": "application/x-www-form-urlencoded"})]:
+            body = assert_error(browser_like.request(method, path, headers=headers, content=b"{}"), 415,
+                                "unsupported_media_type")
+            assert "application/json" in body["message"]
+        assert not (open_daemon.root / topic).exists(), "a refused request did something"
+        response = browser_like.post(f"/v1/topics/{topic}/unload", headers={"Content-Type": "application/json"})
+        assert response.status_code == 200, response.text
+        assert browser_like.post(f"/v1/topics/{topic}/load", json={}).status_code == 200
+
+
+def test_the_cli_sends_json_on_its_state_changing_requests(open_daemon: DaemonProcess) -> None:
+    result = run_cli("cancel", "hardening-cli", "--url", open_daemon.url, timeout=60)
+    assert result.returncode == 1 and "no_task_running" in result.stderr, (result.returncode, result.stderr)
