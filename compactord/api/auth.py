@@ -72,12 +72,13 @@ def _host_name(host: str) -> str | None:
 
 def check_host(host: str | None, loopback: bool, allowed: tuple[str, ...]) -> None:
     """:raises HostNotAllowed: ``host`` (the Host header) is not a name this daemon answers to."""
-    name = _host_name(host) if host else None
+    given = (host or "").strip().lower()
+    name = _host_name(given) if given else None
     if loopback:
         ok = name in LOOPBACK_HOSTS
         wanted = "localhost, 127.0.0.1 or [::1] (the API is bound to loopback)"
     else:
-        ok = name is not None and (not allowed or name in allowed or host.strip().lower() in allowed)  # type: ignore[union-attr]
+        ok = name is not None and (not allowed or name in allowed or given in allowed)
         wanted = f"one of httpAllowedHosts ({', '.join(allowed)})"
     if not ok:
         raise HostNotAllowed(f"the Host header {host!r} is not allowed here; use {wanted}")
