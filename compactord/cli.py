@@ -163,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             from compactord.config import load_settings
-            from compactord.daemon.server import serve
+            from compactord.daemon.server import refuse_start, serve
 
-            return serve(load_settings(args.config), embedded_broker=args.embedded_broker)
+            try:
+                settings = load_settings(args.config)
+            except CompactordError as exc:
+                return refuse_start(exc)
+            return serve(settings, embedded_broker=args.embedded_broker)
         if args.command == "demo":
             import logging
 

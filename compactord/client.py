@@ -68,6 +68,8 @@ class DaemonClient:
     def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         request = urllib.request.Request(url, method=method)
+        # The daemon refuses a state-changing request that has neither a token nor this header (415).
+        request.add_header("Content-Type", "application/json")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:

@@ -86,6 +86,15 @@ def _ref(key: str, raw: str) -> str:
     return raw.strip()
 
 
+def _ref_list(key: str, raw: str) -> str:
+    refs = [r.strip() for r in raw.split(",") if r.strip()]
+    for ref in refs:
+        module_name, sep, qualname = ref.partition(":") if ":" in ref else ref.rpartition(".")
+        if not sep or not module_name or not qualname:
+            raise ConfigError(key, raw, f"{ref!r} is not a reference: expected module:Class[,module:Class...]")
+    return ",".join(refs)
+
+
 def _local_path(key: str, raw: str) -> str:
     value = raw.strip()
     if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
@@ -111,6 +120,20 @@ def _bind_address(key: str, raw: str) -> str:
     except ValueError:
         raise ConfigError(key, raw, "expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
     return value
+
+
+def is_loopback(address: str) -> bool:
+    """``address`` (an ``httpBindAddress``) is reachable from this machine only."""
+    return address == "localhost" or ipaddress.ip_address(address).is_loopback
+
+
+def _host_list(key: str, raw: str) -> str:
+    hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
+    for host in hosts:
+        if not re.fullmatch(r"[a-z0-9._-]+(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?", host):
+            raise ConfigError(key, raw, f"{host!r} is not a host name: expected name[:port][,name[:port]...], "
+                                        "e.g. compactord.example.com,10.0.0.5:8642")
+    return ",".join(hosts)
 
 
 def _bootstrap(key: str, raw: str) -> str:
@@ -189,6 +212,10 @@ class Settings:
         "class names are accepted as aliases).", pulsar=True)
     compaction_strategy: str = _key("compactionStrategy", _ref, "publishing-order", "compaction",
         "Which record of a key survives: publishing-order, event-time, first-value, or module:Class.")
+    compaction_strategy_plugins: str = _key("compactionStrategyPlugins", _ref_list, "", "compaction",
+        "Strategy plug-ins (module:Class[,module:Class...]) that a topic's policies may choose over HTTP, "
+        "by the exact reference; loaded and checked at start-up. HTTP may choose the built-in strategies, "
+        "compactionStrategy and these, nothing else: a request never makes the daemon import code.")
     compaction_event_time_source: str = _key("compactionEventTimeSource", _event_time_source, "timestamp",
         "compaction", "Event time of a record: timestamp, or header:NAME.")
     compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", _int_range(0), "86400000",
@@ -234,8 +261,20 @@ class Settings:
     http_port: int = _key("httpPort", _int_range(0, 65535), "8642", "http",
         "Port of the HTTP API (0 = any free port).")
     http_auth_token: str = _key("httpAuthToken", _str, "", "http",
-        "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file).",
-        secret=True)
+        "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file); it allows "
+        "every endpoint. Required when httpBindAddress is not a loopback address (see "
+        "httpAllowUnauthenticated).", secret=True)
+    http_read_token: str = _key("httpReadToken", _str, "", "http",
+        "Optional bearer token for applications that only read: GET of /v1/topics, /v1/tasks and a topic's "
+        "compaction status, /horizon, /compacted and /compacted/last; nothing else (403). Needs "
+        "httpAuthToken (file:/path reads it from a file).", secret=True)
+    http_allow_unauthenticated: bool = _key("httpAllowUnauthenticated", _bool, "false", "http",
+        "true: serve the API without a token on a non-loopback httpBindAddress (otherwise the daemon "
+        "refuses to start).")
+    http_allowed_hosts: str = _key("httpAllowedHosts", _host_list, "", "http",
+        "Host header values the API answers to when httpBindAddress is not loopback (name[:port],...; "
+        "empty = any); on loopback only localhost, 127.0.0.1 and [::1]. /healthz, /readyz and /metrics "
+        "accept any.")
     http_tls_cert_file: str = _key("httpTlsCertFile", _str, "", "http",
         "Certificate (PEM): HTTPS when set with the key.")
     http_tls_key_file: str = _key("httpTlsKeyFile", _str, "", "http",
@@ -246,6 +285,16 @@ class Settings:
     log_level: str = _key("logLevel", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
         "DEBUG, INFO, WARNING or ERROR.")
     spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """The names of ``httpAllowedHosts``."""
+        return tuple(self.http_allowed_hosts.split(",")) if self.http_allowed_hosts else ()
+
+    @property
+    def strategy_plugins(self) -> tuple[str, ...]:
+        """The references of ``compactionStrategyPlugins``."""
+        return tuple(self.compaction_strategy_plugins.split(",")) if self.compaction_strategy_plugins else ()
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -284,9 +333,27 @@ def _read_secret(key: str, raw: str) -> str:
         return raw
     path = Path(raw[len("file:") :])
     try:
-        return path.read_text(encoding="utf-8").rstrip("\r\n")
+        secret = path.read_text(encoding="utf-8").rstrip("\r\n")
     except OSError as exc:
         raise ConfigError(key, raw, f"the secret file cannot be read ({exc.strerror})") from None
+    if not secret.strip():  # an empty token file must not turn authentication off
+        raise ConfigError(key, raw, "the secret file is empty (or holds only white space); write the secret "
+                                    "into it, or leave the key unset")
+    return secret
+
+
+def _check_http(values: dict[str, Any]) -> None:
+    """The rules between the HTTP keys: no API open by accident."""
+    address, token, read_token = values["http_bind_address"], values["http_auth_token"], values["http_read_token"]
+    if not is_loopback(address) and not token and not values["http_allow_unauthenticated"]:
+        raise ConfigError("httpBindAddress", address, "a non-loopback address needs httpAuthToken (anyone who "
+                          "reaches the port could cancel, delete and rebuild), or httpAllowUnauthenticated=true "
+                          "to serve the API open on purpose")
+    if read_token and not token:
+        raise ConfigError("httpAuthToken", token, "must be set when httpReadToken is (without it the endpoints "
+                          "that the read token does not allow would be open)")
+    if read_token and read_token == token:
+        raise ConfigError("httpReadToken", "<the value of httpAuthToken>", "must differ from httpAuthToken")
 
 
 def _resolve_factory_alias(values: dict[str, Any], explicit: set[str]) -> None:
@@ -340,6 +407,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
                 raw = _read_secret(key.name, raw)
         values[key.attr] = key.parse(key.name, raw) if raw != "" else raw
     _resolve_factory_alias(values, explicit)
+    _check_http(values)
     values["spark_conf"] = spark_conf
     return Settings(**values)
 

@@ -30,8 +30,11 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRetired (RuntimeError)    ledger_retired               410
     +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
+    +-- LedgerRootUnwritable            ledger_root_unwritable       503
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                forbidden                    403
+    +-- HostNotAllowed                  host_not_allowed             400
+    +-- UnsupportedMediaType            unsupported_media_type       415
     +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
     +-- DaemonUnreachable (ConnectionError)
                                         daemon_unreachable           502   (client side)
@@ -220,6 +223,19 @@ class LedgerRootLocked(CompactordError):
     status = 409
 
 
+class LedgerRootUnwritable(CompactordError):
+    """The ledger root cannot be created or written at start (read-only, not mounted yet, no
+    permission). Unlike a bad config value it may heal by itself, so the daemon exits with
+    ``EX_IOERR`` (74), which its supervisor retries a few times."""
+
+    code = "ledger_root_unwritable"
+    status = 503
+
+    def __init__(self, root: object, reason: object) -> None:
+        super().__init__(f"the ledger root {root} cannot be written ({reason}); check compactedLedgerRoot, "
+                         "that its disk is mounted and writable by this user", root=str(root))
+
+
 class PluginLoadError(ConfigError):
     """A ``module:Class`` reference in the configuration cannot be resolved."""
 
@@ -235,6 +251,21 @@ class AuthenticationRequired(CompactordError):
 class PermissionDenied(CompactordError):
     code = "forbidden"
     status = 403
+
+
+class HostNotAllowed(CompactordError):
+    """The request's Host header is not a name this daemon answers to (DNS rebinding)."""
+
+    code = "host_not_allowed"
+    status = 400
+
+
+class UnsupportedMediaType(CompactordError):
+    """A state-changing request without ``Authorization`` must say ``Content-Type: application/json``
+    (a browser cannot send that cross-site without a preflight)."""
+
+    code = "unsupported_media_type"
+    status = 415
 
 
 class DaemonRequestFailed(CompactordError):

@@ -47,15 +47,19 @@ def current_ref(key: str, ref: str) -> str:
 def resolve_ref(key: str, ref: str) -> Any:
     """Import and return the object ``ref`` names; a bad reference names the config ``key`` and value.
 
-    :raises PluginLoadError: the module cannot be imported or has no such attribute.
+    :raises PluginLoadError: the module cannot be imported (whatever it raises, ``SystemExit`` too: a
+        plug-in never ends the process with its own exit code) or has no such attribute.
     """
     module_name, qualname = _split(current_ref(key, ref))
     if not module_name or not qualname:
         raise PluginLoadError(key, ref, "expected 'module:Class' or 'module.Class'")
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # a plug-in module may fail on import in any way
-        raise PluginLoadError(key, ref, f"module {module_name!r} cannot be imported ({exc})") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a plug-in module may fail on import in any way, sys.exit() included
+        raise PluginLoadError(key, ref, f"module {module_name!r} cannot be imported "
+                                        f"({type(exc).__name__}: {exc})") from exc
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)

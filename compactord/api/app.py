@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI). JSON everywhere; every error is ``{"error": code, "message": text}``.
 
-This module builds the app: the error handlers, the bearer-token middleware (``auth.py``) and one
+This module builds the app: the error handlers, the middleware that checks the Host, the tokens and
+the content type (``auth.py``) and one
 router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
 functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
 blocks the event loop.
@@ -8,24 +9,29 @@ blocks the event loop.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
-from compactord.api.auth import BearerTokenMiddleware
+from compactord.api.auth import ApiGuard
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
+from compactord.config import is_loopback
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "handler_cannot_exit"]
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +46,49 @@ def create_app(daemon: Daemon) -> FastAPI:
         openapi_url=None,
     )
     _add_error_handlers(app, daemon)
-    token = daemon.settings.http_auth_token.encode()
-    if token:
-        app.add_middleware(BearerTokenMiddleware, token=token)
+    settings = daemon.settings
+    app.add_middleware(ApiGuard, token=settings.http_auth_token.encode(),
+                       read_token=settings.http_read_token.encode(),
+                       loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
     routers = [module.router(daemon) for module in (health, compaction, reads, hooks, topics)]
-    for router in routers:
+    for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
+        _guard_endpoints(router)
         app.include_router(router)
-    app.include_router(hooks.catch_all_router(routers))  # last: it matches every path
     return app
+
+
+class RequestHandlerExit(RuntimeError):
+    """A request handler raised a ``BaseException`` that would end the process (``SystemExit``)."""
+
+
+def handler_cannot_exit(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """``endpoint``, with a ``BaseException`` other than ``KeyboardInterrupt``/``GeneratorExit`` turned into
+    an ``Exception`` (answered 500 by the catch-all handler). Routes run in the thread pool, and a
+    ``SystemExit`` raised there reaches the event loop (through a middleware's task group) and ends the
+    daemon: no request may do that."""
+    if inspect.iscoroutinefunction(endpoint):
+        raise TypeError(f"routes are plain def functions (run in the thread pool), not {endpoint.__qualname__}")
+
+    @functools.wraps(endpoint)  # FastAPI reads the parameters through __wrapped__
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return endpoint(*args, **kwargs)
+        except (Exception, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:
+            raise RequestHandlerExit(f"the request handler raised {type(exc).__name__}({exc})") from exc
+
+    return guarded
+
+
+def _guard_endpoints(router: APIRouter) -> None:
+    # Before include_router: the app's routes are built from these (their endpoint, or the dependant
+    # that calls it at each request, depending on the FastAPI version): wrap both.
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            guarded = handler_cannot_exit(route.endpoint)
+            route.endpoint = guarded
+            route.dependant.call = guarded
 
 
 def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
@@ -76,5 +117,5 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
 
     @app.exception_handler(Exception)
     def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return problem_response(500, "internal_error", f"{type(exc).__name__}: {exc}")

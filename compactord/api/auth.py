@@ -1,43 +1,141 @@
-"""Bearer-token authentication: with ``httpAuthToken`` set, ``/v1``, ``/docs`` and
-``/openapi.json`` need ``Authorization: Bearer <httpAuthToken>``; health and metrics stay open."""
+"""Who may ask what: one ASGI middleware in front of the app (``ApiGuard``).
+
+In this order, each refusal answered with the API's JSON error body:
+
+1. **Host** (DNS rebinding): bound to loopback, only ``localhost``, ``127.0.0.1`` and ``[::1]`` (any
+   port); otherwise the ``httpAllowedHosts`` names (empty: any). ``/healthz``, ``/readyz`` and ``/metrics``
+   are exempt: probes and scrapers come with pod addresses. 400 ``host_not_allowed``.
+2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
+   everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
+   token, 403 ``forbidden`` with another one (saying which token the endpoint needs).
+3. **Content type** (cross-site requests): a state-changing request without ``Authorization`` must say
+   ``Content-Type: application/json``, which a browser cannot send cross-site without a preflight. 415
+   ``unsupported_media_type``.
+
+Everything is decided on the ASGI scope's ``path``, never on ``request.url`` (built from the Host header:
+a Starlette bug of that shape bypassed auth before 1.0.1).
+"""
 
 from __future__ import annotations
 
 import hmac
+import re
 
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from compactord.api.views import error_response
-from compactord.errors import AuthenticationRequired, CompactordError, PermissionDenied
+from compactord.errors import (
+    AuthenticationRequired,
+    CompactordError,
+    HostNotAllowed,
+    PermissionDenied,
+    UnsupportedMediaType,
+)
 
-__all__ = ["PROTECTED_PREFIXES", "BearerTokenMiddleware", "check_bearer_token"]
+__all__ = [
+    "HOST_EXEMPT_PATHS",
+    "LOOPBACK_HOSTS",
+    "PROTECTED_PREFIXES",
+    "READ_ENDPOINTS",
+    "ApiGuard",
+    "check_bearer_token",
+    "check_content_type",
+    "check_host",
+    "is_read_endpoint",
+]
 
 PROTECTED_PREFIXES = ("/v1", "/docs", "/openapi.json")
+HOST_EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+#: What ``httpReadToken`` allows: GET (and HEAD) of these paths, nothing else.
+READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks)|/v1/topics/[^/]+/(compaction|horizon|compacted|compacted/last)")
+_READ_METHODS = frozenset({"GET", "HEAD"})
+_STATE_CHANGING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 
 
-def check_bearer_token(authorization: str, token: bytes) -> None:
-    """:raises AuthenticationRequired: no bearer token given. :raises PermissionDenied: another token."""
+def is_read_endpoint(method: str, path: str) -> bool:
+    return method in _READ_METHODS and READ_ENDPOINTS.fullmatch(path) is not None
+
+
+def _host_name(host: str) -> str | None:
+    """The name of a Host header value without its port, lower case; None if it is malformed."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host[1:].partition("]")
+        return name if bracket and (not rest or re.fullmatch(r":[0-9]{1,5}", rest)) else None
+    if host.count(":") > 1:  # a bare IPv6 address
+        return host
+    name, colon, port = host.partition(":")
+    return name if name and (not colon or re.fullmatch(r"[0-9]{1,5}", port)) else None
+
+
+def check_host(host: str | None, loopback: bool, allowed: tuple[str, ...]) -> None:
+    """:raises HostNotAllowed: ``host`` (the Host header) is not a name this daemon answers to."""
+    given = (host or "").strip().lower()
+    name = _host_name(given) if given else None
+    if loopback:
+        ok = name in LOOPBACK_HOSTS
+        wanted = "localhost, 127.0.0.1 or [::1] (the API is bound to loopback)"
+    else:
+        ok = name is not None and (not allowed or name in allowed or given in allowed)
+        wanted = f"one of httpAllowedHosts ({', '.join(allowed)})"
+    if not ok:
+        raise HostNotAllowed(f"the Host header {host!r} is not allowed here; use {wanted}")
+
+
+def check_bearer_token(authorization: str, token: bytes, read_token: bytes, method: str, path: str) -> None:
+    """:raises AuthenticationRequired: no bearer token given. :raises PermissionDenied: another token, or
+    the read token on an endpoint that is not a read."""
     scheme, _, given = authorization.partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise AuthenticationRequired("this endpoint needs the header 'Authorization: Bearer <httpAuthToken>'")
-    if not hmac.compare_digest(given.encode(), token):
-        raise PermissionDenied("the bearer token is not the configured httpAuthToken")
+    if hmac.compare_digest(given.encode(), token):
+        return
+    if read_token and hmac.compare_digest(given.encode(), read_token):
+        if is_read_endpoint(method, path):
+            return
+        raise PermissionDenied(f"{method} {path} needs httpAuthToken (the admin token); httpReadToken allows "
+                               "only GET of /v1/topics, /v1/tasks and a topic's compaction, horizon and "
+                               "compacted entries")
+    raise PermissionDenied("the bearer token is not the configured httpAuthToken (nor httpReadToken)")
 
 
-class BearerTokenMiddleware(BaseHTTPMiddleware):
-    # It answers the error itself: an exception raised in a middleware passes by the app's
-    # exception handlers (they sit inside the middleware stack).
-    def __init__(self, app: ASGIApp, token: bytes) -> None:
-        super().__init__(app)
+def check_content_type(method: str, headers: Headers) -> None:
+    """:raises UnsupportedMediaType: a state-changing request without ``Authorization`` that does not
+    say ``Content-Type: application/json``."""
+    if method not in _STATE_CHANGING or "authorization" in headers:
+        return
+    media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaType(
+            f"{method} requests without an Authorization header must carry 'Content-Type: application/json' "
+            f"(got {media_type or 'none'}); this keeps web pages from driving the API cross-site")
+
+
+class ApiGuard:
+    """Pure ASGI (not ``BaseHTTPMiddleware``: no task group between the server and the routes)."""
+
+    def __init__(self, app: ASGIApp, *, token: bytes, read_token: bytes, loopback: bool,
+                 allowed_hosts: tuple[str, ...]) -> None:
+        self.app = app
         self.token = token
+        self.read_token = read_token
+        self.loopback = loopback
+        self.allowed_hosts = allowed_hosts
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.url.path.startswith(PROTECTED_PREFIXES):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
             try:
-                check_bearer_token(request.headers.get("authorization", ""), self.token)
+                self.check(scope["method"], scope["path"], Headers(scope=scope))
             except CompactordError as exc:
-                return error_response(exc)
-        return await call_next(request)
+                await error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def check(self, method: str, path: str, headers: Headers) -> None:
+        if path not in HOST_EXEMPT_PATHS:
+            check_host(headers.get("host"), self.loopback, self.allowed_hosts)
+        if self.token and path.startswith(PROTECTED_PREFIXES):
+            check_bearer_token(headers.get("authorization", ""), self.token, self.read_token, method, path)
+        check_content_type(method, headers)

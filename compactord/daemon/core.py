@@ -22,7 +22,8 @@ from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.registry import TaskRegistry
 from compactord.engine.spark_session import SparkSessionManager
-from compactord.errors import CompactionAlreadyRunning, CompactordError, PluginLoadError
+from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
+from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerRootUnwritable, PluginLoadError
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
@@ -44,16 +45,26 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
     return cls()
 
 
+def _open_store(root: str) -> LedgerStore:
+    """:raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted)."""
+    store = LedgerStore(root)
+    try:
+        return store.open()
+    except OSError as exc:  # InsufficientDiskSpace is already a CompactordError
+        raise LedgerRootUnwritable(store.root, exc.strerror or exc) from exc
+
+
 class Daemon:
     def __init__(self, settings: Settings, spark: SparkSessionManager | None = None,
                  broker: BrokerMetadata | None = None) -> None:
         """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it.
         ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers)."""
         self.settings = settings
-        self.store = LedgerStore(settings.compacted_ledger_root).open()
+        self.store = _open_store(settings.compacted_ledger_root)
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
+            load_strategy_plugins(settings)
             self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
             self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store, broker=self.admin))
@@ -61,7 +72,7 @@ class Daemon:
             self.admin.close()
             self.store.close()
             raise
-        self.policies = PolicyStore(self.store)
+        self.policies = PolicyStore(self.store, allowed_strategies(settings))
         self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,

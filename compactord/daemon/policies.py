@@ -11,6 +11,7 @@ import json
 import os
 import threading
 from dataclasses import asdict, dataclass, fields
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ class TopicPolicies:
     strategy: str | None = None
 
     @classmethod
-    def from_json(cls, data: Any) -> TopicPolicies:
-        """Validate a JSON object of overrides.
+    def from_json(cls, data: Any, allowed_strategies: Collection[str]) -> TopicPolicies:
+        """Validate a JSON object of overrides; ``strategy`` must be one of ``allowed_strategies``
+        (checked by name: nothing is imported, whatever the request names).
 
         :raises InvalidArgument: an unknown field or a bad value, naming it and what is allowed.
         """
@@ -55,16 +57,10 @@ class TopicPolicies:
                                   or not 0 <= ratio <= 1):
             raise InvalidArgument(f"minDirtyRatio must be a number from 0 to 1 or null, got {ratio!r}")
         strategy = data.get("strategy")
-        if strategy is not None:
-            from compactord.engine.strategies import load_strategy
-            from compactord.errors import ConfigError
-
-            if not isinstance(strategy, str):
-                raise InvalidArgument(f"strategy must be a string, got {strategy!r}")
-            try:
-                load_strategy(strategy, key="strategy")
-            except ConfigError as exc:
-                raise InvalidArgument(str(exc)) from exc
+        if strategy is not None and (not isinstance(strategy, str) or strategy not in allowed_strategies):
+            raise InvalidArgument(
+                f"strategy {strategy!r} is not allowed; use one of {', '.join(allowed_strategies)} (a plug-in "
+                "must first be listed in compactionStrategyPlugins in the daemon's config file)")
         return cls(**data)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,8 +82,9 @@ class TopicPolicies:
 class PolicyStore:
     """Reads and writes the per-topic files through the ledger store's topic folders."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, allowed_strategies: Collection[str]) -> None:
         self._store = store
+        self.allowed_strategies = tuple(allowed_strategies)
         self._lock = threading.Lock()
 
     def _path(self, topic: str, name: str) -> Path:
@@ -101,7 +98,7 @@ class PolicyStore:
         """
         path = self._path(topic, POLICIES)
         try:
-            return TopicPolicies.from_json(json.loads(path.read_text()))
+            return TopicPolicies.from_json(json.loads(path.read_text()), self.allowed_strategies)
         except FileNotFoundError:
             return TopicPolicies()
         except (OSError, ValueError) as exc:  # InvalidArgument is a ValueError too

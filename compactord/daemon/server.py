@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,20 +15,28 @@ from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
-from compactord.errors import CompactordError
+from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable
 
-__all__ = ["ThreadedServer", "serve"]
+__all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
 
 log = logging.getLogger("compactord")
+#: A bad config value: the same start would fail again, so the systemd unit does not restart (its
+#: ``RestartPreventExitStatus``).
 EXIT_CONFIG = 2
+#: ``EX_IOERR``: the ledger root cannot be written at start; a disk not mounted yet may come back, so the
+#: unit restarts a few times (``StartLimitBurst``) before it gives up.
+EXIT_IOERR = 74
+
+
+def refuse_start(exc: CompactordError) -> int:
+    """The one way the daemon refuses to start: one line on stderr, and the exit status for ``exc``."""
+    message = " ".join(str(exc).split())  # one line, whatever the message holds
+    print(f"compactord: cannot start: {message}", file=sys.stderr, flush=True)
+    return EXIT_IOERR if isinstance(exc, (LedgerRootUnwritable, InsufficientDiskSpace)) else EXIT_CONFIG
 
 
 def _warnings(settings: Settings) -> None:
-    host = settings.http_bind_address
-    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    if not loopback and not settings.http_auth_token:
-        log.warning("httpBindAddress=%s is not a loopback address and httpAuthToken is empty: anyone who reaches "
-                    "this port can trigger, cancel and delete compactions; set httpAuthToken", host)
+    # A non-loopback address without a token is refused by the config's rules (config._check_http).
     master = settings.spark_master
     if not master.startswith("local"):
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
@@ -48,8 +56,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         try:
             daemon = Daemon(settings)
         except CompactordError as exc:
-            log.error("compactord cannot start: %s", exc)
-            return EXIT_CONFIG
+            return refuse_start(exc)
         from compactord.api.app import create_app
 
         config = uvicorn.Config(

@@ -205,6 +205,15 @@ def test_systemd_analyze_security_scores_the_unit_ok(tmp_path: Path) -> None:
     assert float(score.group(1)) <= 2.0, output
 
 
+def test_systemd_unit_does_not_restart_a_bad_config_and_gives_up_on_an_unwritable_root() -> None:
+    entries = unit_entries()
+    service = {key: values[-1] for key, values in entries["Service"].items()}
+    unit = {key: values[-1] for key, values in entries["Unit"].items()}
+    assert "2" in service["RestartPreventExitStatus"].split()  # a bad config value fails the same way again
+    assert "74" not in service["RestartPreventExitStatus"].split()  # an unmounted disk may come back...
+    assert 1 < int(unit["StartLimitBurst"]) <= 10 and int(unit["StartLimitIntervalSec"]) > 0  # ...a few times
+
+
 def installed_console_script() -> Path:
     candidate = Path(sys.prefix) / "bin" / "compactord"
     if candidate.exists():

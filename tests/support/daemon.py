@@ -79,7 +79,10 @@ class DaemonProcess:
     def client(self, token: object = OWN_TOKEN, **kwargs: Any) -> httpx.Client:
         """A new client; ``token=None`` sends no Authorization header, a string sends that token."""
         token = self.token if token is OWN_TOKEN else token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # What the CLI's client sends too: without a token, a PUT/POST/DELETE needs it (else 415).
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=60.0, **kwargs)
 
     def raw(self, method: str, raw_path: str, token: object = OWN_TOKEN) -> tuple[int, dict[str, Any]]:
@@ -90,6 +93,7 @@ class DaemonProcess:
             connection.putrequest(method, raw_path, skip_accept_encoding=True)
             if token:
                 connection.putheader("Authorization", f"Bearer {token}")
+            connection.putheader("Content-Type", "application/json")
             connection.endheaders()
             response = connection.getresponse()
             return response.status, json.loads(response.read())

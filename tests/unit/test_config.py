@@ -180,6 +180,63 @@ def test_missing_secret_file_names_the_key(tmp_path: Path) -> None:
     assert "cannot be read" in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["httpAuthToken", "httpReadToken", "kafkaSaslPassword", "kafkaSslPassword"])
+@pytest.mark.parametrize("content", ["", "\n", "  \r\n", "\t \n"])
+def test_an_empty_secret_file_refuses_naming_the_key(key: str, content: str, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(content, encoding="utf-8")
+    extra = {"httpAuthToken": "admin"} if key == "httpReadToken" else {}
+    with pytest.raises(ConfigError) as info:
+        settings(**extra, **{key: f"file:{secret}"})
+    assert info.value.key == key and info.value.value == f"file:{secret}"
+    assert "empty" in str(info.value)
+
+
+# -- the HTTP keys: no API open by accident --------------------------------------------------------
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "10.1.2.3"])
+def test_a_non_loopback_address_without_a_token_refuses(address: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(httpBindAddress=address)
+    assert info.value.key == "httpBindAddress" and info.value.value == address
+    assert "httpAuthToken" in str(info.value) and "httpAllowUnauthenticated=true" in str(info.value)
+
+
+def test_a_non_loopback_address_is_fine_with_a_token_or_said_open_on_purpose() -> None:
+    assert settings(httpBindAddress="0.0.0.0", httpAuthToken="t").http_auth_token == "t"
+    assert settings(httpBindAddress="0.0.0.0", httpAllowUnauthenticated="true").http_allow_unauthenticated
+    assert settings(httpBindAddress="::1").http_auth_token == ""  # loopback
+    assert settings(httpBindAddress="localhost").http_auth_token == ""
+
+
+def test_a_read_token_needs_a_different_admin_token() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(httpReadToken="r")
+    assert info.value.key == "httpAuthToken" and "httpReadToken" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        settings(httpReadToken="same", httpAuthToken="same")
+    assert info.value.key == "httpReadToken" and "same" not in str(info.value)  # no secret in the message
+    assert settings(httpReadToken="r", httpAuthToken="a").http_read_token == "r"
+
+
+def test_allowed_hosts_are_a_list_of_names() -> None:
+    assert settings(httpAllowedHosts=" A.example , 10.0.0.5:8642,[::1]").allowed_hosts == (
+        "a.example", "10.0.0.5:8642", "[::1]")
+    assert settings().allowed_hosts == ()
+    with pytest.raises(ConfigError) as info:
+        settings(httpAllowedHosts="good.example,http://bad/")
+    assert info.value.key == "httpAllowedHosts" and "http://bad/" in str(info.value)
+
+
+def test_strategy_plugins_are_a_list_of_references() -> None:
+    assert settings(compactionStrategyPlugins="a.b:C, d.E").strategy_plugins == ("a.b:C", "d.E")
+    assert settings().strategy_plugins == ()
+    with pytest.raises(ConfigError) as info:
+        settings(compactionStrategyPlugins="a.b:C,event-time")
+    assert info.value.key == "compactionStrategyPlugins" and "'event-time'" in str(info.value)
+
+
 def test_file_prefix_is_literal_for_a_key_that_is_not_a_secret() -> None:
     assert settings(kafkaSaslUsername="file:/etc/user").kafka_sasl_username == "file:/etc/user"
 

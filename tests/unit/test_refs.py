@@ -54,3 +54,13 @@ def test_old_class_names_in_broker_conf_resolve_to_the_moved_classes(
     (strategy_warning,) = _warnings(caplog)
     assert old_strategy in strategy_warning and new_strategy in strategy_warning
     assert "compactionStrategy" in strategy_warning
+
+
+def test_a_plugin_module_that_exits_on_import_is_a_plugin_load_error_not_an_exit() -> None:
+    from compactord.errors import PluginLoadError
+    from compactord.refs import resolve_ref
+
+    with pytest.raises(PluginLoadError) as raised:
+        resolve_ref("compactionStrategyPlugins", "tests.support.plugins.exits:Anything")
+    assert raised.value.key == "compactionStrategyPlugins"
+    assert "SystemExit" in str(raised.value) and "tests.support.plugins.exits" in str(raised.value)

@@ -32,9 +32,10 @@ def router(daemon: Daemon) -> APIRouter:
     def put_policies(topic: str, body: dict[str, Any] = Body(..., examples=[{"thresholdBytes": 1048576}])
                      ) -> dict[str, Any]:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
-        minDirtyRatio, strategy; null or absent = the broker-wide setting)."""
+        minDirtyRatio, strategy; null or absent = the broker-wide setting). ``strategy`` is a built-in
+        name, compactionStrategy or one of compactionStrategyPlugins (422 otherwise: nothing is imported)."""
         validate_topic_name(topic)
-        daemon.set_policies(topic, TopicPolicies.from_json(body))
+        daemon.set_policies(topic, TopicPolicies.from_json(body, daemon.policies.allowed_strategies))
         return answer(topic)
 
     @api.delete("/v1/topics/{topic}/policies", tags=["policies"])

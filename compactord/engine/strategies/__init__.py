@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from compactord.engine.strategies.event_time import EventTimeOrder, reduce_event_time
 from compactord.engine.strategies.first_value import FirstValue, reduce_first_value
@@ -25,6 +26,9 @@ from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import Entry, StrategySettings
 from compactord.refs import resolve_ref
 
+if TYPE_CHECKING:
+    from compactord.config import Settings
+
 __all__ = [
     "BUILTIN_STRATEGIES",
     "EventTimeOrder",
@@ -32,9 +36,11 @@ __all__ = [
     "PublishingOrder",
     "ResolvedStrategy",
     "StrategyPlan",
+    "allowed_strategies",
     "event_time_extractor",
     "fold",
     "load_strategy",
+    "load_strategy_plugins",
     "parse_event_time_header",
     "plan_for",
     "reducer_for",
@@ -71,8 +77,25 @@ def load_strategy(value: str, key: str = "compactionStrategy") -> CompactionStra
         raise PluginLoadError(key, value, "the class must subclass compactord.interfaces.CompactionStrategy")
     try:
         return cls()
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise PluginLoadError(key, value, f"the class cannot be instantiated without arguments ({exc})") from exc
+
+
+def allowed_strategies(settings: Settings) -> tuple[str, ...]:
+    """What a topic's policies may choose (over HTTP): the built-in names, ``compactionStrategy`` and the
+    ``compactionStrategyPlugins`` references, each spelled exactly so; choosing one imports nothing new."""
+    return tuple(dict.fromkeys([*BUILTIN_STRATEGIES, settings.compaction_strategy, *settings.strategy_plugins]))
+
+
+def load_strategy_plugins(settings: Settings) -> None:
+    """Load and check every ``compactionStrategyPlugins`` reference (at start-up, once).
+
+    :raises PluginLoadError: a reference that names no ``CompactionStrategy`` subclass.
+    """
+    for ref in settings.strategy_plugins:
+        load_strategy(ref, key="compactionStrategyPlugins")
 
 
 def strategy_name(strategy: CompactionStrategy, configured: str) -> str:

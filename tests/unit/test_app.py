@@ -1,0 +1,53 @@
+"""The API app: no request handler can end the process."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from compactord.api.app import create_app, handler_cannot_exit
+from compactord.config import Settings
+
+
+def test_a_handler_that_raises_system_exit_raises_an_exception_instead() -> None:
+    def route(topic: str, limit: int = 3) -> dict[str, Any]:
+        raise SystemExit(3)
+
+    guarded = handler_cannot_exit(route)
+    assert inspect.signature(guarded) == inspect.signature(route)  # FastAPI reads the parameters from it
+    with pytest.raises(Exception) as raised:
+        guarded("t")
+    assert isinstance(raised.value.__cause__, SystemExit)
+
+
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, GeneratorExit, ValueError])
+def test_other_exceptions_pass_unchanged(kind: type[BaseException]) -> None:
+    def route() -> None:
+        raise kind()
+
+    with pytest.raises(kind):
+        handler_cannot_exit(route)()
+
+
+class _ExitingRegistry:
+    def tasks(self) -> list[Any]:
+        raise SystemExit(3)
+
+
+def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
+    # The daemon is a stand-in whose registry raises SystemExit (no I/O of its own is involved).
+    app = create_app(SimpleNamespace(settings=Settings(), registry=_ExitingRegistry()))  # type: ignore[arg-type]
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.get("/v1/tasks")
+
+    response = asyncio.run(get())
+    assert response.status_code == 500, response.text
+    assert response.json()["error"] == "internal_error" and "SystemExit" in response.json()["message"]

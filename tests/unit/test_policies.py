@@ -1,0 +1,54 @@
+"""A topic's policies: the strategy a request may choose is checked by name, never imported."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from compactord.config import Settings
+from compactord.daemon.policies import TopicPolicies
+from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
+from compactord.errors import InvalidArgument, PluginLoadError
+
+LISTED = "tests.support.plugins.listed:ListedOrder"
+UNLISTED = "tests.support.plugins.unlisted:UnlistedOrder"
+
+
+def test_allowed_strategies_are_the_built_ins_the_configured_one_and_the_plugins() -> None:
+    settings = Settings(compaction_strategy="my.module:Mine", compaction_strategy_plugins=LISTED)
+    assert allowed_strategies(settings) == ("publishing-order", "event-time", "first-value", "my.module:Mine",
+                                            LISTED)
+    assert allowed_strategies(Settings()) == ("publishing-order", "event-time", "first-value")
+
+
+@pytest.mark.parametrize("strategy", [UNLISTED, "unittest.__main__:X", "compactord.__main__:main", "os:system"])
+def test_a_strategy_that_is_not_allowed_is_refused_and_not_imported(strategy: str) -> None:
+    module = strategy.partition(":")[0]
+    was_imported = module in sys.modules
+    with pytest.raises(InvalidArgument) as raised:
+        TopicPolicies.from_json({"strategy": strategy}, allowed_strategies(Settings()))
+    message = str(raised.value)
+    assert repr(strategy) in message and "publishing-order, event-time, first-value" in message
+    assert "compactionStrategyPlugins" in message
+    assert (module in sys.modules) == was_imported
+
+
+def test_an_allowed_strategy_is_taken_by_its_exact_reference() -> None:
+    allowed = allowed_strategies(Settings(compaction_strategy_plugins=LISTED))
+    assert TopicPolicies.from_json({"strategy": LISTED}, allowed).strategy == LISTED
+    assert TopicPolicies.from_json({"strategy": "event-time"}, allowed).strategy == "event-time"
+    with pytest.raises(InvalidArgument):  # the same class, spelled otherwise
+        TopicPolicies.from_json({"strategy": LISTED.replace(":", ".")}, allowed)
+    with pytest.raises(InvalidArgument):
+        TopicPolicies.from_json({"strategy": 3}, allowed)
+
+
+def test_plugins_are_loaded_at_start_up_and_a_bad_one_names_the_key() -> None:
+    load_strategy_plugins(Settings(compaction_strategy_plugins=LISTED))
+    for bad, why in [("tests.support.plugins.exits:X", "SystemExit"),
+                     ("tests.support.plugins:mark_import", "must subclass")]:
+        with pytest.raises(PluginLoadError) as raised:
+            load_strategy_plugins(Settings(compaction_strategy_plugins=f"{LISTED},{bad}"))
+        assert raised.value.key == "compactionStrategyPlugins" and raised.value.value == bad
+        assert why in str(raised.value)
