@@ -32,7 +32,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRootLocked                ledger_root_locked           409
     +-- LedgerRootUnwritable            ledger_root_unwritable       503
     +-- AuthenticationRequired          unauthorized                 401
-    +-- PermissionDenied                forbidden                    403
+    +-- PermissionDenied                permission_denied            403
     +-- HostNotAllowed                  host_not_allowed             400
     +-- UnsupportedMediaType            unsupported_media_type       415
     +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
@@ -249,7 +249,7 @@ class AuthenticationRequired(CompactordError):
 
 
 class PermissionDenied(CompactordError):
-    code = "forbidden"
+    code = "permission_denied"
     status = 403
 
 

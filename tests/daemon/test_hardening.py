@@ -172,7 +172,7 @@ def test_the_read_token_reads(daemon: DaemonProcess) -> None:
 def test_the_read_token_is_refused_elsewhere_with_403_naming_the_admin_token(daemon: DaemonProcess) -> None:
     with daemon.client(token=READ_TOKEN) as reader:
         for method, path in ADMIN_ONLY:
-            body = assert_error(reader.request(method, path, json={}), 403, "forbidden")
+            body = assert_error(reader.request(method, path, json={}), 403, "permission_denied")
             assert "httpAuthToken" in body["message"], body
     assert not (daemon.root / "hardening-read").exists()  # nothing the read token asked was done
     with daemon.client() as admin:  # the admin token may
