@@ -7,7 +7,7 @@ In this order, each refusal answered with the API's JSON error body:
    are exempt: probes and scrapers come with pod addresses. 400 ``host_not_allowed``.
 2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
    everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
-   token, 403 ``forbidden`` with another one (saying which token the endpoint needs).
+   token, 403 ``permission_denied`` with another one (saying which token the endpoint needs).
 3. **Content type** (cross-site requests): a state-changing request without ``Authorization`` must say
    ``Content-Type: application/json``, which a browser cannot send cross-site without a preflight. 415
    ``unsupported_media_type``.
