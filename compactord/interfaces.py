@@ -135,7 +135,7 @@ class TopicCompactionService(ABC):
 
     @abstractmethod
     def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
-                            ledger_id: int | None = None) -> CompactedPage:
+                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedPage:
         """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset
         order, with the manifest of the one ledger they were read from: the current one, or the pinned
         ``ledger_id`` while it is current or in its grace period after a switch (``LedgerRetired``
@@ -145,9 +145,12 @@ class TopicCompactionService(ABC):
         are returned only with ``include_markers`` (the compacted reader needs them to apply the
         strategy); the read API for applications never asks for them.
 
+        ``max_bytes`` bounds the page's memory: it holds entries until their ``Entry.raw_bytes`` would
+        pass it (always at least one entry), and ``truncated`` says that it stopped there.
+
         :raises NotCompacted: the topic has no ledger.
         :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
-        :raises InvalidArgument: ``n`` < 1, or a negative partition or offset.
+        :raises InvalidArgument: ``n`` < 1, ``max_bytes`` < 1, or a negative partition or offset.
         """
 
     @abstractmethod

@@ -25,6 +25,7 @@ _PIN = Query(None, ge=0, le=2**63 - 1, description="read this ledger (410 ledger
 
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
+    max_bytes = daemon.settings.http_read_max_bytes
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
     def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
@@ -48,14 +49,18 @@ def router(daemon: Daemon) -> APIRouter:
         ledger_id: int | None = _PIN,
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger (or the
-        pinned one). Entries below the partition's log start (retention) are not readable."""
+        pinned one). Entries below the partition's log start (retention) are not readable. A page holds
+        at most ``limit`` entries and httpReadMaxBytes of keys, values and headers (at least one entry);
+        ``next_start`` is where the next page starts, null at the end."""
         start = max(start, daemon.monitor.log_starts(topic).get(partition, 0))
         page = _service_of(daemon, topic, partition, ledger_id).read_compacted_page(
-            Position(partition, start), limit, include_markers=include_markers, ledger_id=ledger_id)
+            Position(partition, start), limit, include_markers=include_markers, ledger_id=ledger_id,
+            max_bytes=max_bytes)
         manifest, entries = page.ledger, page.entries
         _check_partition(manifest.horizon, partition)
         _check_log(daemon, topic, manifest)
-        more = len(entries) == limit and entries[-1].offset < manifest.horizon[partition]
+        more = (len(entries) == limit or page.truncated) and bool(entries) \
+            and entries[-1].offset < manifest.horizon[partition]
         return page_json(topic, manifest, entries, encoding, include_markers,
                          next_start=entries[-1].offset + 1 if more else None)
 
