@@ -215,6 +215,18 @@ class CompactionServiceFactory(ABC):
         :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
         """
 
+    def existing_topic_compaction_service(self, topic: str) -> TopicCompactionService | None:
+        """The service of ``topic`` if the factory holds anything of it (a ledger, a task, a service
+        made before), else None; creates and keeps nothing for a name it has never seen. The API's reads
+        use it, so that reads of names that do not exist leave no state behind.
+
+        The default calls ``new_topic_compaction_service`` (a factory that does not override it keeps a
+        service for every name read).
+
+        :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
+        """
+        return self.new_topic_compaction_service(topic)
+
     @abstractmethod
     def set_topic_strategy(self, topic: str, ref: str | None) -> None:
         """Use the strategy ``ref`` (a built-in name or ``module:Class``) for ``topic`` from its next

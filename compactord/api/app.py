@@ -1,7 +1,7 @@
 """The HTTP API (FastAPI). JSON everywhere; every error is ``{"error": code, "message": text}``.
 
-This module builds the app: the error handlers, the bearer-token middleware (``auth.py``) and one
-router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
+This module builds the app: the error handlers, the bearer-token middleware (``auth.py``), the bounds
+on requests (``limits.py``) and one router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
 functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
 blocks the event loop.
 """
@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import BearerTokenMiddleware
+from compactord.api.limits import RequestLimitsMiddleware
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
@@ -40,9 +41,14 @@ def create_app(daemon: Daemon) -> FastAPI:
         openapi_url=None,
     )
     _add_error_handlers(app, daemon)
-    token = daemon.settings.http_auth_token.encode()
+    settings = daemon.settings
+    token = settings.http_auth_token.encode()
     if token:
         app.add_middleware(BearerTokenMiddleware, token=token)
+    # Added last, so outermost: a flood of requests is bounded before anything else looks at them.
+    app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
+                       max_body_bytes=settings.http_max_request_bytes,
+                       body_timeout_s=settings.http_request_body_timeout_seconds)
     routers = [module.router(daemon) for module in (health, compaction, reads, hooks, topics)]
     for router in routers:
         app.include_router(router)

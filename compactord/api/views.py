@@ -93,7 +93,8 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     last = daemon.registry.last(topic)
     if last is not None:
         return task_status(last)
-    manifest = daemon.registry.service(topic).ledger_info()
+    service = daemon.registry.existing_service(topic)
+    manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
             "full_rebuild": False, "recreated": False, "warnings": []}
     if manifest is None:
@@ -130,7 +131,8 @@ def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:
         return {"broker": None, "warnings": []}
     warnings = known.warnings(daemon.strategy_name(topic))
     try:
-        manifest = daemon.registry.service(topic).ledger_info()
+        service = daemon.registry.existing_service(topic)
+        manifest = None if service is None else service.ledger_info()
     except CompactordError:
         manifest = None
     recreated = known.new_log(manifest) if manifest is not None else None

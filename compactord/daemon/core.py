@@ -176,6 +176,15 @@ class Daemon:
         """:raises TopicNotFound: the broker lacks it. :raises BrokerUnavailable: the broker is down."""
         self.admin.partitions(topic)
 
+    def require_known_topic(self, topic: str) -> None:
+        """Before a request stores something of ``topic``: it has state here already (a ledger, a task),
+        or the broker has it; no folder is made for a name that exists nowhere.
+
+        :raises TopicNotFound: neither. :raises BrokerUnavailable: the broker is down (and it has no state).
+        """
+        if self.registry.existing_service(topic) is None and self.registry.live(topic) is None:
+            self.require_topic(topic)
+
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
         outcome = self.registry.stop_topic(topic, timeout * 0.8)
@@ -193,14 +202,18 @@ class Daemon:
         return False, task
 
     def _delete_now(self, topic: str) -> None:
-        service = self.registry.service(topic)
+        service = self.registry.existing_service(topic)
         try:
-            service.delete()
+            if service is not None:
+                service.delete()
         except CompactionAlreadyRunning:
             log.warning("topic %s: a new compaction started while it was being deleted", topic)
             return
         self.store.delete_topic(topic)  # policies and marks too, even for a topic never compacted
+        # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
+        self.factory.set_topic_strategy(topic, None)
         self.registry.forget(topic)
+        self.monitor.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)
         log.info("topic %s deleted: ledgers, horizon and policies removed", topic)

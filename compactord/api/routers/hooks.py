@@ -26,6 +26,7 @@ def router(daemon: Daemon) -> APIRouter:
     def unload(topic: str) -> JSONResponse:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
         daemon.policies.set_unloaded(topic, True)
         # 0.8, as DELETE /v1/topics/{topic} does: the answer itself must also fit in the timeout.
         outcome = daemon.registry.stop_topic(topic, cancel_timeout * 0.8)

@@ -31,8 +31,7 @@ def router(daemon: Daemon) -> APIRouter:
     def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
         """The compaction horizon: per partition, the last offset the ledger covers, and the rules it
         was written under (strategy, event-time source, empty-value and null-key rules)."""
-        validate_topic_name(topic)
-        manifest = daemon.registry.service(topic).ledger_info(ledger_id)
+        manifest = _service(daemon, topic).ledger_info(ledger_id)
         if manifest is None:
             raise NotCompacted(topic)
         _check_log(daemon, topic, manifest)
@@ -83,12 +82,19 @@ def router(daemon: Daemon) -> APIRouter:
 def _service_of(daemon: Daemon, topic: str, partition: int, ledger_id: int | None) -> TopicCompactionService:
     """The topic's service, after a cheap check that the partition exists in its current (or pinned)
     ledger (the page's own ledger is checked again: a switch may come in between)."""
-    validate_topic_name(topic)
-    service = daemon.registry.service(topic)
+    service = _service(daemon, topic)
     manifest = service.ledger_info(ledger_id)
     if manifest is None:
         raise NotCompacted(topic)
     _check_partition(manifest.horizon, partition)
+    return service
+
+
+def _service(daemon: Daemon, topic: str) -> TopicCompactionService:
+    """:raises NotCompacted: the topic has no state at all (nothing is kept for its name)."""
+    service = daemon.registry.existing_service(topic)
+    if service is None:
+        raise NotCompacted(topic)
     return service
 
 

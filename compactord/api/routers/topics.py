@@ -34,7 +34,9 @@ def router(daemon: Daemon) -> APIRouter:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
         minDirtyRatio, strategy; null or absent = the broker-wide setting)."""
         validate_topic_name(topic)
-        daemon.set_policies(topic, TopicPolicies.from_json(body))
+        policies = TopicPolicies.from_json(body)
+        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.set_policies(topic, policies)
         return answer(topic)
 
     @api.delete("/v1/topics/{topic}/policies", tags=["policies"])
