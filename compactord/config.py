@@ -249,7 +249,7 @@ class Settings:
         "http", "Time to receive a request's body; a slower one is answered 408 request_timeout.")
     http_max_connections: int = _key("httpMaxConnections", _int_range(1, 100000), "200", "http",
         "Requests served at once (the probes and /metrics not counted); more are answered 503 server_busy. "
-        "Open connections are capped at twice this.")
+        "Open connections are capped at twice this plus 50.")
     http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", _int_range(1, 3600), "5", "http",
         "A connection that sends no request (a first one, or the next one on a kept-alive connection) "
         "for this long is closed.")

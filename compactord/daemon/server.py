@@ -28,6 +28,8 @@ EXIT_CONFIG = 2
 # In-flight requests get the time to finish after SIGTERM, well within systemd's TimeoutStopSec=120
 # (deploy/systemd/compactord.service), which must also cover the cancel of tasks and Spark's stop.
 GRACEFUL_SHUTDOWN_S = 10
+# Connections beyond twice httpMaxConnections: room for probes, scrapers and idle kept-alive clients.
+SPARE_CONNECTIONS = 50
 
 
 class _H11Protocol(H11Protocol):
@@ -53,8 +55,8 @@ def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
         create_app(daemon), host=host, port=port, log_level="warning", access_log=False, lifespan="off",
         http=_H11Protocol,
         # The API answers 503 server_busy (JSON) past httpMaxConnections requests in flight; uvicorn's own
-        # bound (a plain-text 503) counts connections, idle ones too, so it is set above it.
-        limit_concurrency=2 * settings.http_max_connections,
+        # bound (a plain-text 503) counts connections, idle ones and the probes' too, so it is set above it.
+        limit_concurrency=2 * settings.http_max_connections + SPARE_CONNECTIONS,
         timeout_keep_alive=settings.http_idle_timeout_seconds,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ssl_certfile=settings.http_tls_cert_file or None, ssl_keyfile=settings.http_tls_key_file or None,
