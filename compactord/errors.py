@@ -117,7 +117,8 @@ class PoliciesUnreadable(CompactordError):
 
 
 class NotReady(CompactordError):
-    """The daemon is starting or its broker or Spark session is down."""
+    """``/readyz``: ledger reads cannot be served (the ledger root is unreadable, or the daemon is going
+    down). A broker or Spark session that is down only degrades readiness (compactions cannot run)."""
 
     code = "not_ready"
     status = 503

@@ -3,7 +3,8 @@
 This module builds the app: the error handlers, the bearer-token middleware (``auth.py``), the bounds
 on requests (``limits.py``) and one router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
 functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
-blocks the event loop.
+blocks the event loop. The probes are ``async def`` on the event loop, out of that pool; the routes
+that call the broker take one of ``BROKER_SLOTS`` first (``limits.broker_slots``).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import BearerTokenMiddleware
-from compactord.api.limits import RequestLimitsMiddleware
+from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
@@ -49,7 +50,9 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
                        max_body_bytes=settings.http_max_request_bytes,
                        body_timeout_s=settings.http_request_body_timeout_seconds)
-    routers = [module.router(daemon) for module in (health, compaction, reads, hooks, topics)]
+    broker_slot = Depends(broker_slots(BROKER_SLOTS, settings.kafka_request_timeout_ms / 1000, daemon.broker_problem))
+    routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
+               hooks.router(daemon, broker_slot), topics.router(daemon, broker_slot)]
     for router in routers:
         app.include_router(router)
     app.include_router(hooks.catch_all_router(routers))  # last: it matches every path

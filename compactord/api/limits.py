@@ -1,5 +1,5 @@
-"""Bounds on what one client can make the HTTP server hold: requests in flight, the size of a request's
-body and the time to receive it. Each refusal is the API's JSON error (``{"error", "message"}``), not
+"""Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
+body and the time to receive it, and the requests that wait on the broker. Each refusal is the API's JSON error (``{"error", "message"}``), not
 uvicorn's plain text.
 
 An ASGI middleware, outside FastAPI's routing: it runs on the event loop, before any thread of the pool
@@ -8,15 +8,15 @@ is taken, and counts every request, also those that end in an error.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
 
 from compactord.api.views import error_response
-from compactord.errors import CompactordError, RequestTimeout, RequestTooLarge, ServerBusy
+from compactord.errors import BrokerUnavailable, CompactordError, RequestTimeout, RequestTooLarge, ServerBusy
 
-__all__ = ["PROBE_PATHS", "RequestLimitsMiddleware"]
+__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "RequestLimitsMiddleware", "broker_slots"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -25,6 +25,9 @@ ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 # Not counted against httpMaxConnections: a probe or a scrape must get its answer when the API is busy.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Requests that call the broker at once (GET /v1/topics, a trigger, ...): a hung broker holds this many
+# threads of the pool (40 by default), leaving the rest to ledger reads.
+BROKER_SLOTS = 16
 
 
 class RequestLimitsMiddleware:
@@ -126,3 +129,33 @@ async def _refuse(scope: MutableMapping[str, Any], receive: Receive, send: Send,
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
     await response(scope, receive, send)
+
+
+def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | None]
+                 ) -> Callable[[], AsyncIterator[None]]:
+    """A FastAPI dependency for the routes that call the broker: at most ``size`` of them at once, so that
+    a hung broker holds ``size`` threads of the pool and no more. It runs on the event loop, before the
+    route takes a thread: a request that finds the broker known to be down, or no slot free within
+    ``wait_s``, is answered 503 broker_unavailable at once."""
+    slots: anyio.Semaphore | None = None  # made on the event loop, at the first request
+
+    async def broker_slot() -> AsyncIterator[None]:
+        nonlocal slots
+        problem = broker_problem()
+        if problem:
+            raise BrokerUnavailable(problem)
+        if slots is None:
+            slots = anyio.Semaphore(size)
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await slots.acquire()
+            acquired = True
+        if not acquired:
+            raise BrokerUnavailable(
+                f"{size} requests to the broker are under way already and none ended within {wait_s:g}s")
+        try:
+            yield
+        finally:
+            slots.release()
+
+    return broker_slot
