@@ -1,9 +1,9 @@
 """The HTTP API (FastAPI). JSON everywhere; every error is ``{"error": code, "message": text}``.
 
 This module builds the app: the error handlers, the bearer-token middleware (``auth.py``), the bounds
-on requests (``limits.py``) and one router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
-functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
-blocks the event loop. The probes are ``async def`` on the event loop, out of that pool; the routes
+on requests (``limits.py``) and one router per resource (``routers/``); ``views.py`` builds the JSON.
+Routes are plain ``def`` functions: FastAPI runs them in its thread pool, so a slow broker or a cancel
+that waits never blocks the event loop. The probes are ``async def`` on the event loop, out of that pool; the routes
 that call the broker take one of ``BROKER_SLOTS`` first (``limits.broker_slots``).
 """
 
@@ -50,7 +50,8 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
                        max_body_bytes=settings.http_max_request_bytes,
                        body_timeout_s=settings.http_request_body_timeout_seconds)
-    broker_slot = Depends(broker_slots(BROKER_SLOTS, settings.kafka_request_timeout_ms / 1000, daemon.broker_problem))
+    broker_wait_s = settings.kafka_request_timeout_ms / 1000
+    broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
                hooks.router(daemon, broker_slot), topics.router(daemon, broker_slot)]
     for router in routers:

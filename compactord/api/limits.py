@@ -1,9 +1,10 @@
 """Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
-body and the time to receive it, and the requests that wait on the broker. Each refusal is the API's JSON error (``{"error", "message"}``), not
-uvicorn's plain text.
+body and the time to receive it (``RequestLimitsMiddleware``), and the requests that wait on the broker
+(``broker_slots``). Each refusal is the API's JSON error (``{"error", "message"}``), not uvicorn's
+plain text.
 
-An ASGI middleware, outside FastAPI's routing: it runs on the event loop, before any thread of the pool
-is taken, and counts every request, also those that end in an error.
+The middleware is ASGI, outside FastAPI's routing: it runs on the event loop, before any thread of the
+pool is taken, and counts every request, also those that end in an error.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ def test_reads_of_unknown_topics_leave_nothing_behind(daemon: DaemonProcess) -> 
     folders = set(daemon.root.iterdir())
     names = [f"nope-{uuid.uuid4().hex}" for _ in range(50)]
     for name in names:
-        for path, params in [(f"/v1/topics/{name}/horizon", {}), (f"/v1/topics/{name}/compacted", {"partition": 0}),
+        for path, params in [(f"/v1/topics/{name}/horizon", {}),
+                             (f"/v1/topics/{name}/compacted", {"partition": 0}),
                              (f"/v1/topics/{name}/compacted/last", {"partition": 0})]:
             assert_error(daemon.http.get(path, params=params), 404, "not_compacted")
         assert daemon.http.get(f"/v1/topics/{name}/compaction").json()["status"] == "NOT_RUN"

@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -92,7 +91,7 @@ def readyz(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
 
 
 def test_probes_answer_while_the_broker_hangs(own_broker: EmbeddedBroker, daemon: DaemonProcess,
-                                              compacted: str, tmp_path: Path) -> None:
+                                              compacted: str) -> None:
     assert readyz(daemon) == (200, {"status": "ready", "compactions": True, "reads": True, "problems": []})
     answers: list[Any] = []
 
@@ -127,8 +126,7 @@ def test_probes_answer_while_the_broker_hangs(own_broker: EmbeddedBroker, daemon
     assert len(answers) == CONCURRENT
     refusals = [a for a in answers if a != "client timeout"]
     assert refusals, answers
-    assert all(status_code == 503 and body["error"] == "broker_unavailable" for status_code, body in refusals), \
-        refusals
+    assert all(code == 503 and body["error"] == "broker_unavailable" for code, body in refusals), refusals
     # The broker is back: so are compactions.
     wait_for(lambda: readyz(daemon) == (200, {"status": "ready", "compactions": True, "reads": True,
                                               "problems": []}), 120, "/readyz to say ready again", daemon)

@@ -11,7 +11,6 @@ import pytest
 from compactord.config import Settings
 from compactord.engine.factory import SparkCompactionServiceFactory
 from compactord.interfaces import ServiceContext
-from compactord.ledger import LedgerStore
 
 
 @pytest.fixture

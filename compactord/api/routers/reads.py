@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from compactord.api.views import entry_json, horizon_json, page_json
 from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted, TopicRecreated
-from compactord.model import LedgerManifest, Position, validate_topic_name
+from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
