@@ -279,6 +279,19 @@ class Settings:
         "Certificate (PEM): HTTPS when set with the key.")
     http_tls_key_file: str = _key("httpTlsKeyFile", _str, "", "http",
         "Private key (PEM) of the HTTPS certificate.")
+    http_read_max_bytes: int = _key("httpReadMaxBytes", _int_range(1), "8388608", "http",
+        "Most bytes of keys, values and headers in one page of GET .../compacted (before base64); a page "
+        "always holds one entry, and says next_start when it stopped early.")
+    http_max_request_bytes: int = _key("httpMaxRequestBytes", _int_range(1), "1048576", "http",
+        "Largest request body accepted; a larger one is answered 413 request_too_large.")
+    http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", _int_range(1, 3600), "30",
+        "http", "Time to receive a request's body; a slower one is answered 408 request_timeout.")
+    http_max_connections: int = _key("httpMaxConnections", _int_range(1, 100000), "200", "http",
+        "Requests served at once (the probes and /metrics not counted); more are answered 503 server_busy. "
+        "Open connections are capped at twice this plus 50.")
+    http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", _int_range(1, 3600), "5", "http",
+        "A connection that sends no request (a first one, or the next one on a kept-alive connection) "
+        "for this long is closed.")
     # Logging
     log_format: str = _key("logFormat", _choice("text", "json"), "text", "logging",
         "text or json (one object a line).")

@@ -15,6 +15,9 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- NoTaskRunning (LookupError)     no_task_running              404
     +-- PoliciesUnreadable              policies_unreadable          500
     +-- NotReady                        not_ready                    503
+    +-- ServerBusy                      server_busy                  503
+    +-- RequestTooLarge                 request_too_large            413
+    +-- RequestTimeout (TimeoutError)   request_timeout              408
     +-- Unhealthy                       unhealthy                    503
     +-- BrokerUnavailable (ConnectionError)
     |                                   broker_unavailable           503
@@ -117,10 +120,32 @@ class PoliciesUnreadable(CompactordError):
 
 
 class NotReady(CompactordError):
-    """The daemon is starting or its broker or Spark session is down."""
+    """``/readyz``: ledger reads cannot be served (the ledger root is unreadable, or the daemon is going
+    down). A broker or Spark session that is down only degrades readiness (compactions cannot run)."""
 
     code = "not_ready"
     status = 503
+
+
+class ServerBusy(CompactordError):
+    """The HTTP API serves httpMaxConnections requests at once already: retry later."""
+
+    code = "server_busy"
+    status = 503
+
+
+class RequestTooLarge(CompactordError):
+    """A request's body is larger than httpMaxRequestBytes."""
+
+    code = "request_too_large"
+    status = 413
+
+
+class RequestTimeout(CompactordError, TimeoutError):
+    """A request's body did not arrive within httpRequestBodyTimeoutSeconds."""
+
+    code = "request_timeout"
+    status = 408
 
 
 class Unhealthy(CompactordError):

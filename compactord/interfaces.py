@@ -135,7 +135,7 @@ class TopicCompactionService(ABC):
 
     @abstractmethod
     def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
-                            ledger_id: int | None = None) -> CompactedPage:
+                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedPage:
         """Up to ``n`` live entries of ``start.partition`` with offset >= ``start.offset``, in offset
         order, with the manifest of the one ledger they were read from: the current one, or the pinned
         ``ledger_id`` while it is current or in its grace period after a switch (``LedgerRetired``
@@ -145,9 +145,12 @@ class TopicCompactionService(ABC):
         are returned only with ``include_markers`` (the compacted reader needs them to apply the
         strategy); the read API for applications never asks for them.
 
+        ``max_bytes`` bounds the page's memory: it holds entries until their ``Entry.raw_bytes`` would
+        pass it (always at least one entry), and ``truncated`` says that it stopped there.
+
         :raises NotCompacted: the topic has no ledger.
         :raises LedgerCorrupt: the current ledger's files are missing or fail their checksum.
-        :raises InvalidArgument: ``n`` < 1, or a negative partition or offset.
+        :raises InvalidArgument: ``n`` < 1, ``max_bytes`` < 1, or a negative partition or offset.
         """
 
     @abstractmethod
@@ -211,6 +214,18 @@ class CompactionServiceFactory(ABC):
 
         :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
         """
+
+    def existing_topic_compaction_service(self, topic: str) -> TopicCompactionService | None:
+        """The service of ``topic`` if the factory holds anything of it (a ledger, a task, a service
+        made before), else None; creates and keeps nothing for a name it has never seen. The API's reads
+        use it, so that reads of names that do not exist leave no state behind.
+
+        The default calls ``new_topic_compaction_service`` (a factory that does not override it keeps a
+        service for every name read).
+
+        :raises InvalidTopicName: ``topic`` breaks Kafka's naming rule.
+        """
+        return self.new_topic_compaction_service(topic)
 
     @abstractmethod
     def set_topic_strategy(self, topic: str, ref: str | None) -> None:

@@ -143,6 +143,12 @@ class Entry:
     marker_at: int | None = None
 
     @property
+    def raw_bytes(self) -> int:
+        """The bytes of its key, value and header keys and values, as stored (before any encoding)."""
+        return (len(self.key or b"") + len(self.value or b"")
+                + sum(len(k.encode()) + len(v or b"") for k, v in self.headers))
+
+    @property
     def is_tombstone(self) -> bool:
         """Kafka's rule: a keyed record with a null value deletes its key; an empty value is a value, and
         a null-key record never deletes. (Pulsar's rule, ``compactionEmptyValueIsTombstone``, is applied
@@ -276,3 +282,4 @@ class CompactedPage:
 
     ledger: LedgerManifest
     entries: list[Entry]
+    truncated: bool = False  # a byte budget ended the page before ``n`` entries: more may follow

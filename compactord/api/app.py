@@ -1,10 +1,11 @@
 """The HTTP API (FastAPI). JSON everywhere; every error is ``{"error": code, "message": text}``.
 
 This module builds the app: the error handlers, the middleware that checks the Host, the tokens and
-the content type (``auth.py``) and one
-router per resource (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def``
-functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
-blocks the event loop.
+the content type (``auth.py``), the bounds on requests (``limits.py``) and one router per resource
+(``routers/``); ``views.py`` builds the JSON. Routes are plain ``def`` functions: FastAPI runs them in
+its thread pool, so a slow broker or a cancel that waits never blocks the event loop. The probes are
+``async def`` on the event loop, out of that pool; the routes that call the broker take one of
+``BROKER_SLOTS`` first (``limits.broker_slots``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -23,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import ApiGuard
+from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config import is_loopback
@@ -50,7 +52,14 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.add_middleware(ApiGuard, token=settings.http_auth_token.encode(),
                        read_token=settings.http_read_token.encode(),
                        loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
-    routers = [module.router(daemon) for module in (health, compaction, reads, hooks, topics)]
+    # Added last, so outermost: a flood of requests is bounded before anything else looks at them.
+    app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
+                       max_body_bytes=settings.http_max_request_bytes,
+                       body_timeout_s=settings.http_request_body_timeout_seconds)
+    broker_wait_s = settings.kafka_request_timeout_ms / 1000
+    broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
+    routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
+               hooks.router(daemon, broker_slot), topics.router(daemon, broker_slot)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
         app.include_router(router)

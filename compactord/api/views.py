@@ -16,7 +16,7 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
-    from compactord.daemon.core import Daemon
+    from compactord.daemon.core import Daemon, Readiness
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "page_json",
     "policies_json",
     "problem_response",
+    "readiness_json",
     "task_status",
     "tasks_json",
     "topic_status",
@@ -49,6 +50,14 @@ def problem_response(status: int, code: str, message: str, **extra: Any) -> JSON
 def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
     """The answer to a ``CompactordError``: its class's status and code, its message."""
     return problem_response(exc.status, exc.code, exc.message, **extra)
+
+
+# -- health -------------------------------------------------------------------------------------
+
+
+def readiness_json(readiness: Readiness) -> dict[str, Any]:
+    return {"status": readiness.status, "compactions": readiness.compactions, "reads": readiness.reads,
+            "problems": readiness.problems}
 
 
 # -- tasks and topics ---------------------------------------------------------------------------
@@ -93,7 +102,8 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     last = daemon.registry.last(topic)
     if last is not None:
         return task_status(last)
-    manifest = daemon.registry.service(topic).ledger_info()
+    service = daemon.registry.existing_service(topic)
+    manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
             "full_rebuild": False, "recreated": False, "warnings": []}
     if manifest is None:
@@ -130,7 +140,8 @@ def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:
         return {"broker": None, "warnings": []}
     warnings = known.warnings(daemon.strategy_name(topic))
     try:
-        manifest = daemon.registry.service(topic).ledger_info()
+        service = daemon.registry.existing_service(topic)
+        manifest = None if service is None else service.ledger_info()
     except CompactordError:
         manifest = None
     recreated = known.new_log(manifest) if manifest is not None else None

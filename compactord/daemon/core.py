@@ -2,8 +2,13 @@
 and the HTTP server.
 
 Start-up: lock the ledger root (a second daemon on the same root refuses to start), resolve the
-factory, serve HTTP at once (``/healthz`` answers, ``/readyz`` says 503 until ready), then start and
-warm the Spark session in the background. Ready = the broker answers and Spark is warm.
+factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with ``"reads": true`` and
+``"compactions": false``), then start and warm the Spark session in the background. Compactions can
+run once Spark is warm and the broker answers; reads need neither.
+
+The probes never wait on the broker: a thread of its own pings it, with a client of its own (the
+daemon's client serialises its calls, so a ping would queue behind a hung request), and a ping that
+has not come back within kafkaRequestTimeoutMs counts as a broker that does not answer.
 
 If the Spark JVM dies, the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
 cancellable tasks are cancelled, a switching task finishes, Spark stops, exit code 0.
@@ -12,8 +17,10 @@ cancellable tasks are cancelled, a switching task finishes, Spark stops, exit co
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from compactord.config import Settings
@@ -30,11 +37,25 @@ from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
 from compactord.task import CompactionTaskCtx
 
-__all__ = ["Daemon"]
+__all__ = ["Daemon", "Readiness"]
 
 log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
+BROKER_PING_EVERY_S = 5.0  # while it answers; every WATCH_EVERY_S while it does not
 EXIT_SPARK_DIED = 70
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What the daemon can serve now (``/readyz``): ledger reads, compactions, and why not."""
+
+    reads: bool
+    compactions: bool
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "ready" if self.compactions else "degraded"
 
 
 def load_factory(settings: Settings) -> CompactionServiceFactory:
@@ -63,13 +84,14 @@ class Daemon:
         self.store = _open_store(settings.compacted_ledger_root)
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
+        self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
             load_strategy_plugins(settings)
             self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
             self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store, broker=self.admin))
         except BaseException:
-            self.admin.close()
+            self._close_broker_clients()
             self.store.close()
             raise
         self.policies = PolicyStore(self.store, allowed_strategies(settings))
@@ -82,6 +104,10 @@ class Daemon:
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self._broker_ok = False
         self._broker_error = "the broker has not been asked yet"
+        self._broker_lost = False  # it answered once and then did not
+        self._ping_since: float | None = None  # monotonic start of the ping under way
+        self._ping_timeout_s = settings.kafka_request_timeout_ms / 1000
+        self._root_problem = self._check_root()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_success: dict[str, float] = {}
@@ -90,7 +116,8 @@ class Daemon:
     # -- start-up and watchdogs -----------------------------------------------------------------
 
     def start(self) -> None:
-        for name, target in (("spark-start", self._start_spark), ("watchdog", self._watch)):
+        for name, target in (("spark-start", self._start_spark), ("watchdog", self._watch),
+                             ("broker-probe", self._probe_broker)):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -105,29 +132,47 @@ class Daemon:
             if not self._stop.is_set():
                 self._die(f"the Spark session could not start: {exc}")
             return
-        self._check_broker()
         self.monitor.start()
         log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
 
     def _check_broker(self) -> None:
+        self._ping_since = time.monotonic()
         try:
-            self.admin.ping()
-            self._broker_ok, self._broker_error = True, ""
+            self._broker_probe.ping()
+            if self._broker_lost:
+                log.info("the broker answers again")
+            self._broker_ok, self._broker_error, self._broker_lost = True, "", False
         except CompactordError as exc:
             if self._broker_ok:
                 log.warning("broker unavailable: %s", exc)
+            self._broker_lost = self._broker_lost or self._broker_ok
             self._broker_ok, self._broker_error = False, exc.message
+        finally:
+            self._ping_since = None
+
+    def _probe_broker(self) -> None:
+        while not self._stop.is_set():
+            self._check_broker()
+            self._stop.wait(BROKER_PING_EVERY_S if self._broker_ok else WATCH_EVERY_S)
+
+    def broker_problem(self) -> str | None:
+        """Why the broker counts as unreachable now, or None; from memory only (the probe's last answer,
+        and how long the ping under way has taken)."""
+        since = self._ping_since
+        if since is not None and time.monotonic() - since > self._ping_timeout_s:
+            return f"the broker does not answer (no answer for {time.monotonic() - since:.0f}s)"
+        return None if self._broker_ok else f"the broker does not answer: {self._broker_error}"
+
+    def _check_root(self) -> str | None:
+        root = self.store.root
+        return None if root.is_dir() and os.access(root, os.R_OK | os.X_OK) else "the ledger root is not readable"
 
     def _watch(self) -> None:
-        last_broker_check = 0.0
         while not self._stop.wait(WATCH_EVERY_S):
             if self.spark.warmed and not self.spark.alive():
                 self._die("the Spark JVM died")
                 return
-            now = time.monotonic()
-            if now - last_broker_check > 10 or not self._broker_ok:
-                self._check_broker()
-                last_broker_check = now
+            self._root_problem = self._check_root()
             self._enforce_task_timeout()
             self.metrics.ready.set(0 if self.readiness_problems() else 1)
 
@@ -158,14 +203,30 @@ class Daemon:
         return self.fatal
 
     def readiness_problems(self) -> list[str]:
+        """Why compactions cannot run now (empty: they can)."""
         problems = []
         if self.fatal:
             problems.append(self.fatal)
+        if self._root_problem:
+            problems.append(self._root_problem)
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
-        if not self._broker_ok:
-            problems.append(f"the broker does not answer: {self._broker_error}")
+        broker = self.broker_problem()
+        if broker:
+            problems.append(broker)
         return problems
+
+    def readiness(self) -> Readiness:
+        """From memory only (the probes call it on the event loop). Reads need the ledger root, not the
+        broker nor Spark."""
+        problems = self.readiness_problems()
+        return Readiness(reads=not self.fatal and not self._root_problem, compactions=not problems,
+                         problems=problems)
+
+    def _close_broker_clients(self) -> None:
+        self.admin.close()
+        if self._broker_probe is not self.admin:
+            self._broker_probe.close()
 
     def shutdown(self) -> None:
         """Cancel what can be cancelled, let a switching task finish, stop Spark."""
@@ -176,7 +237,7 @@ class Daemon:
         try:
             self.factory.close()
         finally:
-            self.admin.close()
+            self._close_broker_clients()
             if self.fatal is None and self._owns_spark:
                 self.spark.stop()
             self.store.close()
@@ -186,6 +247,15 @@ class Daemon:
     def require_topic(self, topic: str) -> None:
         """:raises TopicNotFound: the broker lacks it. :raises BrokerUnavailable: the broker is down."""
         self.admin.partitions(topic)
+
+    def require_known_topic(self, topic: str) -> None:
+        """Before a request stores something of ``topic``: it has state here already (a ledger, a task),
+        or the broker has it; no folder is made for a name that exists nowhere.
+
+        :raises TopicNotFound: neither. :raises BrokerUnavailable: the broker is down (and it has no state).
+        """
+        if self.registry.existing_service(topic) is None and self.registry.live(topic) is None:
+            self.require_topic(topic)
 
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
@@ -204,14 +274,18 @@ class Daemon:
         return False, task
 
     def _delete_now(self, topic: str) -> None:
-        service = self.registry.service(topic)
+        service = self.registry.existing_service(topic)
         try:
-            service.delete()
+            if service is not None:
+                service.delete()
         except CompactionAlreadyRunning:
             log.warning("topic %s: a new compaction started while it was being deleted", topic)
             return
         self.store.delete_topic(topic)  # policies and marks too, even for a topic never compacted
+        # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
+        self.factory.set_topic_strategy(topic, None)
         self.registry.forget(topic)
+        self.monitor.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)
         log.info("topic %s deleted: ledgers, horizon and policies removed", topic)

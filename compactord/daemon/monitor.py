@@ -186,6 +186,13 @@ class BacklogMonitor:
         self._metrics.topic_broker_compacted.labels(topic).set(1 if configs.compacted_by_broker else 0)
         return known
 
+    def forget(self, topic: str) -> None:
+        """Drop what was seen of a deleted topic."""
+        self.topics.pop(topic, None)
+        self.backlogs.pop(topic, None)
+        self.missing.discard(topic)
+        self._configs_unknown_logged.discard(topic)
+
     def known(self, topic: str) -> BrokerTopic | None:
         return self.topics.get(topic)
 

@@ -64,6 +64,10 @@ class TaskRegistry:
     def service(self, topic: str) -> TopicCompactionService:
         return self._factory.new_topic_compaction_service(validate_topic_name(topic))
 
+    def existing_service(self, topic: str) -> TopicCompactionService | None:
+        """The topic's service if it has any state (a ledger, a task), else None; creates nothing."""
+        return self._factory.existing_topic_compaction_service(validate_topic_name(topic))
+
     # -- trigger and slots ----------------------------------------------------------------------
 
     def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0) -> CompactionTaskCtx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
@@ -35,6 +37,44 @@ def refuse_start(exc: CompactordError) -> int:
     return EXIT_IOERR if isinstance(exc, (LedgerRootUnwritable, InsufficientDiskSpace)) else EXIT_CONFIG
 
 
+# In-flight requests get the time to finish after SIGTERM, well within systemd's TimeoutStopSec=120
+# (deploy/systemd/compactord.service), which must also cover the cancel of tasks and Spark's stop.
+GRACEFUL_SHUTDOWN_S = 10
+# Connections beyond twice httpMaxConnections: room for probes, scrapers and idle kept-alive clients.
+SPARE_CONNECTIONS = 50
+
+
+class _H11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing also a connection that sends no (complete) first request within
+    httpIdleTimeoutSeconds: uvicorn starts its keep-alive timer only after a first response, so a
+    connection that never sends a request would be held forever."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.loop.call_later(self.timeout_keep_alive, self._no_request)
+
+    def _no_request(self) -> None:
+        if self.cycle is None:
+            self.timeout_keep_alive_handler()
+
+
+def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
+    """The one uvicorn configuration of the API (``serve`` and ``ThreadedServer``)."""
+    from compactord.api.app import create_app
+
+    settings = daemon.settings
+    return uvicorn.Config(
+        create_app(daemon), host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+        http=_H11Protocol,
+        # The API answers 503 server_busy (JSON) past httpMaxConnections requests in flight; uvicorn's own
+        # bound (a plain-text 503) counts connections, idle ones and the probes' too, so it is set above it.
+        limit_concurrency=2 * settings.http_max_connections + SPARE_CONNECTIONS,
+        timeout_keep_alive=settings.http_idle_timeout_seconds,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ssl_certfile=settings.http_tls_cert_file or None, ssl_keyfile=settings.http_tls_key_file or None,
+    )
+
+
 def _warnings(settings: Settings) -> None:
     # A non-loopback address without a token is refused by the config's rules (config._check_http).
     master = settings.spark_master
@@ -57,14 +97,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             daemon = Daemon(settings)
         except CompactordError as exc:
             return refuse_start(exc)
-        from compactord.api.app import create_app
-
-        config = uvicorn.Config(
-            create_app(daemon), host=settings.http_bind_address, port=settings.http_port, log_level="warning",
-            access_log=False, lifespan="off",
-            ssl_certfile=settings.http_tls_cert_file or None, ssl_keyfile=settings.http_tls_key_file or None,
-        )
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(daemon, settings.http_bind_address, settings.http_port))
         daemon.on_fatal = lambda: setattr(server, "should_exit", True)
         # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so
         # that the orderly shutdown below runs and the exit code is 0.
@@ -87,14 +120,11 @@ class ThreadedServer:
     """The HTTP API of an in-process daemon, served by uvicorn in a thread (the demo, tests)."""
 
     def __init__(self, daemon: Daemon, host: str = "127.0.0.1", port: int | None = None) -> None:
-        from compactord.api.app import create_app
         from compactord.embedded import free_port
 
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(create_app(daemon), host=host, port=self.port, log_level="warning",
-                                access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(uvicorn_config(daemon, host, self.port))
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 30.0) -> ThreadedServer:

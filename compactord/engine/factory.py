@@ -58,6 +58,14 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
                 service = self._services[topic] = SparkTopicCompactionService(topic, self)
             return service
 
+    def existing_topic_compaction_service(self, topic: str) -> SparkTopicCompactionService | None:
+        validate_topic_name(topic)
+        with self._lock:
+            service = self._services.get(topic)
+        if service is None and not self.store.topic_dir(topic).is_dir():
+            return None  # never compacted nor asked to: nothing to keep
+        return service or self.new_topic_compaction_service(topic)
+
     def services(self) -> list[SparkTopicCompactionService]:
         with self._lock:
             return list(self._services.values())

@@ -180,12 +180,13 @@ class SparkTopicCompactionService(TopicCompactionService):
                 handle.release()
 
     def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
-                            ledger_id: int | None = None) -> CompactedPage:
+                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedPage:
         if n < 1 or start.partition < 0 or start.offset < 0:
             raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
-        manifest, entries = self._read(
-            lambda r: r.read(start.partition, start.offset, n, include_markers=include_markers), ledger_id)
-        return CompactedPage(manifest, entries)
+        manifest, found = self._read(
+            lambda r: r.read_slice(start.partition, start.offset, n, include_markers=include_markers,
+                                   max_bytes=max_bytes), ledger_id)
+        return CompactedPage(manifest, found.entries, found.truncated)
 
     def read_last_compacted_page(self, partition: int, ledger_id: int | None = None) -> CompactedPage:
         if partition < 0:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
 from compactord.model import Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "RowGroup"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ class RowGroup:
             return False
         # The offset bounds mix partitions when the group spans several: only trust them otherwise.
         return self.partition_min != self.partition_max or self.offset_max >= start
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSlice:
+    """Entries of one partition read in order; ``truncated``: the byte budget stopped the read early."""
+
+    entries: list[Entry]
+    truncated: bool = False
 
 
 class LedgerReader:
@@ -113,14 +121,28 @@ class LedgerReader:
 
         :raises InvalidArgument: ``partition`` or ``start`` is negative, or ``n`` < 1.
         """
+        return self.read_slice(partition, start, n, include_markers=include_markers).entries
+
+    def read_slice(self, partition: int, start: int, n: int, *, include_markers: bool = False,
+                   max_bytes: int | None = None) -> LedgerSlice:
+        """``read``, bounded also by ``max_bytes``: entries are taken until their ``Entry.raw_bytes``
+        would pass it (always at least one). The sizes are counted in Arrow before any row becomes a
+        Python object, so a page of large values never holds more than the budget in memory.
+
+        :raises InvalidArgument: ``partition`` or ``start`` is negative, ``n`` < 1 or ``max_bytes`` < 1.
+        """
         _check_int("partition", partition, 0)
         _check_int("start", start, 0)
         _check_int("n", n, 1)
+        if max_bytes is not None:
+            _check_int("max_bytes", max_bytes, 1)
+        budget = _INF if max_bytes is None else max_bytes
         # With the data sorted, the first group whose last key reaches (partition, start) is the first
         # that can hold a wanted row. ``_ends`` only bounds the last keys from above (offsets of a group
         # that spans partitions mix them), which can make the bisection land earlier, never later.
         first = bisect.bisect_left(self._ends, (partition, start))
         found: list[Entry] = []
+        used = 0
         for i in range(first, len(self.row_groups)):
             group = self.row_groups[i]
             if group.partition_min > partition:
@@ -131,11 +153,21 @@ class LedgerReader:
             mask = pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start))
             if not include_markers:
                 mask = pc.and_(mask, _live(table))
-            rows = table.filter(mask).slice(0, n - len(found)).to_pylist()
-            found.extend(Entry.from_row(row) for row in rows)
+            rows = table.filter(mask).slice(0, n - len(found))
+            take = rows.num_rows
+            if max_bytes is not None:
+                take = 0
+                for size in _raw_sizes(rows):
+                    if used + size > budget and (found or take):
+                        break
+                    used += size
+                    take += 1
+            found.extend(Entry.from_row(row) for row in rows.slice(0, take).to_pylist())
+            if take < rows.num_rows:
+                return LedgerSlice(found, truncated=True)
             if len(found) >= n:
                 break
-        return found
+        return LedgerSlice(found)
 
     def last(self, partition: int) -> Entry | None:
         """The last live entry of ``partition``, or None if it has none.
@@ -288,6 +320,24 @@ def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
     if stats is None or not stats.has_min_max:
         return -_INF, _INF
     return stats.min, stats.max
+
+
+def _raw_sizes(table: pa.Table) -> list[int]:
+    """Per row, the bytes of its key, value and header keys and values (``Entry.raw_bytes``)."""
+    def length(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        return pc.fill_null(pc.binary_length(column), 0)
+
+    sizes = pc.add(length(table["key"]), length(table["value"])).to_pylist()
+    headers = table["headers"].combine_chunks()
+    if len(headers.values):
+        # Each row's headers are one run of the child array: the difference of a running sum at its ends.
+        per_header = pc.add(length(headers.values.field("key")), length(headers.values.field("value")))
+        running = [0, *pc.cumulative_sum(per_header).to_pylist()]
+        offsets = headers.offsets.to_pylist()
+        for row, valid in enumerate(headers.is_valid().to_pylist()):
+            if valid:
+                sizes[row] += running[offsets[row + 1]] - running[offsets[row]]
+    return sizes
 
 
 def _live(table: pa.Table) -> pa.ChunkedArray:

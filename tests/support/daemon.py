@@ -131,8 +131,9 @@ class DaemonProcess:
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> DaemonProcess:
-        """Wait for /readyz to answer 200; if the daemon exits first or it never does, stop it and fail
-        with the end of its log."""
+        """Wait for /readyz to say that compactions can run (``"compactions": true``: Spark is warm and the
+        broker answers; reads are served before that); if the daemon exits first or it never does, stop
+        it and fail with the end of its log."""
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         with httpx.Client(base_url=self.url, timeout=5.0) as c:
@@ -143,7 +144,7 @@ class DaemonProcess:
                                 f"{self.log_tail()}")
                 try:
                     response = c.get("/readyz")
-                    if response.status_code == 200:
+                    if response.status_code == 200 and response.json()["compactions"] is True:
                         return self
                     last = f"{response.status_code} {response.text}"
                 except httpx.HTTPError as exc:

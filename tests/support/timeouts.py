@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["READY_TIMEOUT_S", "STOP_TIMEOUT_S", "TASK_TIMEOUT_S"]
 
-# A daemon subprocess's start up to /readyz 200: ~25 s on an idle 2-core machine (Spark's start and
+# A daemon subprocess's start up to /readyz "compactions": true: ~25 s on an idle 2-core machine (Spark's start and
 # warm-up); several times that when the machine is shared or Spark runs on a standalone cluster.
 READY_TIMEOUT_S = 240.0
 # From SIGTERM to the daemon's exit; then its process group is killed.

@@ -1,4 +1,8 @@
-"""Liveness, readiness, Prometheus metrics, and the API's own docs."""
+"""Liveness, readiness, Prometheus metrics, and the API's own docs.
+
+The probes and /metrics are ``async def``: they run on the event loop, not in the thread pool that
+requests waiting on the broker can fill, and they read only what the daemon keeps in memory.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from compactord.api.views import readiness_json
 from compactord.errors import NotReady, Unhealthy
 
 if TYPE_CHECKING:
@@ -29,7 +34,7 @@ def router(daemon: Daemon) -> APIRouter:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="compactord API")
 
     @api.api_route("/healthz", methods=["GET", "HEAD"], tags=["health"])
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         """Liveness: the process serves and its Spark session is up (once started)."""
         problem = daemon.liveness_problem()
         if problem:
@@ -37,15 +42,17 @@ def router(daemon: Daemon) -> APIRouter:
         return JSONResponse({"status": "ok"})
 
     @api.api_route("/readyz", methods=["GET", "HEAD"], tags=["health"])
-    def readyz() -> JSONResponse:
-        """Readiness: the broker answers and the Spark session is up and warmed."""
-        problems = daemon.readiness_problems()
-        if problems:
-            raise NotReady("; ".join(problems))
-        return JSONResponse({"status": "ready"})
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 while ledger reads can be served, with ``status`` "ready" (compactions can run:
+        the broker answers, Spark is warm) or "degraded" (they cannot: ``problems`` says why); 503 only
+        when reads cannot be served either."""
+        readiness = daemon.readiness()
+        if not readiness.reads:
+            raise NotReady("; ".join(readiness.problems))
+        return JSONResponse(readiness_json(readiness))
 
     @api.get("/metrics", tags=["health"])
-    def metrics() -> Response:
+    async def metrics() -> Response:
         return Response(daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return api

@@ -18,14 +18,16 @@ if TYPE_CHECKING:
 __all__ = ["catch_all_router", "router"]
 
 
-def router(daemon: Daemon) -> APIRouter:
+def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
+    """``broker_slot``: the dependency that bounds the requests calling the broker (``limits.py``)."""
     api = APIRouter()
     cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
 
-    @api.post("/v1/topics/{topic}/unload", tags=["lifecycle"])
+    @api.post("/v1/topics/{topic}/unload", tags=["lifecycle"], dependencies=[broker_slot])
     def unload(topic: str) -> JSONResponse:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
         daemon.policies.set_unloaded(topic, True)
         # 0.8, as DELETE /v1/topics/{topic} does: the answer itself must also fit in the timeout.
         outcome = daemon.registry.stop_topic(topic, cancel_timeout * 0.8)

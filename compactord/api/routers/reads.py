@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from compactord.api.views import entry_json, horizon_json, page_json
 from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted, TopicRecreated
-from compactord.model import LedgerManifest, Position, validate_topic_name
+from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -25,13 +25,13 @@ _PIN = Query(None, ge=0, le=2**63 - 1, description="read this ledger (410 ledger
 
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
+    max_bytes = daemon.settings.http_read_max_bytes
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
     def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
         """The compaction horizon: per partition, the last offset the ledger covers, and the rules it
         was written under (strategy, event-time source, empty-value and null-key rules)."""
-        validate_topic_name(topic)
-        manifest = daemon.registry.service(topic).ledger_info(ledger_id)
+        manifest = _service(daemon, topic).ledger_info(ledger_id)
         if manifest is None:
             raise NotCompacted(topic)
         _check_log(daemon, topic, manifest)
@@ -48,14 +48,18 @@ def router(daemon: Daemon) -> APIRouter:
         ledger_id: int | None = _PIN,
     ) -> dict[str, Any]:
         """Live entries of one partition with offset >= start, in order, from the current ledger (or the
-        pinned one). Entries below the partition's log start (retention) are not readable."""
+        pinned one). Entries below the partition's log start (retention) are not readable. A page holds
+        at most ``limit`` entries and httpReadMaxBytes of keys, values and headers (at least one entry);
+        ``next_start`` is where the next page starts, null at the end."""
         start = max(start, daemon.monitor.log_starts(topic).get(partition, 0))
         page = _service_of(daemon, topic, partition, ledger_id).read_compacted_page(
-            Position(partition, start), limit, include_markers=include_markers, ledger_id=ledger_id)
+            Position(partition, start), limit, include_markers=include_markers, ledger_id=ledger_id,
+            max_bytes=max_bytes)
         manifest, entries = page.ledger, page.entries
         _check_partition(manifest.horizon, partition)
         _check_log(daemon, topic, manifest)
-        more = len(entries) == limit and entries[-1].offset < manifest.horizon[partition]
+        more = (len(entries) == limit or page.truncated) and bool(entries) \
+            and entries[-1].offset < manifest.horizon[partition]
         return page_json(topic, manifest, entries, encoding, include_markers,
                          next_start=entries[-1].offset + 1 if more else None)
 
@@ -78,12 +82,19 @@ def router(daemon: Daemon) -> APIRouter:
 def _service_of(daemon: Daemon, topic: str, partition: int, ledger_id: int | None) -> TopicCompactionService:
     """The topic's service, after a cheap check that the partition exists in its current (or pinned)
     ledger (the page's own ledger is checked again: a switch may come in between)."""
-    validate_topic_name(topic)
-    service = daemon.registry.service(topic)
+    service = _service(daemon, topic)
     manifest = service.ledger_info(ledger_id)
     if manifest is None:
         raise NotCompacted(topic)
     _check_partition(manifest.horizon, partition)
+    return service
+
+
+def _service(daemon: Daemon, topic: str) -> TopicCompactionService:
+    """:raises NotCompacted: the topic has no state at all (nothing is kept for its name)."""
+    service = daemon.registry.existing_service(topic)
+    if service is None:
+        raise NotCompacted(topic)
     return service
 
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def router(daemon: Daemon) -> APIRouter:
+def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
+    """``broker_slot``: the dependency that bounds the requests calling the broker (``limits.py``)."""
     api = APIRouter()
 
     def answer(topic: str) -> dict[str, Any]:
@@ -28,14 +29,16 @@ def router(daemon: Daemon) -> APIRouter:
         validate_topic_name(topic)
         return answer(topic)
 
-    @api.put("/v1/topics/{topic}/policies", tags=["policies"])
+    @api.put("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[broker_slot])
     def put_policies(topic: str, body: dict[str, Any] = Body(..., examples=[{"thresholdBytes": 1048576}])
                      ) -> dict[str, Any]:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
         minDirtyRatio, strategy; null or absent = the broker-wide setting). ``strategy`` is a built-in
         name, compactionStrategy or one of compactionStrategyPlugins (422 otherwise: nothing is imported)."""
         validate_topic_name(topic)
-        daemon.set_policies(topic, TopicPolicies.from_json(body, daemon.policies.allowed_strategies))
+        policies = TopicPolicies.from_json(body, daemon.policies.allowed_strategies)
+        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.set_policies(topic, policies)
         return answer(topic)
 
     @api.delete("/v1/topics/{topic}/policies", tags=["policies"])
@@ -44,7 +47,7 @@ def router(daemon: Daemon) -> APIRouter:
         daemon.set_policies(topic, None)
         return answer(topic)
 
-    @api.get("/v1/topics", tags=["topics"])
+    @api.get("/v1/topics", tags=["topics"], dependencies=[broker_slot])
     def topics() -> dict[str, Any]:
         """Every known topic with its backlog, last compaction and current task."""
         return topics_json(daemon)  # BrokerUnavailable: 503

@@ -116,6 +116,42 @@ def test_read_cases(reader: LedgerReader, partition: int, start: int, n: int, of
     assert all(e.partition == partition and not e.marker for e in entries)
 
 
+def expected_slice(partition: int, start: int, n: int, max_bytes: int) -> tuple[list[Entry], bool]:
+    """The reference of ``read_slice``: entries while their raw bytes fit, at least one."""
+    wanted, taken, used = expected(partition, start, n), [], 0
+    for entry in wanted:
+        if taken and used + entry.raw_bytes > max_bytes:
+            return taken, True
+        used += entry.raw_bytes
+        taken.append(entry)
+    return taken, False
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    partition=st.sampled_from(PARTITIONS),
+    start=st.sampled_from([0, 4, 299, 1000, 1549]),
+    n=st.integers(1, 400),
+    max_bytes=st.one_of(st.integers(1, 40), st.integers(40, 4000)),
+)
+def test_read_slice_stops_at_the_byte_budget(reader: LedgerReader, partition: int, start: int, n: int,
+                                             max_bytes: int) -> None:
+    found = reader.read_slice(partition, start, n, max_bytes=max_bytes)
+    assert (found.entries, found.truncated) == expected_slice(partition, start, n, max_bytes)
+
+
+def test_a_slice_counts_keys_values_and_headers() -> None:
+    entry = Entry(0, 3, b"k3", b"v0-3", headers=(("h", b"3"), ("hh", None)))  # type: ignore[arg-type]
+    assert entry.raw_bytes == 2 + 4 + 1 + 1 + 2
+
+
+def test_a_slice_holds_one_entry_larger_than_the_budget(reader: LedgerReader) -> None:
+    found = reader.read_slice(0, 0, 100, max_bytes=1)
+    assert [e.offset for e in found.entries] == [0] and found.truncated
+    with pytest.raises(InvalidArgument, match="max_bytes"):
+        reader.read_slice(0, 0, 100, max_bytes=0)
+
+
 def test_read_crosses_file_boundaries(reader: LedgerReader) -> None:
     files = {g.file.name: g for g in reader.row_groups if g.index == 0}
     entries = reader.read(0, 0, 1000)

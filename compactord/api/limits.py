@@ -1,0 +1,162 @@
+"""Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
+body and the time to receive it (``RequestLimitsMiddleware``), and the requests that wait on the broker
+(``broker_slots``). Each refusal is the API's JSON error (``{"error", "message"}``), not uvicorn's
+plain text.
+
+The middleware is ASGI, outside FastAPI's routing: it runs on the event loop, before any thread of the
+pool is taken, and counts every request, also those that end in an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+
+from compactord.api.views import error_response
+from compactord.errors import BrokerUnavailable, CompactordError, RequestTimeout, RequestTooLarge, ServerBusy
+
+__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "RequestLimitsMiddleware", "broker_slots"]
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+# Not counted against httpMaxConnections: a probe or a scrape must get its answer when the API is busy.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# Requests that call the broker at once (GET /v1/topics, a trigger, ...): a hung broker holds this many
+# threads of the pool (40 by default), leaving the rest to ledger reads.
+BROKER_SLOTS = 16
+
+
+class RequestLimitsMiddleware:
+    def __init__(self, app: ASGIApp, *, max_in_flight: int, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.in_flight = 0  # only touched on the event loop: no lock
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            await _refuse(scope, receive, send, ServerBusy(
+                f"the API serves httpMaxConnections={self.max_in_flight} requests at once already; retry later"),
+                retry_after=1)
+            return
+        self.in_flight += 1
+        try:
+            await self._limited(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _limited(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        too_large = RequestTooLarge(
+            f"the request body is larger than httpMaxRequestBytes={self.max_body_bytes} bytes")
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            await _refuse(scope, receive, send, too_large)
+            return
+        if declared == 0 or (declared is None and not _chunked(scope)):
+            await self.app(scope, receive, send)
+            return
+        # Read the whole body here (it is bounded), then hand it to the app in one message.
+        chunks: list[bytes] = []
+        size = 0
+        with anyio.move_on_after(self.body_timeout_s) as waited:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    await _refuse(scope, receive, send, too_large)
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if waited.cancelled_caught:
+            await _refuse(scope, receive, send, RequestTimeout(
+                f"the request body did not arrive within httpRequestBodyTimeoutSeconds={self.body_timeout_s:g}"))
+            return
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _header(scope: MutableMapping[str, Any], name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+def _content_length(scope: MutableMapping[str, Any]) -> int | None:
+    raw = _header(scope, b"content-length")
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None  # the HTTP parser has refused it already
+
+
+def _chunked(scope: MutableMapping[str, Any]) -> bool:
+    return b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` once, then whatever the connection says (a disconnect)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(scope: MutableMapping[str, Any], receive: Receive, send: Send, error: CompactordError,
+                  retry_after: int | None = None) -> None:
+    response = error_response(error)
+    response.headers["Connection"] = "close"  # the request's body may be unread: no next request on it
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    await response(scope, receive, send)
+
+
+def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | None]
+                 ) -> Callable[[], AsyncIterator[None]]:
+    """A FastAPI dependency for the routes that call the broker: at most ``size`` of them at once, so that
+    a hung broker holds ``size`` threads of the pool and no more. It runs on the event loop, before the
+    route takes a thread: a request that finds the broker known to be down, or no slot free within
+    ``wait_s``, is answered 503 broker_unavailable at once."""
+    slots: anyio.Semaphore | None = None  # made on the event loop, at the first request
+
+    async def broker_slot() -> AsyncIterator[None]:
+        nonlocal slots
+        problem = broker_problem()
+        if problem:
+            raise BrokerUnavailable(problem)
+        if slots is None:
+            slots = anyio.Semaphore(size)
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await slots.acquire()
+            acquired = True
+        if not acquired:
+            raise BrokerUnavailable(
+                f"{size} requests to the broker are under way already and none ended within {wait_s:g}s")
+        try:
+            yield
+        finally:
+            slots.release()
+
+    return broker_slot

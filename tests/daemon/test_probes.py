@@ -1,0 +1,134 @@
+"""Probes that answer whatever the broker does (issue 10, point 4): with the broker hung (SIGSTOP) and
+80 requests waiting on it, /healthz answers, /readyz says "degraded" (ledger reads go on, compactions
+cannot run), requests to the broker get 503 broker_unavailable; after SIGCONT it is ready again.
+
+The broker here is one of this module's own, so that hanging it stops no other test; it is resumed
+(SIGCONT) and stopped in teardown, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+
+from compactord.embedded import EmbeddedBroker
+from tests.support.daemon import DaemonProcess, compact
+from tests.support.waiting import wait_for
+
+from .conftest import Launcher, assert_error
+
+pytestmark = pytest.mark.slow
+
+REQUEST_TIMEOUT_MS = 5000
+CONCURRENT = 80
+
+
+def _signal(broker: EmbeddedBroker, signum: int) -> None:
+    assert broker.pid is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(broker.pid, signum)
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("hung-broker") / "tansu.log").start()
+    try:
+        yield broker
+    finally:
+        _signal(broker, signal.SIGCONT)
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def daemon(own_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    launcher = Launcher(own_broker, tmp_path_factory.mktemp("probes"))
+    try:
+        yield launcher("probes", kafkaRequestTimeoutMs=REQUEST_TIMEOUT_MS)
+    finally:
+        launcher.stop_all()
+
+
+@pytest.fixture(scope="module")
+def compacted(own_broker: EmbeddedBroker, daemon: DaemonProcess) -> str:
+    topic = "probed"
+    admin = KafkaAdminClient(bootstrap_servers=own_broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=own_broker.bootstrap)
+    try:
+        for i in range(5):
+            producer.send(topic, key=b"k%d" % (i % 2), value=b"v%d" % i)
+        producer.flush()
+    finally:
+        producer.close(timeout=10)
+    compact(daemon, topic)
+    return topic
+
+
+@contextlib.contextmanager
+def hung(broker: EmbeddedBroker) -> Iterator[None]:
+    _signal(broker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        _signal(broker, signal.SIGCONT)
+
+
+def readyz(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
+    response = httpx.get(f"{daemon.url}/readyz", timeout=10)
+    return response.status_code, response.json()
+
+
+def test_probes_answer_while_the_broker_hangs(own_broker: EmbeddedBroker, daemon: DaemonProcess,
+                                              compacted: str) -> None:
+    assert readyz(daemon) == (200, {"status": "ready", "compactions": True, "reads": True, "problems": []})
+    answers: list[Any] = []
+
+    def list_topics() -> None:
+        try:
+            with httpx.Client(base_url=daemon.url, timeout=30) as client:
+                response = client.get("/v1/topics")
+            answers.append((response.status_code, response.json()))
+        except httpx.TimeoutException:
+            answers.append("client timeout")  # one of the few holding a broker slot, behind the hung broker
+
+    with hung(own_broker):
+        threads = [threading.Thread(target=list_topics, daemon=True) for _ in range(CONCURRENT)]
+        for thread in threads:
+            thread.start()
+        # Liveness answers (within httpx's 10 s: a bound on the wait, not a measure of speed).
+        assert httpx.get(f"{daemon.url}/healthz", timeout=10).status_code == 200
+        code, body = wait_for(lambda: (r := readyz(daemon))[1]["status"] == "degraded" and r,
+                              60, "/readyz to say degraded", daemon)
+        assert code == 200 and body["compactions"] is False and body["reads"] is True, body
+        assert any("broker" in problem for problem in body["problems"]), body
+        # Ledger reads go on: they never call the broker.
+        page = httpx.get(f"{daemon.url}/v1/topics/{compacted}/compacted", params={"partition": 0}, timeout=10)
+        assert page.status_code == 200 and len(page.json()["entries"]) == 2, page.text
+        # A request to the broker while it is known to be down is refused at once.
+        refused = httpx.get(f"{daemon.url}/v1/topics", timeout=10)
+        assert_error(refused, 503, "broker_unavailable")
+        assert httpx.get(f"{daemon.url}/healthz", timeout=10).status_code == 200
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads)
+    assert len(answers) == CONCURRENT
+    refusals = [a for a in answers if a != "client timeout"]
+    assert refusals, answers
+    assert all(code == 503 and body["error"] == "broker_unavailable" for code, body in refusals), refusals
+    # The broker is back: so are compactions.
+    wait_for(lambda: readyz(daemon) == (200, {"status": "ready", "compactions": True, "reads": True,
+                                              "problems": []}), 120, "/readyz to say ready again", daemon)
+    wait_for(lambda: httpx.get(f"{daemon.url}/v1/topics", timeout=30).status_code == 200, 180,
+             "GET /v1/topics to answer again", daemon)

@@ -1,0 +1,33 @@
+"""Per-topic metric series go with their topic: every metric with a ``topic`` label is covered."""
+
+from __future__ import annotations
+
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
+
+from compactord.daemon.metrics import Metrics
+
+
+def topics_in(metrics: Metrics) -> set[str]:
+    text = metrics.render().decode()
+    return {s.labels["topic"] for family in text_string_to_metric_families(text) for s in family.samples
+            if "topic" in s.labels}
+
+
+def test_forget_removes_every_series_of_the_topic() -> None:
+    metrics = Metrics()
+    per_topic = [m for m in vars(metrics).values()
+                 if isinstance(m, MetricWrapperBase) and "topic" in m._labelnames]
+    assert len(per_topic) >= 19  # every one, also those added later: found, not listed
+    for topic in ("gone", "stays"):
+        for metric in per_topic:
+            values = {name: topic if name == "topic" else "succeeded" for name in metric._labelnames}
+            child = metric.labels(**values)
+            if hasattr(child, "observe"):
+                child.observe(1)
+            else:
+                child.inc()
+    assert topics_in(metrics) == {"gone", "stays"}
+    metrics.forget("gone")
+    assert topics_in(metrics) == {"stays"}
+    metrics.forget("never-seen")  # nothing to remove is fine
