@@ -74,18 +74,32 @@ def handler_cannot_exit(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     """``endpoint``, with a ``BaseException`` other than ``KeyboardInterrupt``/``GeneratorExit`` turned into
     an ``Exception`` (answered 500 by the catch-all handler). Routes run in the thread pool, and a
     ``SystemExit`` raised there reaches the event loop (through a middleware's task group) and ends the
-    daemon: no request may do that."""
-    if inspect.iscoroutinefunction(endpoint):
-        raise TypeError(f"routes are plain def functions (run in the thread pool), not {endpoint.__qualname__}")
+    daemon: no request may do that. The probes are ``async def`` (on the event loop): guarded alike."""
 
-    @functools.wraps(endpoint)  # FastAPI reads the parameters through __wrapped__
+    def exit_refused(exc: BaseException) -> RequestHandlerExit:
+        return RequestHandlerExit(f"the request handler raised {type(exc).__name__}({exc})")
+
+    if inspect.iscoroutinefunction(endpoint):
+
+        @functools.wraps(endpoint)  # FastAPI reads the parameters through __wrapped__
+        async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await endpoint(*args, **kwargs)
+            except (Exception, KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as exc:
+                raise exit_refused(exc) from exc
+
+        return guarded_async
+
+    @functools.wraps(endpoint)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
             return endpoint(*args, **kwargs)
         except (Exception, KeyboardInterrupt, GeneratorExit):
             raise
         except BaseException as exc:
-            raise RequestHandlerExit(f"the request handler raised {type(exc).__name__}({exc})") from exc
+            raise exit_refused(exc) from exc
 
     return guarded
 
