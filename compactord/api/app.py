@@ -59,7 +59,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
-               hooks.router(daemon, broker_slot), topics.router(daemon, broker_slot)]
+               hooks.router(daemon), topics.router(daemon, broker_slot)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
         app.include_router(router)

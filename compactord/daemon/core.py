@@ -30,7 +30,13 @@ from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.registry import TaskRegistry
 from compactord.engine.spark_session import SparkSessionManager
 from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
-from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerRootUnwritable, PluginLoadError
+from compactord.errors import (
+    BrokerUnavailable,
+    CompactionAlreadyRunning,
+    CompactordError,
+    LedgerRootUnwritable,
+    PluginLoadError,
+)
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
@@ -255,6 +261,9 @@ class Daemon:
         :raises TopicNotFound: neither. :raises BrokerUnavailable: the broker is down (and it has no state).
         """
         if self.registry.existing_service(topic) is None and self.registry.live(topic) is None:
+            problem = self.broker_problem()
+            if problem:  # known to be down: answer at once rather than wait out a request timeout
+                raise BrokerUnavailable(problem)
             self.require_topic(topic)
 
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, fields
 from collections.abc import Collection
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
