@@ -178,6 +178,8 @@ class Daemon:
 
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
+        # Durable first: a deletion that a crash or a restart interrupts completes at the next start.
+        self.store.mark_deleting(topic)
         outcome = self.registry.stop_topic(topic, timeout * 0.8)
         task = outcome.task if outcome else None
         if outcome is None or outcome.stopped:
@@ -197,9 +199,10 @@ class Daemon:
         try:
             service.delete()
         except CompactionAlreadyRunning:
-            log.warning("topic %s: a new compaction started while it was being deleted", topic)
+            log.warning("topic %s: a new compaction started while it was being deleted; not deleted", topic)
+            self.store.unmark_deleting(topic)
             return
-        self.store.delete_topic(topic)  # policies and marks too, even for a topic never compacted
+        self.store.delete_topic(topic)  # policies and marks too (the deletion mark last)
         self.registry.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)
@@ -254,4 +257,5 @@ class Daemon:
             "running": self.registry.running_count(),
             "pending": self.registry.pending_count(),
             "last_success": dict(self._last_success),
+            "quarantined": len(self.store.quarantined()),
         }

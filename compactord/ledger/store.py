@@ -6,8 +6,10 @@ Layout::
     <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
     <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
     <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
+    <root>/@compactord/quarantine/<topic>-<time>/  ledgers of a topic found without its CURRENT
     <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
     <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
+    <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()
 
 ``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
 This module is the boundary where file-system errors become ``CompactordError`` subclasses.
@@ -19,8 +21,10 @@ import contextlib
 import json
 import logging
 import re
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +53,15 @@ from compactord.ledger.files import (
 from compactord.ledger.lock import RootLock
 from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
 
-__all__ = ["CURRENT", "DAEMON_DIR", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
+__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
 
 log = logging.getLogger(__name__)
 
 DAEMON_DIR = "@compactord"
 CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
-_LOCK, _SEQ, _PROGRESS = "lock", "ledger-seq", "progress"
+DELETING = "DELETING"
+_LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
 _LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 
 
@@ -76,7 +81,8 @@ class LedgerStore:
     # -- the root's lock -------------------------------------------------------------------------
 
     def open(self) -> LedgerStore:
-        """Create the root if needed, take its lock and remove orphans left by a previous run.
+        """Create the root if needed, take its lock, complete the topic deletions a restart interrupted,
+        quarantine ledgers that lost their ``CURRENT`` and remove orphans left by a previous run.
 
         A lock whose holder died is free again (flock locks die with their process).
 
@@ -94,8 +100,15 @@ class LedgerStore:
             for task in _names(self._daemon_dir / _PROGRESS):
                 log.warning("removing progress files of interrupted task %s", task)
                 _remove(self._daemon_dir / _PROGRESS / task)
+            # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
+            for topic in self.topics():
+                if self.deletion_pending(topic):
+                    log.warning("completing the deletion of topic %r that a restart interrupted", topic)
+                    self.delete_topic(topic)
             for topic in self.topics():
                 try:
+                    if self._lost_pointer(topic):
+                        self._quarantine(topic)
                     self.remove_orphans(topic)
                 except LedgerCorrupt as exc:
                     # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
@@ -371,14 +384,81 @@ class LedgerStore:
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
         _remove(resolved)
 
+    def mark_deleting(self, topic: str) -> None:
+        """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
+        a crash or a restart interrupts is completed by the next ``open()``.
+
+        :raises InsufficientDiskSpace: the disk is full.
+        """
+        topic_dir = self.topic_dir(topic)
+        with _disk_errors(f"marking topic {topic!r} for deletion"):
+            if not topic_dir.is_dir():
+                topic_dir.mkdir(parents=True, exist_ok=True)
+                _fsync(self.root)
+            _write_atomic(topic_dir / DELETING, b"deletion asked; completed at the next start if interrupted\n")
+
+    def unmark_deleting(self, topic: str) -> None:
+        """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
+        _remove(self.topic_dir(topic) / DELETING)
+
+    def deletion_pending(self, topic: str) -> bool:
+        """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
+        return (self.topic_dir(topic) / DELETING).is_file()
+
     def delete_topic(self, topic: str) -> None:
-        """Remove a topic's directory with every ledger and its pointer (missing is fine)."""
-        _remove(self.topic_dir(topic))
+        """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
+
+        The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
+        """
+        topic_dir = self.topic_dir(topic)
+        for name in _names(topic_dir):
+            if name != DELETING:
+                _remove(topic_dir / name)
+        _remove(topic_dir / DELETING)
+        with contextlib.suppress(FileNotFoundError):
+            topic_dir.rmdir()
+            _fsync(self.root)
+
+    def quarantined(self) -> list[str]:
+        """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
+        return sorted(_names(self._daemon_dir / _QUARANTINE))
+
+    def _lost_pointer(self, topic: str) -> bool:
+        """A finalized ledger (one with a manifest) and no ``CURRENT``: the pointer was lost, not a
+        first run left unfinished (whose ledger has no manifest yet)."""
+        topic_dir = self.topic_dir(topic)
+        if (topic_dir / CURRENT).exists():
+            return False
+        return any(_LEDGER_RE.fullmatch(n) and (topic_dir / n / MANIFEST).is_file() for n in _names(topic_dir))
+
+    def _quarantine(self, topic: str) -> Path:
+        """Move the topic's ledgers aside into ``@compactord/quarantine/<topic>-<time>`` (its policies
+        stay); an operator decides what they were. Returns the quarantine folder."""
+        topic_dir = self.topic_dir(topic)
+        base = self._daemon_dir / _QUARANTINE
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = base / f"{topic}-{stamp}"
+        n = 1
+        while target.exists():
+            n += 1
+            target = base / f"{topic}-{stamp}-{n}"
+        with _disk_errors(f"quarantining the ledgers of topic {topic!r}"):
+            target.mkdir(parents=True)
+            _fsync(base)
+            moved = [n for n in _names(topic_dir) if n.startswith("ledger-")]
+            for name in moved:
+                os.rename(topic_dir / name, target / name)
+            _fsync(target)
+            _fsync(topic_dir)
+        log.warning("topic %r has finalized ledgers %s but no %s: moved them to %s (not served; not removed)",
+                    topic, sorted(moved), CURRENT, target)
+        return target
 
     def remove_orphans(self, topic: str) -> list[Path]:
         """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.
 
-        Only safe while nothing is being written, i.e. at ``open()``.
+        Only safe while nothing is being written, i.e. at ``open()``. Without ``CURRENT``, a finalized
+        ledger (one with a manifest) is never removed: ``open()`` quarantines it.
 
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
@@ -387,6 +467,8 @@ class LedgerStore:
         keep = ledger_dir_name(current) if current is not None else None
         doomed = [topic_dir / n for n in _names(topic_dir) if n.endswith(_TMP) or n.startswith("ledger-")]
         doomed = [p for p in doomed if p.name != keep]
+        if keep is None:
+            doomed = [p for p in doomed if not (p / MANIFEST).is_file()]
         if keep is not None:
             doomed += [topic_dir / keep / n for n in _names(topic_dir / keep) if n.endswith(_TMP)]
         for path in sorted(doomed):
