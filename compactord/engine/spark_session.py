@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
-from compactord.errors import CompactionCancelled, SparkError
+from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError
 
 if TYPE_CHECKING:
     from compactord.engine.job import JobWidths
@@ -41,6 +41,8 @@ _DEFAULT_CONF = {
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
+# How a full disk shows in a Java or Python stack trace of a failed job (ENOSPC, EDQUOT).
+_DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
 
 
 def _cause(text: str, exc: BaseException) -> str:
@@ -172,7 +174,13 @@ class SparkSessionManager:
             if self.was_cancelled(group_id):
                 raise CompactionCancelled(f"Spark job group {group_id} was cancelled") from exc
             if type(exc).__module__.startswith(("py4j", "pyspark")):
-                raise SparkError(f"Spark job of {description} failed: {_cause(str(exc), exc)}") from exc
+                text = str(exc)
+                if any(sign in text for sign in _DISK_FULL_SIGNS):
+                    self._release_unclosed_files()
+                    raise InsufficientDiskSpace(
+                        f"Spark job of {description} failed: no space left on the device ({_cause(text, exc)})"
+                    ) from exc
+                raise SparkError(f"Spark job of {description} failed: {_cause(text, exc)}") from exc
             raise
         finally:
             with self._cancelled_lock:
@@ -182,6 +190,16 @@ class SparkSessionManager:
                 sc.setLocalProperty("spark.job.description", None)
             except Exception:
                 pass
+
+    def _release_unclosed_files(self) -> None:
+        """A Parquet writer that fails on a full disk cannot close its file ("Unable to close
+        resource"); the task's cleanup deletes the file, but the JVM keeps it open and its space taken
+        until the stream is collected. Ask for a collection, so that the space comes back for the
+        next run instead of at some later GC."""
+        try:
+            self._spark._jvm.java.lang.System.gc()
+        except Exception:
+            log.debug("asking the JVM for a garbage collection failed", exc_info=True)
 
     def cancel_group(self, group_id: str) -> None:
         """Cancel the group's running jobs and the ones it submits later.

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from compactord.daemon.registry import TaskRegistry
+from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.store import CURRENT
 from compactord.task import TaskState
 from tests.support.service import compact, ledger_dirs, view
@@ -42,6 +43,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60)
 
 
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def snapshot(service: Any) -> tuple[Any, ...]:
     return service.ledger_info().ledger_id, service.ledger_info().horizon, view(service)
 
@@ -63,11 +69,14 @@ def test_a_full_disk_while_writing_fails_the_task_keeps_the_ledger_and_frees_the
     ctx = registry.trigger(topic)
     assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED, ctx.error
     assert ctx.worker_done.wait(TASK_TIMEOUT_S)
+    assert ctx.error_type == InsufficientDiskSpace.code, ctx.error  # 507, not a generic Spark failure
     assert snapshot(service) == before
     assert ledger_dirs(factory.store.root, topic) == [f"ledger-{before[0]}"]  # the partial one is gone
     factory.store.verify(topic, before[0])
 
     wait_for(lambda: registry.running_count() == 0, TASK_TIMEOUT_S, "the failed task's slot to be freed")
+    # the failed writer's file is deleted; the space must come back, not stay held by an open handle
+    wait_for(lambda: free_bytes(small_disk) > 1024 * 1024, TASK_TIMEOUT_S, "the failed ledger's space to be freed")
     nxt = registry.trigger(other)  # the one slot serves the next task
     assert nxt.result(TASK_TIMEOUT_S) is TaskState.SUCCEED, nxt.error
     registry.shutdown(timeout=30)
