@@ -5,7 +5,8 @@ Start-up: lock the ledger root (a second daemon on the same root refuses to star
 factory, serve HTTP at once (``/healthz`` answers, ``/readyz`` says 503 until ready), then start and
 warm the Spark session in the background. Ready = the broker answers and Spark is warm.
 
-If the Spark JVM dies, the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
+If the Spark JVM dies or hangs (a liveness check that does not answer within ``jvm_check_timeout_s``),
+the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
 cancellable tasks are cancelled, a switching task finishes, Spark stops, exit code 0.
 """
 
@@ -33,6 +34,7 @@ __all__ = ["Daemon"]
 
 log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
+JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
 
 
@@ -46,10 +48,14 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
 
 class Daemon:
     def __init__(self, settings: Settings, spark: SparkSessionManager | None = None,
-                 broker: BrokerMetadata | None = None) -> None:
+                 broker: BrokerMetadata | None = None, jvm_check_timeout_s: float = JVM_CHECK_TIMEOUT_S) -> None:
         """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it.
-        ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers)."""
+        ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers).
+        ``jvm_check_timeout_s``: how long the watchdog waits for the JVM to answer before it calls it hung."""
+        if not jvm_check_timeout_s > 0:
+            raise ValueError(f"jvm_check_timeout_s must be positive, got: {jvm_check_timeout_s!r}")
         self.settings = settings
+        self._jvm_check_timeout_s = jvm_check_timeout_s
         self.store = LedgerStore(settings.compacted_ledger_root).open()
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
@@ -92,7 +98,7 @@ class Daemon:
             self.spark.warm_up(scratch)
         except Exception as exc:
             if not self._stop.is_set():
-                self._die(f"the Spark session could not start: {exc}")
+                self._die("the Spark session could not start", exc)
             return
         self._check_broker()
         self.monitor.start()
@@ -103,15 +109,16 @@ class Daemon:
             self.admin.ping()
             self._broker_ok, self._broker_error = True, ""
         except CompactordError as exc:
-            if self._broker_ok:
+            if self._broker_ok or exc.message != self._broker_error:
                 log.warning("broker unavailable: %s", exc)
             self._broker_ok, self._broker_error = False, exc.message
 
     def _watch(self) -> None:
         last_broker_check = 0.0
         while not self._stop.wait(WATCH_EVERY_S):
-            if self.spark.warmed and not self.spark.alive():
-                self._die("the Spark JVM died")
+            # Bounded: a hung JVM never answers the py4j call, and waiting for it would hide the hang.
+            if self.spark.warmed and not self.spark.alive(timeout=self._jvm_check_timeout_s):
+                self._die("the Spark JVM died or does not answer")
                 return
             now = time.monotonic()
             if now - last_broker_check > 10 or not self._broker_ok:
@@ -128,8 +135,10 @@ class Daemon:
                 if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
                     log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
 
-    def _die(self, reason: str) -> None:
-        log.critical("%s; exiting so that the supervisor restarts compactord", reason)
+    def _die(self, reason: str, cause: BaseException | None = None) -> None:
+        """``reason`` is answered by the probes, so it is a fixed phrase; ``cause`` goes to the log only."""
+        detail = f" ({cause})" if cause is not None else ""
+        log.critical("%s%s; exiting so that the supervisor restarts compactord", reason, detail)
         self.fatal = reason
         if self.on_fatal is not None:
             self.on_fatal()
@@ -147,13 +156,15 @@ class Daemon:
         return self.fatal
 
     def readiness_problems(self) -> list[str]:
+        """Fixed phrases, answered by ``/readyz`` to callers without a token: the details (broker
+        addresses, exception texts) are logged where they happen."""
         problems = []
         if self.fatal:
             problems.append(self.fatal)
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if not self._broker_ok:
-            problems.append(f"the broker does not answer: {self._broker_error}")
+            problems.append("the broker does not answer")
         return problems
 
     def shutdown(self) -> None:

@@ -55,6 +55,13 @@ def _cause(text: str, exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:2000]
 
 
+def _ask_alive(spark: Any) -> bool:
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:
+        return False
+
+
 class SparkSessionManager:
     """Starts the session once, registers the Kafka data source, runs jobs under a job group."""
 
@@ -120,14 +127,27 @@ class SparkSessionManager:
             return JobWidths(0, 0)
         return shuffle_partitions_for(rows, self.cores)
 
-    def alive(self) -> bool:
-        """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it)."""
-        if self._spark is None:
+    def alive(self, timeout: float | None = None) -> bool:
+        """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it),
+        or, given ``timeout``, when it does not answer within that many seconds (a hung JVM: the py4j
+        call would never return; it is left to a daemon thread)."""
+        spark = self._spark
+        if spark is None:
             return False
-        try:
-            return not self._spark.sparkContext._jsc.sc().isStopped()
-        except Exception:
+        if timeout is None:
+            return _ask_alive(spark)
+        answer: list[bool] = []
+        answered = threading.Event()
+
+        def ask() -> None:
+            answer.append(_ask_alive(spark))
+            answered.set()
+
+        threading.Thread(target=ask, name="spark-alive", daemon=True).start()
+        if not answered.wait(timeout):
+            log.error("the Spark JVM did not answer a liveness check within %.1fs: it is hung", timeout)
             return False
+        return answer[0]
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
         """Run the compaction job twice on an empty range: a full run, then an incremental one that
