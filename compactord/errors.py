@@ -30,6 +30,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRetired (RuntimeError)    ledger_retired               410
     +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
+    +-- LedgerRootUnwritable (OSError)  ledger_root_unwritable       503
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                forbidden                    403
     +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
@@ -218,6 +219,15 @@ class LedgerRootLocked(CompactordError):
 
     code = "ledger_root_locked"
     status = 409
+
+
+class LedgerRootUnwritable(CompactordError, OSError):
+    """The ledger root cannot be created or written at start (read-only, full, no permission, an I/O
+    error): the daemon refuses to start, with exit status 74 (EX_IOERR), since a disk that is not
+    mounted yet may come back."""
+
+    code = "ledger_root_unwritable"
+    status = 503
 
 
 class PluginLoadError(ConfigError):

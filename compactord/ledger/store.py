@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import os
+import re
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from compactord.errors import (
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
+    LedgerRootUnwritable,
 )
 from compactord.ledger.files import (
     _DISK_FULL,
@@ -62,6 +64,7 @@ CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
 DELETING = "DELETING"
 _LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
+_WRITE_PROBE = "write-probe"
 _LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 
 
@@ -87,13 +90,22 @@ class LedgerStore:
         A lock whose holder died is free again (flock locks die with their process).
 
         :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
+        :raises LedgerRootUnwritable: the root cannot be created, locked or written (read-only, full,
+            no permission, an I/O error).
         """
         if self._lock.held:
             return self
-        with _disk_errors(f"creating ledger root {self.root}"):
+        with self._unwritable("cannot be created"):
             self._daemon_dir.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        with self._unwritable("cannot be locked"):
+            self._lock.acquire()
         try:
+            with self._unwritable("cannot be written"):
+                # A root on a read-only or full file system takes the lock (it exists already) and
+                # fails only at the first ledger: find out now, before anything is served.
+                probe = self._daemon_dir / _WRITE_PROBE
+                _write_atomic(probe, b"compactord checks that the ledger root can be written\n")
+                _remove(probe)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + _TMP)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
@@ -117,6 +129,19 @@ class LedgerStore:
             self.close()
             raise
         return self
+
+    @contextlib.contextmanager
+    def _unwritable(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CompactordError:
+            raise
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise LedgerRootUnwritable(
+                f"ledger root {self.root} {what}: {reason} ({exc}); compactedLedgerRoot must be a writable "
+                "directory on a mounted file system with free space", root=str(self.root)
+            ) from exc
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from compactord.daemon.registry import TaskRegistry
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.store import CURRENT
 from compactord.task import TaskState
+from tests.support.disks import tmpfs
 from tests.support.service import compact, ledger_dirs, view
 from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
@@ -27,20 +27,8 @@ TMPFS_SIZE = "2m"
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, mounted for the test and unmounted after it."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount_point)],
-                                 capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"a full disk needs a small tmpfs, and mount could not run: {exc}")
-    if mounted.returncode != 0:
-        pytest.skip(f"a full disk needs a small tmpfs, and mounting one is not permitted here "
-                    f"(mount -t tmpfs as uid {os.getuid()}: {mounted.stderr.strip()})")
-    try:
+    with tmpfs(tmp_path / "small-disk", TMPFS_SIZE) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60)
 
 
 def free_bytes(path: Path) -> int:

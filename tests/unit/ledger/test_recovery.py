@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from compactord.errors import LedgerRootUnwritable
 from compactord.ledger.store import DELETING, LedgerStore
+from tests.support.disks import tmpfs
 from tests.unit.ledger.test_store import make_ledger, rows, spark_write
 
 # -- durable deletion --------------------------------------------------------------------------
@@ -104,3 +108,33 @@ def test_remove_orphans_never_removes_a_finalized_ledger_without_current(tmp_pat
         ledger_id = make_ledger(s, "t")
         assert s.remove_orphans("t") == []
         assert s.ledger_path("t", ledger_id).is_dir()
+
+
+# -- a root that cannot be written ---------------------------------------------------------------
+
+
+def test_a_read_only_root_refuses_to_open(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "1m"):
+        LedgerStore(disk / "root").open().close()  # made while writable
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True, capture_output=True, timeout=30)
+        with pytest.raises(LedgerRootUnwritable, match="compactedLedgerRoot must be a writable") as caught:
+            LedgerStore(disk / "root").open()
+        assert caught.value.status == 503 and isinstance(caught.value, OSError)
+        with pytest.raises(LedgerRootUnwritable, match="cannot be created"):
+            LedgerStore(disk / "other-root").open()
+
+
+def test_a_full_root_refuses_to_open(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "256k"):
+        LedgerStore(disk / "root").open().close()
+        with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        with pytest.raises(LedgerRootUnwritable, match="No space left on device"):
+            LedgerStore(disk / "root").open()
+        (disk / "filler").unlink()
+        store = LedgerStore(disk / "root").open()  # the disk has room again
+        assert store.is_open and not (store.root / "@compactord" / "write-probe").exists()
+        store.close()
