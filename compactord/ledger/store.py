@@ -409,18 +409,27 @@ class LedgerStore:
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
         _remove(resolved)
 
-    def mark_deleting(self, topic: str) -> None:
+    def mark_deleting(self, topic: str) -> bool:
         """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
         a crash or a restart interrupts is completed by the next ``open()``.
 
-        :raises InsufficientDiskSpace: the disk is full.
+        False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
+        deletion goes on without it (logged), rather than being refused.
         """
         topic_dir = self.topic_dir(topic)
-        with _disk_errors(f"marking topic {topic!r} for deletion"):
-            if not topic_dir.is_dir():
-                topic_dir.mkdir(parents=True, exist_ok=True)
-                _fsync(self.root)
-            _write_atomic(topic_dir / DELETING, b"deletion asked; completed at the next start if interrupted\n")
+        try:
+            with _disk_errors(f"marking topic {topic!r} for deletion"):
+                if not topic_dir.is_dir():
+                    topic_dir.mkdir(parents=True, exist_ok=True)
+                    _fsync(self.root)
+                _write_atomic(topic_dir / DELETING, b"deletion asked; completed at the next start if interrupted\n")
+        except InsufficientDiskSpace as exc:
+            with contextlib.suppress(FileNotFoundError):
+                (topic_dir / (DELETING + _TMP)).unlink()
+            log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
+                        "files): %s", topic, exc)
+            return False
+        return True
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""

@@ -138,3 +138,17 @@ def test_a_full_root_refuses_to_open(tmp_path: Path) -> None:
         store = LedgerStore(disk / "root").open()  # the disk has room again
         assert store.is_open and not (store.root / "@compactord" / "write-probe").exists()
         store.close()
+
+
+def test_a_full_disk_does_not_stop_a_deletion(tmp_path: Path) -> None:
+    # deleting is what frees a full disk: without room for the mark, it goes on without one
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "256k"):
+        with LedgerStore(disk / "root") as s:
+            s.switch("t", make_ledger(s, "t"))
+            with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 4096)
+            assert s.mark_deleting("t") is False
+            s.delete_topic("t")
+            assert s.topics() == [] and not s.topic_dir("t").exists()
