@@ -21,10 +21,8 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,9 @@ from compactord.errors import (
     LedgerRootUnwritable,
 )
 from compactord.ledger.files import (
+    _LEDGER_RE,
+    CURRENT,
+    MANIFEST,
     _DISK_FULL,
     _TMP,
     _check_file,
@@ -53,6 +54,7 @@ from compactord.ledger.files import (
     ledger_dir_name,
 )
 from compactord.ledger.lock import RootLock
+from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
@@ -60,12 +62,9 @@ __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file
 log = logging.getLogger(__name__)
 
 DAEMON_DIR = "@compactord"
-CURRENT = "CURRENT"
-MANIFEST = "manifest.json"
 DELETING = "DELETING"
 _LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
 _WRITE_PROBE = "write-probe"
-_LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 
 
 class LedgerStore:
@@ -119,8 +118,9 @@ class LedgerStore:
                     self.delete_topic(topic)
             for topic in self.topics():
                 try:
-                    if self._lost_pointer(topic):
-                        self._quarantine(topic)
+                    topic_dir = self.topic_dir(topic)
+                    if lost_pointer(topic_dir):
+                        quarantine(topic, topic_dir, self._daemon_dir / _QUARANTINE)
                     self.remove_orphans(topic)
                 except LedgerCorrupt as exc:
                     # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
@@ -456,37 +456,6 @@ class LedgerStore:
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
         return sorted(_names(self._daemon_dir / _QUARANTINE))
-
-    def _lost_pointer(self, topic: str) -> bool:
-        """A finalized ledger (one with a manifest) and no ``CURRENT``: the pointer was lost, not a
-        first run left unfinished (whose ledger has no manifest yet)."""
-        topic_dir = self.topic_dir(topic)
-        if (topic_dir / CURRENT).exists():
-            return False
-        return any(_LEDGER_RE.fullmatch(n) and (topic_dir / n / MANIFEST).is_file() for n in _names(topic_dir))
-
-    def _quarantine(self, topic: str) -> Path:
-        """Move the topic's ledgers aside into ``@compactord/quarantine/<topic>-<time>`` (its policies
-        stay); an operator decides what they were. Returns the quarantine folder."""
-        topic_dir = self.topic_dir(topic)
-        base = self._daemon_dir / _QUARANTINE
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = base / f"{topic}-{stamp}"
-        n = 1
-        while target.exists():
-            n += 1
-            target = base / f"{topic}-{stamp}-{n}"
-        with _disk_errors(f"quarantining the ledgers of topic {topic!r}"):
-            target.mkdir(parents=True)
-            _fsync(base)
-            moved = [n for n in _names(topic_dir) if n.startswith("ledger-")]
-            for name in moved:
-                os.rename(topic_dir / name, target / name)
-            _fsync(target)
-            _fsync(topic_dir)
-        log.warning("topic %r has finalized ledgers %s but no %s: moved them to %s (not served; not removed)",
-                    topic, sorted(moved), CURRENT, target)
-        return target
 
     def remove_orphans(self, topic: str) -> list[Path]:
         """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.
