@@ -33,7 +33,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRetired (RuntimeError)    ledger_retired               410
     +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
-    +-- LedgerRootUnwritable            ledger_root_unwritable       503
+    +-- LedgerRootUnwritable (OSError)  ledger_root_unwritable       503
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                permission_denied            403
     +-- HostNotAllowed                  host_not_allowed             400
@@ -248,17 +248,13 @@ class LedgerRootLocked(CompactordError):
     status = 409
 
 
-class LedgerRootUnwritable(CompactordError):
-    """The ledger root cannot be created or written at start (read-only, not mounted yet, no
-    permission). Unlike a bad config value it may heal by itself, so the daemon exits with
-    ``EX_IOERR`` (74), which its supervisor retries a few times."""
+class LedgerRootUnwritable(CompactordError, OSError):
+    """The ledger root cannot be created or written at start (read-only, full, no permission, an I/O
+    error): the daemon refuses to start, with exit status 74 (EX_IOERR), since a disk that is not
+    mounted yet may come back."""
 
     code = "ledger_root_unwritable"
     status = 503
-
-    def __init__(self, root: object, reason: object) -> None:
-        super().__init__(f"the ledger root {root} cannot be written ({reason}); check compactedLedgerRoot, "
-                         "that its disk is mounted and writable by this user", root=str(root))
 
 
 class PluginLoadError(ConfigError):

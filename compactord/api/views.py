@@ -1,11 +1,14 @@
 """The JSON shapes of the API: every dict an endpoint answers with is built here.
 
-Every error is ``{"error": code, "message": text}`` (and, for a 409, the task in the way).
+Every error is ``{"error": code, "message": text}`` (and, for a 409, the task in the way). A server
+error (5xx) answers a fixed text for its code, never its details: those name ledger paths, broker
+addresses and exception texts, which go to the log (the caller may hold no token).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
@@ -36,15 +39,40 @@ __all__ = [
     "unloaded_json",
 ]
 
+log = logging.getLogger(__name__)
+
 _NO_PROGRESS = {"records_read": 0, "records_total": 0}
+# What a server error says over HTTP, by code. A code not listed gets the last line.
+_SERVER_ERROR_TEXT = {
+    "ledger_corrupt": ("the topic's compacted ledger or its pointer is corrupt (a rebuild replaces it: PUT "
+                       "/v1/topics/{topic}/compaction?rebuild=true); details are in the daemon's log"),
+    "policies_unreadable": ("the topic's stored policies (policies.json) cannot be read; PUT or DELETE its "
+                            "policies to replace them; details are in the daemon's log"),
+    "broker_unavailable": "the broker does not answer; details are in the daemon's log",
+    "insufficient_disk_space": "the ledger root's disk is full; details are in the daemon's log",
+    "spark_error": "a Spark job failed; details are in the daemon's log",
+    "compaction_failed": "the compaction failed; details are in the daemon's log",
+}
+_SERVER_ERROR_DEFAULT = "the daemon could not answer this request; details are in the daemon's log"
+# Built by the daemon from fixed phrases only (``Daemon.readiness_problems``): safe to answer as is.
+_PLAIN_SERVER_ERRORS = frozenset({"not_ready", "unhealthy"})
 
 
 # -- errors -------------------------------------------------------------------------------------
 
 
+def public_message(status: int, code: str, message: str) -> str:
+    """What an error says over HTTP: a client error its own message (it is about the request), a
+    server error a fixed text for its code (its message stays in the log)."""
+    if status < 500 or code in _PLAIN_SERVER_ERRORS:
+        return message
+    return _SERVER_ERROR_TEXT.get(code, _SERVER_ERROR_DEFAULT)
+
+
 def problem_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     """An error answer that has no class in the error tree (a 404 route, a 405, a validation error)."""
-    return JSONResponse({"error": code, "message": message, **extra}, status_code=status)
+    return JSONResponse({"error": code, "message": public_message(status, code, message), **extra},
+                        status_code=status)
 
 
 def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
@@ -116,20 +144,29 @@ def topics_json(daemon: Daemon) -> dict[str, Any]:
     """Every known topic with its backlog, last compaction and current task."""
     out = []
     for topic, on_broker in daemon.known_topics().items():
-        backlog = daemon.monitor.backlogs.get(topic)
-        out.append({
-            "topic": topic,
-            "on_broker": on_broker,
-            "unloaded": daemon.policies.unloaded(topic),
-            "backlog": None if backlog is None else {
-                "records": backlog.records, "bytes": backlog.bytes,
-                "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
-            },
-            "last_compaction": topic_status(daemon, topic),
-            "current_task": optional_task_status(daemon.registry.live(topic)),
-            **broker_view_json(daemon, topic),
-        })
+        try:
+            out.append(_topic_json(daemon, topic, on_broker))
+        except CompactordError as exc:  # one broken topic does not hide the others
+            log.error("GET /v1/topics: topic %s: %s", topic, exc)
+            out.append({"topic": topic, "on_broker": on_broker,
+                        "error": {"error": exc.code, "message": public_message(exc.status, exc.code, exc.message)}})
     return {"topics": out}
+
+
+def _topic_json(daemon: Daemon, topic: str, on_broker: bool) -> dict[str, Any]:
+    backlog = daemon.monitor.backlogs.get(topic)
+    return {
+        "topic": topic,
+        "on_broker": on_broker,
+        "unloaded": daemon.policies.unloaded(topic),
+        "backlog": None if backlog is None else {
+            "records": backlog.records, "bytes": backlog.bytes,
+            "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
+        },
+        "last_compaction": topic_status(daemon, topic),
+        "current_task": optional_task_status(daemon.registry.live(topic)),
+        **broker_view_json(daemon, topic),
+    }
 
 
 def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:

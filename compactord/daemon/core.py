@@ -10,7 +10,8 @@ The probes never wait on the broker: a thread of its own pings it, with a client
 daemon's client serialises its calls, so a ping would queue behind a hung request), and a ping that
 has not come back within kafkaRequestTimeoutMs counts as a broker that does not answer.
 
-If the Spark JVM dies, the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
+If the Spark JVM dies or hangs (a liveness check that does not answer within ``jvm_check_timeout_s``),
+the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
 cancellable tasks are cancelled, a switching task finishes, Spark stops, exit code 0.
 """
 
@@ -48,6 +49,7 @@ __all__ = ["Daemon", "Readiness"]
 log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
 BROKER_PING_EVERY_S = 5.0  # while it answers; every WATCH_EVERY_S while it does not
+JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
 
 
@@ -77,16 +79,24 @@ def _open_store(root: str) -> LedgerStore:
     store = LedgerStore(root)
     try:
         return store.open()
-    except OSError as exc:  # InsufficientDiskSpace is already a CompactordError
-        raise LedgerRootUnwritable(store.root, exc.strerror or exc) from exc
+    except CompactordError:  # LedgerRootUnwritable, InsufficientDiskSpace, LedgerRootLocked: as they are
+        raise
+    except OSError as exc:
+        raise LedgerRootUnwritable(
+            f"ledger root {store.root} cannot be opened: {exc.strerror or exc}; compactedLedgerRoot must be a "
+            "writable directory on a mounted file system", root=str(store.root)) from exc
 
 
 class Daemon:
     def __init__(self, settings: Settings, spark: SparkSessionManager | None = None,
-                 broker: BrokerMetadata | None = None) -> None:
+                 broker: BrokerMetadata | None = None, jvm_check_timeout_s: float = JVM_CHECK_TIMEOUT_S) -> None:
         """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it.
-        ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers)."""
+        ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers).
+        ``jvm_check_timeout_s``: how long the watchdog waits for the JVM to answer before it calls it hung."""
+        if not jvm_check_timeout_s > 0:
+            raise ValueError(f"jvm_check_timeout_s must be positive, got: {jvm_check_timeout_s!r}")
         self.settings = settings
+        self._jvm_check_timeout_s = jvm_check_timeout_s
         self.store = _open_store(settings.compacted_ledger_root)
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
@@ -136,7 +146,7 @@ class Daemon:
             self.spark.warm_up(scratch)
         except Exception as exc:
             if not self._stop.is_set():
-                self._die(f"the Spark session could not start: {exc}")
+                self._die("the Spark session could not start", exc)
             return
         self.monitor.start()
         log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
@@ -149,7 +159,7 @@ class Daemon:
                 log.info("the broker answers again")
             self._broker_ok, self._broker_error, self._broker_lost = True, "", False
         except CompactordError as exc:
-            if self._broker_ok:
+            if self._broker_ok or exc.message != self._broker_error:
                 log.warning("broker unavailable: %s", exc)
             self._broker_lost = self._broker_lost or self._broker_ok
             self._broker_ok, self._broker_error = False, exc.message
@@ -175,8 +185,9 @@ class Daemon:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_EVERY_S):
-            if self.spark.warmed and not self.spark.alive():
-                self._die("the Spark JVM died")
+            # Bounded: a hung JVM never answers the py4j call, and waiting for it would hide the hang.
+            if self.spark.warmed and not self.spark.alive(timeout=self._jvm_check_timeout_s):
+                self._die("the Spark JVM died or does not answer")
                 return
             self._root_problem = self._check_root()
             self._enforce_task_timeout()
@@ -190,8 +201,10 @@ class Daemon:
                 if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
                     log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
 
-    def _die(self, reason: str) -> None:
-        log.critical("%s; exiting so that the supervisor restarts compactord", reason)
+    def _die(self, reason: str, cause: BaseException | None = None) -> None:
+        """``reason`` is answered by the probes, so it is a fixed phrase; ``cause`` goes to the log only."""
+        detail = f" ({cause})" if cause is not None else ""
+        log.critical("%s%s; exiting so that the supervisor restarts compactord", reason, detail)
         self.fatal = reason
         if self.on_fatal is not None:
             self.on_fatal()
@@ -209,7 +222,9 @@ class Daemon:
         return self.fatal
 
     def readiness_problems(self) -> list[str]:
-        """Why compactions cannot run now (empty: they can)."""
+        """Why compactions cannot run now (empty: they can), in fixed phrases: ``/readyz`` answers them to
+        callers without a token; the details (broker addresses, exception texts) are logged where they
+        happen."""
         problems = []
         if self.fatal:
             problems.append(self.fatal)
@@ -217,9 +232,8 @@ class Daemon:
             problems.append(self._root_problem)
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
-        broker = self.broker_problem()
-        if broker:
-            problems.append(broker)
+        if self.broker_problem():
+            problems.append("the broker does not answer")
         return problems
 
     def readiness(self) -> Readiness:
@@ -268,6 +282,8 @@ class Daemon:
 
     def delete_topic(self, topic: str, timeout: float) -> tuple[bool, CompactionTaskCtx | None]:
         """Stop the topic's task, then remove its ledgers, horizon and policies; True if all done now."""
+        # Durable first: a deletion that a crash or a restart interrupts completes at the next start.
+        self.store.mark_deleting(topic)
         outcome = self.registry.stop_topic(topic, timeout * 0.8)
         task = outcome.task if outcome else None
         if outcome is None or outcome.stopped:
@@ -288,9 +304,10 @@ class Daemon:
             if service is not None:
                 service.delete()
         except CompactionAlreadyRunning:
-            log.warning("topic %s: a new compaction started while it was being deleted", topic)
+            log.warning("topic %s: a new compaction started while it was being deleted; not deleted", topic)
+            self.store.unmark_deleting(topic)
             return
-        self.store.delete_topic(topic)  # policies and marks too, even for a topic never compacted
+        self.store.delete_topic(topic)  # policies and marks too (the deletion mark last)
         # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
         self.factory.set_topic_strategy(topic, None)
         self.registry.forget(topic)
@@ -348,4 +365,5 @@ class Daemon:
             "running": self.registry.running_count(),
             "pending": self.registry.pending_count(),
             "last_success": dict(self._last_success),
+            "quarantined": len(self.store.quarantined()),
         }

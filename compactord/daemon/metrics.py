@@ -39,6 +39,11 @@ class _LiveCollector(Collector):
         for topic, ts in snap["last_success"].items():
             since.add_metric([topic], max(0.0, now - ts))
         yield since
+        yield GaugeMetricFamily(
+            "compactord_quarantined_topics",
+            "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
+            value=snap.get("quarantined", 0),
+        )
 
 
 class Metrics:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
-from compactord.errors import CompactionCancelled, SparkError
+from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError
 
 if TYPE_CHECKING:
     from compactord.engine.job import JobWidths
@@ -41,6 +41,8 @@ _DEFAULT_CONF = {
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
+# How a full disk shows in a Java or Python stack trace of a failed job (ENOSPC, EDQUOT).
+_DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
 
 
 def _cause(text: str, exc: BaseException) -> str:
@@ -51,6 +53,13 @@ def _cause(text: str, exc: BaseException) -> str:
         if head.endswith(("Error", "Exception")) and not line.startswith(("at ", "org.apache", "py4j")):
             return line[:2000]
     return (lines[0] if lines else type(exc).__name__)[:2000]
+
+
+def _ask_alive(spark: Any) -> bool:
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:
+        return False
 
 
 class SparkSessionManager:
@@ -118,14 +127,27 @@ class SparkSessionManager:
             return JobWidths(0, 0)
         return shuffle_partitions_for(rows, self.cores)
 
-    def alive(self) -> bool:
-        """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it)."""
-        if self._spark is None:
+    def alive(self, timeout: float | None = None) -> bool:
+        """False once the Spark JVM has died (the daemon then exits so that its supervisor restarts it),
+        or, given ``timeout``, when it does not answer within that many seconds (a hung JVM: the py4j
+        call would never return; it is left to a daemon thread)."""
+        spark = self._spark
+        if spark is None:
             return False
-        try:
-            return not self._spark.sparkContext._jsc.sc().isStopped()
-        except Exception:
+        if timeout is None:
+            return _ask_alive(spark)
+        answer: list[bool] = []
+        answered = threading.Event()
+
+        def ask() -> None:
+            answer.append(_ask_alive(spark))
+            answered.set()
+
+        threading.Thread(target=ask, name="spark-alive", daemon=True).start()
+        if not answered.wait(timeout):
+            log.error("the Spark JVM did not answer a liveness check within %.1fs: it is hung", timeout)
             return False
+        return answer[0]
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
         """Run the compaction job twice on an empty range: a full run, then an incremental one that
@@ -172,7 +194,13 @@ class SparkSessionManager:
             if self.was_cancelled(group_id):
                 raise CompactionCancelled(f"Spark job group {group_id} was cancelled") from exc
             if type(exc).__module__.startswith(("py4j", "pyspark")):
-                raise SparkError(f"Spark job of {description} failed: {_cause(str(exc), exc)}") from exc
+                text = str(exc)
+                if any(sign in text for sign in _DISK_FULL_SIGNS):
+                    self._release_unclosed_files()
+                    raise InsufficientDiskSpace(
+                        f"Spark job of {description} failed: no space left on the device ({_cause(text, exc)})"
+                    ) from exc
+                raise SparkError(f"Spark job of {description} failed: {_cause(text, exc)}") from exc
             raise
         finally:
             with self._cancelled_lock:
@@ -182,6 +210,16 @@ class SparkSessionManager:
                 sc.setLocalProperty("spark.job.description", None)
             except Exception:
                 pass
+
+    def _release_unclosed_files(self) -> None:
+        """A Parquet writer that fails on a full disk cannot close its file ("Unable to close
+        resource"); the task's cleanup deletes the file, but the JVM keeps it open and its space taken
+        until the stream is collected. Ask for a collection, so that the space comes back for the
+        next run instead of at some later GC."""
+        try:
+            self._spark._jvm.java.lang.System.gc()
+        except Exception:
+            log.debug("asking the JVM for a garbage collection failed", exc_info=True)
 
     def cancel_group(self, group_id: str) -> None:
         """Cancel the group's running jobs and the ones it submits later.

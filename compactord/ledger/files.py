@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,9 @@ from compactord.errors import InsufficientDiskSpace
 
 __all__ = ["file_crc32c", "ledger_dir_name"]
 
+CURRENT = "CURRENT"
+MANIFEST = "manifest.json"
+_LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 _TMP = ".tmp"
 _CHUNK = 1 << 20
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

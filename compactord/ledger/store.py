@@ -6,8 +6,10 @@ Layout::
     <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
     <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
     <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
+    <root>/@compactord/quarantine/<topic>-<time>/  ledgers of a topic found without its CURRENT
     <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
     <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
+    <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()
 
 ``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
 This module is the boundary where file-system errors become ``CompactordError`` subclasses.
@@ -18,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
+import os
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +36,12 @@ from compactord.errors import (
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
+    LedgerRootUnwritable,
 )
 from compactord.ledger.files import (
+    _LEDGER_RE,
+    CURRENT,
+    MANIFEST,
     _DISK_FULL,
     _TMP,
     _check_file,
@@ -47,17 +54,17 @@ from compactord.ledger.files import (
     ledger_dir_name,
 )
 from compactord.ledger.lock import RootLock
+from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
 
-__all__ = ["CURRENT", "DAEMON_DIR", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
+__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
 
 log = logging.getLogger(__name__)
 
 DAEMON_DIR = "@compactord"
-CURRENT = "CURRENT"
-MANIFEST = "manifest.json"
-_LOCK, _SEQ, _PROGRESS = "lock", "ledger-seq", "progress"
-_LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
+DELETING = "DELETING"
+_LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
+_WRITE_PROBE = "write-probe"
 
 
 class LedgerStore:
@@ -76,26 +83,44 @@ class LedgerStore:
     # -- the root's lock -------------------------------------------------------------------------
 
     def open(self) -> LedgerStore:
-        """Create the root if needed, take its lock and remove orphans left by a previous run.
+        """Create the root if needed, take its lock, complete the topic deletions a restart interrupted,
+        quarantine ledgers that lost their ``CURRENT`` and remove orphans left by a previous run.
 
         A lock whose holder died is free again (flock locks die with their process).
 
         :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
+        :raises LedgerRootUnwritable: the root cannot be created, locked or written (read-only, full,
+            no permission, an I/O error).
         """
         if self._lock.held:
             return self
-        with _disk_errors(f"creating ledger root {self.root}"):
+        with self._unwritable("cannot be created"):
             self._daemon_dir.mkdir(parents=True, exist_ok=True)
-        self._lock.acquire()
+        with self._unwritable("cannot be locked"):
+            self._lock.acquire()
         try:
+            with self._unwritable("cannot be written"):
+                # A root on a read-only or full file system takes the lock (it exists already) and
+                # fails only at the first ledger: find out now, before anything is served.
+                probe = self._daemon_dir / _WRITE_PROBE
+                _write_atomic(probe, b"compactord checks that the ledger root can be written\n")
+                _remove(probe)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + _TMP)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
             for task in _names(self._daemon_dir / _PROGRESS):
                 log.warning("removing progress files of interrupted task %s", task)
                 _remove(self._daemon_dir / _PROGRESS / task)
+            # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
+            for topic in self.topics():
+                if self.deletion_pending(topic):
+                    log.warning("completing the deletion of topic %r that a restart interrupted", topic)
+                    self.delete_topic(topic)
             for topic in self.topics():
                 try:
+                    topic_dir = self.topic_dir(topic)
+                    if lost_pointer(topic_dir):
+                        quarantine(topic, topic_dir, self._daemon_dir / _QUARANTINE)
                     self.remove_orphans(topic)
                 except LedgerCorrupt as exc:
                     # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
@@ -104,6 +129,19 @@ class LedgerStore:
             self.close()
             raise
         return self
+
+    @contextlib.contextmanager
+    def _unwritable(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CompactordError:
+            raise
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise LedgerRootUnwritable(
+                f"ledger root {self.root} {what}: {reason} ({exc}); compactedLedgerRoot must be a writable "
+                "directory on a mounted file system with free space", root=str(self.root)
+            ) from exc
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""
@@ -371,14 +409,59 @@ class LedgerStore:
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
         _remove(resolved)
 
+    def mark_deleting(self, topic: str) -> bool:
+        """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
+        a crash or a restart interrupts is completed by the next ``open()``.
+
+        False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
+        deletion goes on without it (logged), rather than being refused.
+        """
+        topic_dir = self.topic_dir(topic)
+        try:
+            with _disk_errors(f"marking topic {topic!r} for deletion"):
+                if not topic_dir.is_dir():
+                    topic_dir.mkdir(parents=True, exist_ok=True)
+                    _fsync(self.root)
+                _write_atomic(topic_dir / DELETING, b"deletion asked; completed at the next start if interrupted\n")
+        except InsufficientDiskSpace as exc:
+            with contextlib.suppress(FileNotFoundError):
+                (topic_dir / (DELETING + _TMP)).unlink()
+            log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
+                        "files): %s", topic, exc)
+            return False
+        return True
+
+    def unmark_deleting(self, topic: str) -> None:
+        """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
+        _remove(self.topic_dir(topic) / DELETING)
+
+    def deletion_pending(self, topic: str) -> bool:
+        """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
+        return (self.topic_dir(topic) / DELETING).is_file()
+
     def delete_topic(self, topic: str) -> None:
-        """Remove a topic's directory with every ledger and its pointer (missing is fine)."""
-        _remove(self.topic_dir(topic))
+        """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
+
+        The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
+        """
+        topic_dir = self.topic_dir(topic)
+        for name in _names(topic_dir):
+            if name != DELETING:
+                _remove(topic_dir / name)
+        _remove(topic_dir / DELETING)
+        with contextlib.suppress(FileNotFoundError):
+            topic_dir.rmdir()
+            _fsync(self.root)
+
+    def quarantined(self) -> list[str]:
+        """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
+        return sorted(_names(self._daemon_dir / _QUARANTINE))
 
     def remove_orphans(self, topic: str) -> list[Path]:
         """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.
 
-        Only safe while nothing is being written, i.e. at ``open()``.
+        Only safe while nothing is being written, i.e. at ``open()``. Without ``CURRENT``, a finalized
+        ledger (one with a manifest) is never removed: ``open()`` quarantines it.
 
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
@@ -387,6 +470,8 @@ class LedgerStore:
         keep = ledger_dir_name(current) if current is not None else None
         doomed = [topic_dir / n for n in _names(topic_dir) if n.endswith(_TMP) or n.startswith("ledger-")]
         doomed = [p for p in doomed if p.name != keep]
+        if keep is None:
+            doomed = [p for p in doomed if not (p / MANIFEST).is_file()]
         if keep is not None:
             doomed += [topic_dir / keep / n for n in _names(topic_dir / keep) if n.endswith(_TMP)]
         for path in sorted(doomed):

@@ -344,7 +344,7 @@ def test_remove_orphans_keeps_the_current_ledger_only(
         (s.topic_dir("t") / "CURRENT.tmp").write_text("ledger-")
         (s.ledger_path("t", current) / "manifest.json.tmp").write_text("{")
         s.allocate_ledger("never-switched")
-        make_ledger(s, "never-switched")
+        spark_write(s.allocate_ledger("never-switched")[1], rows(0, range(5)))  # not finalized: cleaned
     with caplog.at_level(logging.WARNING, logger="compactord.ledger.store"), LedgerStore(root) as s:
         assert sorted(p.name for p in s.topic_dir("t").iterdir()) == ["CURRENT", f"ledger-{current}"]
         assert sorted(p.name for p in s.ledger_path("t", current).iterdir()) == [

@@ -1,0 +1,54 @@
+"""What a restart finds on the ledger root after a kill -9: a topic deletion that was pending is
+completed before anything serves the topic; ledgers found without their ``CURRENT`` are quarantined
+(moved aside, counted in ``compactord_quarantined_topics``), not wiped."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import wait_state
+from tests.support.service import ledger_dirs
+from tests.support.waiting import wait_for
+
+from .conftest import Launcher, metric
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_deletion_pending_at_kill_9_completes_at_restart(
+    launch: Launcher, kafka: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("recovery") / "ledgers"
+    # the switch cannot be cancelled: the deletion has to wait for the task, in memory only
+    daemon = launch("held", root=root, pauses="switch:600")
+    topic = kafka.topic(prefix="del")
+    kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(16)])
+    put = daemon.http.put(f"/v1/topics/{topic}/policies", json={"thresholdMessages": 7})
+    assert put.status_code == 200, put.text
+    assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
+    wait_for(lambda: "at test pause point 'switch'" in daemon.log_text(), 120, "the task to reach the switch",
+             daemon)
+    assert wait_state(daemon, topic, "Ending_with_switch_ledger")["status"] == "RUNNING"
+    deleted = daemon.http.delete(f"/v1/topics/{topic}")
+    assert deleted.status_code == 202, deleted.text
+    assert deleted.json()["deleted"] is False
+    [name] = ledger_dirs(root, topic)
+    written = root / topic / name
+    assert (written / "manifest.json").is_file()  # finalized, not yet current
+    # another topic's finalized ledger that lost its pointer: quarantined at the restart, not wiped
+    shutil.copytree(written, root / "lost-pointer" / written.name)
+    daemon.kill_group()
+    assert daemon.wait_exit(30) is not None
+
+    restarted = launch("restarted", root=root)
+    assert not (root / topic).exists()
+    listed = {t["topic"]: t for t in restarted.http.get("/v1/topics").json()["topics"]}
+    assert listed[topic]["last_compaction"]["status"] == "NOT_RUN"  # still on the broker, nothing kept
+    quarantine = root / "@compactord" / "quarantine"
+    [folder] = list(quarantine.iterdir())
+    assert folder.name.startswith("lost-pointer-") and (folder / written.name / "manifest.json").is_file()
+    assert metric(restarted, "compactord_quarantined_topics") == 1
+    assert "quarantine" in restarted.log_text()
