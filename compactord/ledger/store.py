@@ -39,11 +39,11 @@ from compactord.errors import (
     LedgerRootUnwritable,
 )
 from compactord.ledger.files import (
+    _DISK_FULL,
     _LEDGER_RE,
+    _TMP,
     CURRENT,
     MANIFEST,
-    _DISK_FULL,
-    _TMP,
     _check_file,
     _disk_errors,
     _fsync,
