@@ -12,16 +12,29 @@ Each key is written once, as a ``Settings`` field (``_key``); ``KEYS`` is derive
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from compactord.config_values import (
+    bind_address,
+    boolean,
+    bootstrap,
+    choice,
+    class_ref,
+    class_refs,
+    event_time_source,
+    float_range,
+    host_list,
+    int_range,
+    is_loopback,
+    local_path,
+    regex,
+    text,
+)
 from compactord.errors import ConfigError
-from compactord.event_time import validate_event_time_source
 from compactord.properties import load_properties
 
 __all__ = ["ENV_PREFIX", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
@@ -30,126 +43,6 @@ ENV_PREFIX = "COMPACTORD_CONF_"
 DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"
 PULSAR_DEFAULT_FACTORY = "org.apache.pulsar.compaction.PulsarCompactionServiceFactory"
 PULSAR_EVENT_TIME_FACTORY = "org.apache.pulsar.compaction.EventTimeCompactionServiceFactory"
-
-
-# -- value parsers: each takes (key, raw string) and returns the typed value or raises ConfigError --
-
-
-def _str(key: str, raw: str) -> str:
-    return raw
-
-
-def _int_range(lo: int, hi: int | None = None) -> Callable[[str, str], int]:
-    def parse(key: str, raw: str) -> int:
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ConfigError(key, raw, "expected a whole number") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
-            raise ConfigError(key, raw, f"expected a whole number {bound}")
-        return value
-
-    return parse
-
-
-def _float_range(lo: float, hi: float) -> Callable[[str, str], float]:
-    def parse(key: str, raw: str) -> float:
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            raise ConfigError(key, raw, "expected a number") from None
-        if not lo <= value <= hi:
-            raise ConfigError(key, raw, f"expected a number from {lo} to {hi}")
-        return value
-
-    return parse
-
-
-def _bool(key: str, raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    raise ConfigError(key, raw, "expected true or false")
-
-
-def _choice(*allowed: str) -> Callable[[str, str], str]:
-    def parse(key: str, raw: str) -> str:
-        if raw.strip() not in allowed:
-            raise ConfigError(key, raw, f"expected one of {', '.join(allowed)}")
-        return raw.strip()
-
-    return parse
-
-
-def _ref(key: str, raw: str) -> str:
-    return raw.strip()
-
-
-def _ref_list(key: str, raw: str) -> str:
-    refs = [r.strip() for r in raw.split(",") if r.strip()]
-    for ref in refs:
-        module_name, sep, qualname = ref.partition(":") if ":" in ref else ref.rpartition(".")
-        if not sep or not module_name or not qualname:
-            raise ConfigError(key, raw, f"{ref!r} is not a reference: expected module:Class[,module:Class...]")
-    return ",".join(refs)
-
-
-def _local_path(key: str, raw: str) -> str:
-    value = raw.strip()
-    if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
-        raise ConfigError(key, raw, "expected a file-system path (on a cluster: a shared mount at the same path "
-                                    "on every executor); URLs such as hdfs:// or s3a:// are not supported")
-    return value
-
-
-def _regex(key: str, raw: str) -> str:
-    try:
-        re.compile(raw)
-    except re.error as exc:
-        raise ConfigError(key, raw, f"expected a Python regular expression ({exc})") from None
-    return raw
-
-
-def _bind_address(key: str, raw: str) -> str:
-    value = raw.strip()
-    if value in ("localhost", "0.0.0.0", "::"):
-        return value
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        raise ConfigError(key, raw, "expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
-    return value
-
-
-def is_loopback(address: str) -> bool:
-    """``address`` (an ``httpBindAddress``) is reachable from this machine only."""
-    return address == "localhost" or ipaddress.ip_address(address).is_loopback
-
-
-def _host_list(key: str, raw: str) -> str:
-    hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
-    for host in hosts:
-        if not re.fullmatch(r"[a-z0-9._-]+(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?", host):
-            raise ConfigError(key, raw, f"{host!r} is not a host name: expected name[:port][,name[:port]...], "
-                                        "e.g. compactord.example.com,10.0.0.5:8642")
-    return ",".join(hosts)
-
-
-def _bootstrap(key: str, raw: str) -> str:
-    servers = [s.strip() for s in raw.split(",") if s.strip()]
-    if not servers:
-        raise ConfigError(key, raw, "expected host:port[,host:port...]")
-    for server in servers:
-        host, sep, port = server.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(key, raw, f"{server!r} is not host:port (port 1 to 65535)")
-    return ",".join(servers)
-
-
-def _event_time_source(key: str, raw: str) -> str:
-    return validate_event_time_source(raw.strip(), key)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,124 +71,124 @@ class Settings:
     """Every key of broker.conf, in the order of broker.conf.example; ``spark_conf``: the spark.* keys."""
 
     # Broker
-    kafka_bootstrap_servers: str = _key("kafkaBootstrapServers", _bootstrap, "127.0.0.1:9092", "broker",
+    kafka_bootstrap_servers: str = _key("kafkaBootstrapServers", bootstrap, "127.0.0.1:9092", "broker",
         "Kafka-protocol brokers to read from, host:port[,host:port...].")
-    kafka_client_id: str = _key("kafkaClientId", _str, "compactord", "broker",
+    kafka_client_id: str = _key("kafkaClientId", text, "compactord", "broker",
         "Client id sent to the broker.")
-    kafka_request_timeout_ms: int = _key("kafkaRequestTimeoutMs", _int_range(1000), "30000", "broker",
+    kafka_request_timeout_ms: int = _key("kafkaRequestTimeoutMs", int_range(1000), "30000", "broker",
         "Timeout of one broker request, in milliseconds.")
     kafka_security_protocol: str = _key("kafkaSecurityProtocol",
-        _choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "PLAINTEXT", "broker",
+        choice("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), "PLAINTEXT", "broker",
         "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.")
     kafka_sasl_mechanism: str = _key("kafkaSaslMechanism",
-        _choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"), "PLAIN", "broker",
+        choice("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"), "PLAIN", "broker",
         "SASL mechanism when the protocol is SASL_*.")
-    kafka_sasl_username: str = _key("kafkaSaslUsername", _str, "", "broker", "SASL user name.")
-    kafka_sasl_password: str = _key("kafkaSaslPassword", _str, "", "broker",
+    kafka_sasl_username: str = _key("kafkaSaslUsername", text, "", "broker", "SASL user name.")
+    kafka_sasl_password: str = _key("kafkaSaslPassword", text, "", "broker",
         "SASL password (file:/path reads it from a file).", secret=True)
-    kafka_ssl_cafile: str = _key("kafkaSslCafile", _str, "", "broker",
+    kafka_ssl_cafile: str = _key("kafkaSslCafile", text, "", "broker",
         "CA bundle to verify the broker (PEM).")
-    kafka_ssl_certfile: str = _key("kafkaSslCertfile", _str, "", "broker",
+    kafka_ssl_certfile: str = _key("kafkaSslCertfile", text, "", "broker",
         "Client certificate (PEM) for mutual TLS.")
-    kafka_ssl_keyfile: str = _key("kafkaSslKeyfile", _str, "", "broker", "Client private key (PEM).")
-    kafka_ssl_password: str = _key("kafkaSslPassword", _str, "", "broker",
+    kafka_ssl_keyfile: str = _key("kafkaSslKeyfile", text, "", "broker", "Client private key (PEM).")
+    kafka_ssl_password: str = _key("kafkaSslPassword", text, "", "broker",
         "Password of the client key (file:/path reads it from a file).", secret=True)
-    kafka_ssl_check_hostname: bool = _key("kafkaSslCheckHostname", _bool, "true", "broker",
+    kafka_ssl_check_hostname: bool = _key("kafkaSslCheckHostname", boolean, "true", "broker",
         "Check that the broker's certificate matches its host name.")
     # Storage
-    compacted_ledger_root: str = _key("compactedLedgerRoot", _local_path, "data/ledgers", "storage",
+    compacted_ledger_root: str = _key("compactedLedgerRoot", local_path, "data/ledgers", "storage",
         "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a "
         "cluster).")
     # Compaction
-    compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", _ref,
+    compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "
         "class names are accepted as aliases).", pulsar=True)
-    compaction_strategy: str = _key("compactionStrategy", _ref, "publishing-order", "compaction",
+    compaction_strategy: str = _key("compactionStrategy", class_ref, "publishing-order", "compaction",
         "Which record of a key survives: publishing-order, event-time, first-value, or module:Class.")
-    compaction_strategy_plugins: str = _key("compactionStrategyPlugins", _ref_list, "", "compaction",
+    compaction_strategy_plugins: str = _key("compactionStrategyPlugins", class_refs, "", "compaction",
         "Strategy plug-ins (module:Class[,module:Class...]) that a topic's policies may choose over HTTP, "
         "by the exact reference; loaded and checked at start-up. HTTP may choose the built-in strategies, "
         "compactionStrategy and these, nothing else: a request never makes the daemon import code.")
-    compaction_event_time_source: str = _key("compactionEventTimeSource", _event_time_source, "timestamp",
+    compaction_event_time_source: str = _key("compactionEventTimeSource", event_time_source, "timestamp",
         "compaction", "Event time of a record: timestamp, or header:NAME.")
-    compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", _int_range(0), "86400000",
+    compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", int_range(0), "86400000",
         "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's "
         "delete.retention.ms).")
-    topic_compaction_retain_null_key: bool = _key("topicCompactionRetainNullKey", _bool, "false",
+    topic_compaction_retain_null_key: bool = _key("topicCompactionRetainNullKey", boolean, "false",
         "compaction", "Keep records without a key in place (otherwise they are dropped).", pulsar=True)
-    compaction_empty_value_is_tombstone: bool = _key("compactionEmptyValueIsTombstone", _bool, "false",
+    compaction_empty_value_is_tombstone: bool = _key("compactionEmptyValueIsTombstone", boolean, "false",
         "compaction", "Pulsar's rule: an empty value deletes its key like a null one. Off: Kafka's rule (only a "
         "null value deletes; an empty value is kept). A change rebuilds each ledger in full.")
-    compaction_retired_ledger_grace_seconds: int = _key("compactionRetiredLedgerGraceSeconds", _int_range(0, 86400),
+    compaction_retired_ledger_grace_seconds: int = _key("compactionRetiredLedgerGraceSeconds", int_range(0, 86400),
         "300", "compaction", "How long a ledger replaced by a switch stays readable by id (?ledger_id=), so that "
         "a reader pinned to it finishes; then reads of it answer 410 ledger_retired.")
-    compaction_read_ranges_per_core: int = _key("compactionReadRangesPerCore", _int_range(1, 64), "2",
+    compaction_read_ranges_per_core: int = _key("compactionReadRangesPerCore", int_range(1, 64), "2",
         "compaction", "Offset ranges per Spark core that the topic is split into for reading.")
-    compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", _int_range(100, 1_000_000),
+    compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),
         "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
     # Spark
-    spark_master: str = _key("sparkMaster", _str, "local[*]", "spark",
+    spark_master: str = _key("sparkMaster", text, "local[*]", "spark",
         "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark).")
     # Scheduler
-    monitor_interval_seconds: int = _key("brokerServiceCompactionMonitorIntervalInSeconds", _int_range(1),
+    monitor_interval_seconds: int = _key("brokerServiceCompactionMonitorIntervalInSeconds", int_range(1),
         "60", "scheduler", "How often the backlog monitor looks at every topic.", pulsar=True)
-    threshold_bytes: int = _key("brokerServiceCompactionThresholdInBytes", _int_range(0), "104857600",
+    threshold_bytes: int = _key("brokerServiceCompactionThresholdInBytes", int_range(0), "104857600",
         "scheduler", "Compact a topic whose backlog is larger than this many bytes (0 = off).", pulsar=True)
-    threshold_messages: int = _key("compactionThresholdInMessages", _int_range(0), "0", "scheduler",
+    threshold_messages: int = _key("compactionThresholdInMessages", int_range(0), "0", "scheduler",
         "Compact a topic whose backlog has more records than this (0 = off).")
-    max_lag_seconds: int = _key("compactionMaxLagSeconds", _int_range(0), "0", "scheduler",
+    max_lag_seconds: int = _key("compactionMaxLagSeconds", int_range(0), "0", "scheduler",
         "Compact a topic whose oldest uncompacted record is older than this (0 = off).")
-    min_dirty_ratio: float = _key("compactionMinDirtyRatio", _float_range(0.0, 1.0), "0", "scheduler",
+    min_dirty_ratio: float = _key("compactionMinDirtyRatio", float_range(0.0, 1.0), "0", "scheduler",
         "Compact when tail records / (ledger + tail records) exceeds this (0 = off).")
-    topics_pattern: str = _key("compactionTopicsPattern", _regex, r"(?!__).*", "scheduler",
+    topics_pattern: str = _key("compactionTopicsPattern", regex, r"(?!__).*", "scheduler",
         "Regex (full match) of the topics the monitor compacts; default every topic not starting with __.")
-    max_concurrent_tasks: int = _key("compactionMaxConcurrentTasks", _int_range(1, 64), "1", "scheduler",
+    max_concurrent_tasks: int = _key("compactionMaxConcurrentTasks", int_range(1, 64), "1", "scheduler",
         "Compactions that may run at once; others wait in state Pending.")
-    cancel_timeout_seconds: int = _key("compactionCancelTimeoutSeconds", _int_range(1, 600), "10",
+    cancel_timeout_seconds: int = _key("compactionCancelTimeoutSeconds", int_range(1, 600), "10",
         "scheduler", "How long a cancel, unload or delete request waits for the task to stop.")
-    task_timeout_seconds: int = _key("compactionTaskTimeoutSeconds", _int_range(1), "3600", "scheduler",
+    task_timeout_seconds: int = _key("compactionTaskTimeoutSeconds", int_range(1), "3600", "scheduler",
         "A task running longer than this fails.")
     # HTTP
-    http_bind_address: str = _key("httpBindAddress", _bind_address, "127.0.0.1", "http",
+    http_bind_address: str = _key("httpBindAddress", bind_address, "127.0.0.1", "http",
         "Address the HTTP API binds.")
-    http_port: int = _key("httpPort", _int_range(0, 65535), "8642", "http",
+    http_port: int = _key("httpPort", int_range(0, 65535), "8642", "http",
         "Port of the HTTP API (0 = any free port).")
-    http_auth_token: str = _key("httpAuthToken", _str, "", "http",
+    http_auth_token: str = _key("httpAuthToken", text, "", "http",
         "Bearer token required on /v1, /docs and /openapi.json (file:/path reads it from a file); it allows "
         "every endpoint. Required when httpBindAddress is not a loopback address (see "
         "httpAllowUnauthenticated).", secret=True)
-    http_read_token: str = _key("httpReadToken", _str, "", "http",
+    http_read_token: str = _key("httpReadToken", text, "", "http",
         "Optional bearer token for applications that only read: GET of /v1/topics, /v1/tasks and a topic's "
         "compaction status, /horizon, /compacted and /compacted/last; nothing else (403). Needs "
         "httpAuthToken (file:/path reads it from a file).", secret=True)
-    http_allow_unauthenticated: bool = _key("httpAllowUnauthenticated", _bool, "false", "http",
+    http_allow_unauthenticated: bool = _key("httpAllowUnauthenticated", boolean, "false", "http",
         "true: serve the API without a token on a non-loopback httpBindAddress (otherwise the daemon "
         "refuses to start).")
-    http_allowed_hosts: str = _key("httpAllowedHosts", _host_list, "", "http",
+    http_allowed_hosts: str = _key("httpAllowedHosts", host_list, "", "http",
         "Host header values the API answers to when httpBindAddress is not loopback (name[:port],...; "
         "empty = any); on loopback only localhost, 127.0.0.1 and [::1]. /healthz, /readyz and /metrics "
         "accept any.")
-    http_tls_cert_file: str = _key("httpTlsCertFile", _str, "", "http",
+    http_tls_cert_file: str = _key("httpTlsCertFile", text, "", "http",
         "Certificate (PEM): HTTPS when set with the key.")
-    http_tls_key_file: str = _key("httpTlsKeyFile", _str, "", "http",
+    http_tls_key_file: str = _key("httpTlsKeyFile", text, "", "http",
         "Private key (PEM) of the HTTPS certificate.")
-    http_read_max_bytes: int = _key("httpReadMaxBytes", _int_range(1), "8388608", "http",
+    http_read_max_bytes: int = _key("httpReadMaxBytes", int_range(1), "8388608", "http",
         "Most bytes of keys, values and headers in one page of GET .../compacted (before base64); a page "
         "always holds one entry, and says next_start when it stopped early.")
-    http_max_request_bytes: int = _key("httpMaxRequestBytes", _int_range(1), "1048576", "http",
+    http_max_request_bytes: int = _key("httpMaxRequestBytes", int_range(1), "1048576", "http",
         "Largest request body accepted; a larger one is answered 413 request_too_large.")
-    http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", _int_range(1, 3600), "30",
+    http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", int_range(1, 3600), "30",
         "http", "Time to receive a request's body; a slower one is answered 408 request_timeout.")
-    http_max_connections: int = _key("httpMaxConnections", _int_range(1, 100000), "200", "http",
+    http_max_connections: int = _key("httpMaxConnections", int_range(1, 100000), "200", "http",
         "Requests served at once (the probes and /metrics not counted); more are answered 503 server_busy. "
         "Open connections are capped at twice this plus 50.")
-    http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", _int_range(1, 3600), "5", "http",
+    http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", int_range(1, 3600), "5", "http",
         "A connection that sends no request (a first one, or the next one on a kept-alive connection) "
         "for this long is closed.")
     # Logging
-    log_format: str = _key("logFormat", _choice("text", "json"), "text", "logging",
+    log_format: str = _key("logFormat", choice("text", "json"), "text", "logging",
         "text or json (one object a line).")
-    log_level: str = _key("logLevel", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
+    log_level: str = _key("logLevel", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "logging",
         "DEBUG, INFO, WARNING or ERROR.")
     spark_conf: dict[str, str] = field(default_factory=dict)  # every spark.* key of the file
 

@@ -27,7 +27,7 @@ from compactord.api.auth import ApiGuard
 from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
 from compactord.api.routers import compaction, health, hooks, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
-from compactord.config import is_loopback
+from compactord.config_values import is_loopback
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
 
 if TYPE_CHECKING:
