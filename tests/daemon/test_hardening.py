@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,12 +118,14 @@ def test_a_plugin_that_exits_on_import_refuses_the_start_with_2_not_its_own_code
 # -- 1. HTTP must not load code ---------------------------------------------------------------------
 
 
-def test_a_listed_plugin_is_loaded_at_start_and_may_be_chosen(daemon: DaemonProcess, marks: Path) -> None:
+def test_a_listed_plugin_is_loaded_at_start_and_may_be_chosen(daemon: DaemonProcess, marks: Path,
+                                                              kafka: Any) -> None:
     assert (marks / "tests.support.plugins.listed").read_text() == str(daemon.pid)  # loaded at start-up
-    response = daemon.http.put("/v1/topics/hardening-listed/policies", json={"strategy": LISTED})
+    topic = kafka.topic(prefix="hardening")  # policies are stored for topics that exist
+    response = daemon.http.put(f"/v1/topics/{topic}/policies", json={"strategy": LISTED})
     assert response.status_code == 200, response.text
     assert response.json()["effective"]["strategy"] == LISTED
-    assert daemon.http.delete("/v1/topics/hardening-listed/policies").status_code == 200
+    assert daemon.http.delete(f"/v1/topics/{topic}/policies").status_code == 200
 
 
 @pytest.mark.parametrize("strategy", [UNLISTED, "unittest.__main__:X", "compactord.__main__:main"])
@@ -200,8 +203,8 @@ def test_allowed_hosts_when_bound_to_every_address(open_daemon: DaemonProcess) -
         assert client.get("/metrics", headers={"Host": "10.1.2.3"}).status_code == 200
 
 
-def test_a_state_changing_request_without_a_token_must_say_json(open_daemon: DaemonProcess) -> None:
-    topic = "hardening-cross-site"
+def test_a_state_changing_request_without_a_token_must_say_json(open_daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="hardening")  # an unload is stored for topics that exist
     with httpx.Client(base_url=open_daemon.url, timeout=60.0) as browser_like:
         for method, path, headers in [("POST", f"/v1/topics/{topic}/unload", {}),
                                       ("PUT", f"/v1/topics/{topic}/compaction", {"Content-Type": "text/plain"}),
