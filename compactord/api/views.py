@@ -54,8 +54,9 @@ _SERVER_ERROR_TEXT = {
     "compaction_failed": "the compaction failed; details are in the daemon's log",
 }
 _SERVER_ERROR_DEFAULT = "the daemon could not answer this request; details are in the daemon's log"
-# Built by the daemon from fixed phrases only (``Daemon.readiness_problems``): safe to answer as is.
-_PLAIN_SERVER_ERRORS = frozenset({"not_ready", "unhealthy"})
+# Built from fixed phrases and config values only (``Daemon.readiness_problems``, ``api/limits.py``): safe
+# to answer as is.
+_PLAIN_SERVER_ERRORS = frozenset({"not_ready", "unhealthy", "server_busy"})
 
 
 # -- errors -------------------------------------------------------------------------------------
