@@ -28,8 +28,9 @@ __all__ = [
 ]
 
 # Kafka's own rule (kafka.common.internals.Topic): legal characters, at most 249, not "." or "..".
-_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_TOPIC_LENGTH = 249
+TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"  # and not "." or ".."
+_TOPIC_RE = re.compile(TOPIC_PATTERN)
 
 
 def validate_topic_name(topic: object) -> str:

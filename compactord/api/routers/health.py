@@ -6,7 +6,7 @@ requests waiting on the broker can fill, and they read only what the daemon keep
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from compactord.api.views import readiness_json
 from compactord.errors import NotReady, Unhealthy
+from compactord.model import MAX_TOPIC_LENGTH, TOPIC_PATTERN
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -22,12 +23,24 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
+def with_topic_pattern(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with Kafka's topic-name rule on every ``{topic}`` path parameter (the handlers check it
+    themselves, with the ``invalid_topic_name`` error; the schema says it, so that clients and fuzzers
+    know the real pattern)."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                if parameter.get("in") == "path" and parameter.get("name") == "topic":
+                    parameter.setdefault("schema", {}).update(pattern=TOPIC_PATTERN, maxLength=MAX_TOPIC_LENGTH)
+    return schema
+
+
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
 
     @api.get("/openapi.json", include_in_schema=False)
     def openapi(request: Request) -> JSONResponse:
-        return JSONResponse(request.app.openapi())
+        return JSONResponse(with_topic_pattern(request.app.openapi()))
 
     @api.get("/docs", include_in_schema=False)
     def docs() -> Response:
