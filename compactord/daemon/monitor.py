@@ -237,6 +237,11 @@ class BacklogMonitor:
             return None
 
     def _consider(self, topic: str, failures: int) -> None:
+        # The policy and the topic's last task as they were before the measure: a task that ends (or a
+        # policy set) while this pass measures makes the measure stale, and the next pass decides.
+        policy = dict(self._policies.get(topic).effective(self._settings))
+        last_before = self._registry.last(topic)
+        running_before = self._registry.live(topic) is not None
         known = self.refresh(topic)
         backlog = self.measure(topic)
         self.backlogs[topic] = backlog
@@ -245,9 +250,9 @@ class BacklogMonitor:
         m.backlog_bytes.labels(topic).set(backlog.bytes)
         m.backlog_age.labels(topic).set(backlog.age_seconds)
         m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
-        if self._registry.live(topic) is not None or self._in_backoff(topic, failures):
+        stale = running_before or self._registry.last(topic) is not last_before
+        if stale or self._registry.live(topic) is not None or self._in_backoff(topic, failures):
             return
-        policy = dict(self._policies.get(topic).effective(self._settings))
         implicit = known.implicit_max_lag_seconds()
         if implicit is not None and (policy["maxLagSeconds"] <= 0 or implicit < policy["maxLagSeconds"]):
             policy["maxLagSeconds"] = implicit  # broker-compacted: before its cleaner removes tombstones

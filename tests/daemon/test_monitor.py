@@ -104,7 +104,8 @@ def test_dirty_ratio_trigger(daemon: DaemonProcess, kafka: Any) -> None:
     assert metric(daemon, "compactord_dirty_ratio", topic=topic) == pytest.approx(0.2)
     kafka.produce(topic, [(f"key-{i}", "third") for i in range(20)])  # 25 / 45 = 0.56
     wait_for(lambda: len(tasks_of(daemon, topic)) == 2, MONITOR_WAIT_S, "the dirty-ratio trigger", daemon)
-    wait_for(lambda: re.search(f"compacting topic {topic}: dirty ratio 0.556 > 0.5", daemon.log_text()), 10,
+    # 0.556 once all 20 are in; a pass may see the production half done (e.g. 23 / 43 = 0.535)
+    wait_for(lambda: re.search(rf"compacting topic {topic}: dirty ratio 0\.5\d\d > 0\.5", daemon.log_text()), 10,
              "the log line of the dirty-ratio trigger", daemon)
 
 
