@@ -31,7 +31,8 @@ from enum import Enum
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
 
-__all__ = ["CHECKPOINTS", "TRANSITIONS", "CompactionTaskCtx", "Progress", "TaskProbe", "TaskState", "TaskStats"]
+__all__ = ["CHECKPOINTS", "REASON_KINDS", "TRANSITIONS", "CompactionTaskCtx", "EndRecorder", "Progress", "Reason",
+           "TaskProbe", "TaskState", "TaskStats"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,39 @@ CHECKPOINTS = (
 )
 
 
+#: Why a task runs (``Reason.kind``): a fixed set, so that it can label a metric.
+REASON_KINDS = (
+    "manual",  # PUT .../compaction
+    "rebuild",  # PUT .../compaction?rebuild=true
+    "backlog_bytes",  # the monitor's triggers, one kind each
+    "backlog_records",
+    "max_lag",
+    "dirty_ratio",
+    "log_start",  # the log start moved past ledger entries (retention)
+    "recreated",  # the topic's log is a new one
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a task runs: ``kind`` (one of ``REASON_KINDS``) and ``detail``, the values that fired it
+    (``"backlog 104857600 bytes > threshold 52428800"``)."""
+
+    kind: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in REASON_KINDS:
+            raise ValueError(f"reason kind must be one of {', '.join(REASON_KINDS)}, got: {self.kind!r}")
+
+    @classmethod
+    def combine(cls, fired: list[Reason]) -> Reason:
+        """One reason for several that fired at once: the first one's kind, every detail."""
+        if not fired:
+            raise ValueError("combine needs at least one reason")
+        return cls(fired[0].kind, "; ".join(r.detail for r in fired if r.detail))
+
+
 @dataclass(slots=True)
 class TaskStats:
     """What a task's run did (for metrics, the status and the monitor's size estimate).
@@ -105,6 +139,7 @@ class Progress:
 
 
 StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
+EndRecorder = Callable[["CompactionTaskCtx", TaskState], None]
 
 
 class TaskProbe:
@@ -131,10 +166,14 @@ class CompactionTaskCtx:
         *,
         rebuild: bool = False,
         probe: TaskProbe | None = None,
+        reason: Reason | None = None,
     ) -> None:
         self.task_id = str(uuid.uuid4())
         self.topic = topic
         self.rebuild = rebuild
+        self.reason = reason or Reason("rebuild" if rebuild else "manual")
+        self.caller: str | None = None  # the client address of a manual trigger
+        self.previous_ledger_id: int | None = None  # the ledger this task started from
         self.progress = Progress()
         self.created_at = time.time()
         self.started_at: float | None = None
@@ -153,6 +192,7 @@ class CompactionTaskCtx:
         self._start_hook: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
         self._listeners: list[StateListener] = [self._probe.on_state]
+        self._end_recorders: list[EndRecorder] = []
 
     def __repr__(self) -> str:
         return f"<CompactionTaskCtx {self.task_id} topic={self.topic!r} state={self._state.value}>"
@@ -180,8 +220,6 @@ class CompactionTaskCtx:
                     f"task {self.task_id} of topic {self.topic!r} cannot go from {old.value} to {new.value}"
                 )
             now = time.time()
-            self._state = new
-            self.state_times[new] = now
             if old is TaskState.PENDING:
                 self.started_at = now
             if error is not None:
@@ -193,6 +231,15 @@ class CompactionTaskCtx:
                 self.error_type = code
             if new.terminal:
                 self.finished_at = now
+                # Before the end is visible: whoever sees it (a waiter, a status request) finds it recorded.
+                for record in self._end_recorders:
+                    try:
+                        record(self, new)
+                    except Exception:
+                        log.exception("end recorder failed for task %s", self.task_id)
+            self._state = new
+            self.state_times[new] = now
+            if new.terminal:
                 self._done.set()
         log.debug("task %s %s: %s -> %s", self.task_id, self.topic, old.value, new.value)
         for listener in self._listeners:
@@ -203,6 +250,21 @@ class CompactionTaskCtx:
 
     def add_listener(self, listener: StateListener) -> None:
         self._listeners.append(listener)
+
+    def add_end_recorder(self, recorder: EndRecorder) -> None:
+        """Call ``recorder(task, final_state)`` when the task ends, before the end is visible (its state,
+        ``done``, the listeners): ``finished_at``, the error and the stats are already set. It runs under
+        the task's lock; what it raises is logged and the task ends all the same."""
+        self._end_recorders.append(recorder)
+
+    def set_reason(self, reason: Reason, caller: str | None = None) -> None:
+        """Say why the task runs (and, for a manual trigger, who asked); only before it starts."""
+        with self._lock:
+            if self._state is not TaskState.PENDING:
+                raise IllegalStateTransition(
+                    f"task {self.task_id} of topic {self.topic!r} is {self._state.value}: its reason is set "
+                    "while it is Pending")
+            self.reason, self.caller = reason, caller
 
     def begin_switch(self) -> None:
         """Enter Ending_with_switch_ledger, unless the task was cancelled first (then raise)."""

@@ -106,6 +106,8 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "status": status,
         "state": state.value,
         "task_id": ctx.task_id,
+        "reason": ctx.reason.kind,
+        "reason_detail": ctx.reason.detail,
         "started_at": iso_utc(ctx.started_at or ctx.created_at),
         "finished_at": iso_utc(ctx.finished_at),
         "last_error": ctx.error,

@@ -54,6 +54,10 @@ class Metrics:
             "compactord_compactions", "Ended compactions by result (succeeded, failed, cancelled)",
             ["topic", "result"], registry=r,
         )
+        self.tasks = Counter(
+            "compactord_tasks", "Ended tasks by why they ran (a kind of compactord.task.REASON_KINDS) and result",
+            ["reason", "result"], registry=r,
+        )
         self.duration = Histogram(
             "compactord_compaction_duration_seconds", "Duration of ended compactions", ["topic"],
             buckets=_DURATION_BUCKETS, registry=r,
@@ -106,6 +110,7 @@ class Metrics:
         if result is None:
             return
         self.compactions.labels(topic, result).inc()
+        self.tasks.labels(ctx.reason.kind, result).inc()
         if ctx.started_at is not None and ctx.finished_at is not None:
             self.duration.labels(topic).observe(ctx.finished_at - ctx.started_at)
         stats = ctx.stats

@@ -37,7 +37,7 @@ from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
 from compactord.ledger.store import LedgerStore
 from compactord.model import LedgerManifest, PartitionOffsets, TopicConfigs
-from compactord.task import TaskState
+from compactord.task import Reason, TaskState
 
 __all__ = ["Backlog", "BacklogMonitor", "BrokerTopic", "triggers_fired"]
 
@@ -107,17 +107,20 @@ class BrokerTopic:
         return []
 
 
-def triggers_fired(backlog: Backlog, policy: dict[str, Any]) -> list[str]:
+def triggers_fired(backlog: Backlog, policy: dict[str, Any]) -> list[Reason]:
     """The enabled triggers whose value is strictly greater than their threshold."""
     fired = []
     if policy["thresholdBytes"] > 0 and backlog.bytes > policy["thresholdBytes"]:
-        fired.append(f"backlog {backlog.bytes} bytes > {policy['thresholdBytes']}")
+        fired.append(Reason("backlog_bytes", f"backlog {backlog.bytes} bytes > threshold {policy['thresholdBytes']}"))
     if policy["thresholdMessages"] > 0 and backlog.records > policy["thresholdMessages"]:
-        fired.append(f"backlog {backlog.records} records > {policy['thresholdMessages']}")
+        fired.append(Reason("backlog_records",
+                            f"backlog {backlog.records} records > threshold {policy['thresholdMessages']}"))
     if policy["maxLagSeconds"] > 0 and backlog.records > 0 and backlog.age_seconds > policy["maxLagSeconds"]:
-        fired.append(f"oldest uncompacted record {backlog.age_seconds:.0f}s old > {policy['maxLagSeconds']}s")
+        fired.append(Reason("max_lag", f"oldest uncompacted record {backlog.age_seconds:.0f}s old > threshold "
+                                       f"{policy['maxLagSeconds']}s"))
     if policy["minDirtyRatio"] > 0 and backlog.records > 0 and backlog.dirty_ratio > policy["minDirtyRatio"]:
-        fired.append(f"dirty ratio {backlog.dirty_ratio:.3f} > {policy['minDirtyRatio']}")
+        fired.append(Reason("dirty_ratio",
+                            f"dirty ratio {backlog.dirty_ratio:.3f} > threshold {policy['minDirtyRatio']}"))
     return fired
 
 
@@ -259,13 +262,14 @@ class BacklogMonitor:
         fired = triggers_fired(backlog, policy) + self._view_triggers(topic, known)
         if not fired:
             return
-        log.info("compacting topic %s: %s", topic, "; ".join(fired))
+        reason = Reason.combine(fired)
+        log.info("compacting topic %s (reason %s): %s", topic, reason.kind, reason.detail)
         try:
-            self._registry.trigger(topic, backlog=backlog.bytes)
+            self._registry.trigger(topic, backlog=backlog.bytes, reason=reason)
         except CompactionAlreadyRunning:
             pass
 
-    def _view_triggers(self, topic: str, known: BrokerTopic) -> list[str]:
+    def _view_triggers(self, topic: str, known: BrokerTopic) -> list[Reason]:
         """Reasons to compact that are not a backlog: the ledger is of a log that no longer exists, or the
         log start moved past entries the ledger still holds (retention)."""
         try:
@@ -276,10 +280,10 @@ class BacklogMonitor:
             return []
         recreated = known.new_log(manifest)
         if recreated is not None:
-            return [f"the topic was recreated ({recreated})"]
+            return [Reason("recreated", f"the topic was recreated ({recreated})")]
         moved = [p for p, start in known.log_starts().items()
                  if start > manifest.log_start.get(p, 0) and start <= manifest.horizon.get(p, -1)]
-        return [f"the log start moved in partitions {moved} (retention)"] if moved else []
+        return [Reason("log_start", f"the log start moved in partitions {moved} (retention)")] if moved else []
 
     def _in_backoff(self, topic: str, failures: int) -> bool:
         if failures == 0:

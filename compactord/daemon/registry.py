@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from compactord.errors import CompactionAlreadyRunning, NoTaskRunning, TaskNotCancellable
 from compactord.interfaces import CompactionServiceFactory, TopicCompactionService
 from compactord.model import validate_topic_name
-from compactord.task import CompactionTaskCtx, TaskState
+from compactord.task import CompactionTaskCtx, EndRecorder, Reason, TaskState
 
 __all__ = ["CancelOutcome", "TaskRegistry"]
 
@@ -48,8 +48,11 @@ class TaskRegistry:
         monitor_interval_s: float,
         on_end: Callable[[CompactionTaskCtx], None] | None = None,
         release_after_s: float = 600.0,
+        recorder: EndRecorder | None = None,
     ) -> None:
+        """``recorder``: called as each task ends, before its end is visible (``add_end_recorder``)."""
         self._factory = factory
+        self._recorder = recorder
         self._release_after = release_after_s
         self._max = max_concurrent
         self._starve_after = 2 * monitor_interval_s
@@ -70,8 +73,10 @@ class TaskRegistry:
 
     # -- trigger and slots ----------------------------------------------------------------------
 
-    def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0) -> CompactionTaskCtx:
-        """Queue a compaction of ``topic``; it starts when a slot is free.
+    def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0, reason: Reason | None = None,
+                caller: str | None = None) -> CompactionTaskCtx:
+        """Queue a compaction of ``topic``; it starts when a slot is free. ``reason``: why (default manual,
+        or rebuild); ``caller``: the client address of a manual trigger.
 
         :raises CompactionAlreadyRunning: the topic has a live task (it is attached to the error).
         """
@@ -83,10 +88,14 @@ class TaskRegistry:
             if live is not None and not live.done:
                 raise CompactionAlreadyRunning(topic, live)
             ctx = service.compact(rebuild=rebuild, start=False)
+            ctx.set_reason(reason or Reason("rebuild" if rebuild else "manual"), caller)
+            if self._recorder is not None:
+                ctx.add_end_recorder(self._recorder)
             ctx.add_listener(self._on_state)
             self._live[topic] = ctx
             self._history.setdefault(topic, collections.deque(maxlen=HISTORY)).append(ctx)
             self._waiting.append(_Waiting(ctx, backlog, time.monotonic()))
+        log.info("task %s of topic %s queued (reason %s)", ctx.task_id, topic, ctx.reason.kind)
         self._dispatch()
         return ctx
 

@@ -97,9 +97,9 @@ class CompactionRun:
             self._after_switch(old, plan, ledger_id)
             ctx.ledger_id = ledger_id
             ctx.transition(TaskState.SUCCEED)
-            log.info("topic %s compacted into ledger %d: %d read, %d kept, %d removed in %.1fs",
-                     self.topic, ledger_id, manifest.records_read, manifest.records_kept, manifest.removed,
-                     manifest.finished_at_ms / 1000 - started)
+            log.info("topic %s compacted into ledger %d (reason %s): %d read, %d kept, %d removed in %.1fs",
+                     self.topic, ledger_id, ctx.reason.kind, manifest.records_read, manifest.records_kept,
+                     manifest.removed, manifest.finished_at_ms / 1000 - started)
         except CompactionCancelled as exc:
             if not ctx.done:
                 ctx.fail(exc)
@@ -108,7 +108,8 @@ class CompactionRun:
             if ctx.cancelled:
                 log.info("compaction of topic %s (task %s) stopped after cancel: %s", self.topic, ctx.task_id, exc)
             else:
-                log.error("compaction of topic %s (task %s) failed: %s", self.topic, ctx.task_id, exc,
+                log.error("compaction of topic %s (task %s, reason %s) failed: %s", self.topic, ctx.task_id,
+                          ctx.reason.kind, exc,
                           exc_info=not hasattr(exc, "code"))
                 ctx.fail(exc)
         finally:
@@ -135,6 +136,7 @@ class CompactionRun:
             # the base of the next one (it would fail every run, or carry the damage over).
             handle = self.service.current(recheck=True)
             previous = handle.manifest if handle is not None else None
+            self.ctx.previous_ledger_id = previous.ledger_id if previous is not None else None
         except LedgerCorrupt as exc:
             reasons.append(f"the current ledger is corrupt ({exc})")
             with contextlib.suppress(LedgerCorrupt):

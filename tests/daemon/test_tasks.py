@@ -230,7 +230,7 @@ def test_unload_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared:
     assert loaded.status_code == 200 and loaded.json() == {"topic": topic, "unloaded": False}
     assert not (daemon.root / topic / "UNLOADED").exists()
     wait_for(lambda: len(task_ids(daemon, topic)) == 3, 30, "the monitor to trigger the loaded topic", daemon)
-    assert f"compacting topic {topic}: backlog" in daemon.log_text()
+    assert f"compacting topic {topic} (reason backlog_records): backlog" in daemon.log_text()
     assert daemon.http.delete(f"/v1/topics/{topic}/policies").status_code == 200
     assert daemon.http.delete(f"/v1/topics/{topic}/compaction").status_code == 200
 

@@ -309,3 +309,55 @@ def test_task_id_is_a_uuid() -> None:
     assert str(uuid.UUID(first.task_id)) == first.task_id
     assert first.task_id != second.task_id
     assert first.task_id in repr(first)
+
+
+# -- why it runs, and what is recorded before its end is visible ------------------------------------
+
+
+def test_the_reason_defaults_to_manual_or_rebuild_and_is_set_only_while_pending() -> None:
+    from compactord.task import REASON_KINDS, Reason
+
+    assert CompactionTaskCtx("orders").reason == Reason("manual")
+    assert CompactionTaskCtx("orders", rebuild=True).reason == Reason("rebuild")
+    task = CompactionTaskCtx("orders")
+    task.set_reason(Reason("backlog_bytes", "backlog 2000 bytes > threshold 500"), caller=None)
+    assert task.reason.kind == "backlog_bytes" and task.reason.detail.endswith("threshold 500")
+    task.transition(S.CREATING_RAW_READER)
+    with pytest.raises(IllegalStateTransition, match="Pending"):
+        task.set_reason(Reason("manual"))
+    with pytest.raises(ValueError, match="backlog_bytes") as raised:
+        Reason("because")
+    assert "'because'" in str(raised.value)
+    assert Reason.combine([Reason("max_lag", "a"), Reason("dirty_ratio", "b")]) == Reason("max_lag", "a; b")
+    assert len(REASON_KINDS) == len(set(REASON_KINDS))
+
+
+@pytest.mark.parametrize("final", [S.SUCCEED, S.FAILED, S.CANCELLED])
+def test_an_end_recorder_runs_before_the_end_is_visible(final: TaskState) -> None:
+    seen: list[tuple[TaskState, bool, TaskState, float | None, str | None]] = []
+    task = task_in(S.RUNNING if final is S.SUCCEED else S.PENDING)
+    task.add_end_recorder(lambda t, new: seen.append((t.state, t.done, new, t.finished_at, t.error)))
+    ended: list[bool] = []
+    task.add_listener(lambda t, old, new: ended.append(bool(seen)))
+    if final is S.SUCCEED:
+        task.transition(S.SUCCEED)
+    elif final is S.FAILED:
+        task.fail(RuntimeError("boom"))
+    else:
+        task.cancel("stop")
+    [(state, done, new, finished_at, error)] = seen
+    assert state is not final and not done and new is final  # not yet visible to a waiter
+    assert finished_at is not None and finished_at == task.finished_at  # but its end time is known
+    assert error == {S.SUCCEED: None, S.FAILED: "boom", S.CANCELLED: "stop"}[final]
+    assert ended == [True]  # the listeners come after the recorder
+
+
+def test_a_failing_end_recorder_does_not_stop_the_end() -> None:
+    task = task_in(S.PENDING)
+
+    def broken(t: CompactionTaskCtx, new: TaskState) -> None:
+        raise OSError("disk full")
+
+    task.add_end_recorder(broken)
+    task.cancel()
+    assert task.done and task.state is S.CANCELLED

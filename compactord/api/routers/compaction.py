@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from compactord.api.views import task_status, tasks_json, topic_status
@@ -22,13 +22,14 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
     cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
 
     @api.put("/v1/topics/{topic}/compaction", status_code=202, tags=["compaction"], dependencies=[broker_slot])
-    def trigger(topic: str, rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")
-                ) -> JSONResponse:
+    def trigger(request: Request, topic: str,
+                rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")) -> JSONResponse:
         """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic)."""
         validate_topic_name(topic)
         daemon.require_topic(topic)
         daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back
-        ctx = daemon.registry.trigger(topic, rebuild=rebuild)
+        caller = request.client.host if request.client is not None else None
+        ctx = daemon.registry.trigger(topic, rebuild=rebuild, caller=caller)
         return JSONResponse(task_status(ctx), status_code=202)
 
     @api.get("/v1/topics/{topic}/compaction", tags=["compaction"])
