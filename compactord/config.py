@@ -126,6 +126,11 @@ class Settings:
         "compaction", "Offset ranges per Spark core that the topic is split into for reading.")
     compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),
         "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
+    compaction_history_max_runs: int = _key("compactionHistoryMaxRuns", int_range(1, 100_000), "1000",
+        "compaction", "Runs kept in each topic's run history (GET /v1/topics/{topic}/history); older ones are "
+        "dropped.")
+    compaction_history_max_age_days: int = _key("compactionHistoryMaxAgeDays", int_range(1, 36500), "30",
+        "compaction", "Days a run stays in its topic's run history.")
     # Spark
     spark_master: str = _key("sparkMaster", text, "local[*]", "spark",
         "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark).")

@@ -1,0 +1,155 @@
+"""The run history store (``compactord.daemon.history``) on a real folder: records made from real task
+objects, appended durably, paged newest first, bounded by count and age, and tolerant of a torn line."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from compactord.daemon.history import RunHistory, RunRecord
+from compactord.errors import InvalidArgument, InvalidTopicName
+from compactord.task import CompactionTaskCtx, Reason, TaskState
+
+S = TaskState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()  # the records carry the real end times of their tasks
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ended(topic: str = "orders", final: TaskState = S.SUCCEED, **stats: int) -> RunRecord:
+    """A record of a real task that went through the states to ``final``."""
+    ctx = CompactionTaskCtx(topic)
+    ctx.set_reason(Reason("backlog_records", "backlog 10 records > threshold 5"), caller=None)
+    ctx.transition(S.CREATING_RAW_READER)
+    ctx.previous_ledger_id = 3
+    captured: list[RunRecord] = []
+    ctx.add_end_recorder(lambda t, new: captured.append(RunRecord.of_task(t, new)))
+    if final is S.SUCCEED:
+        ctx.transition(S.RUNNING)
+        for name, value in stats.items():
+            setattr(ctx.stats, name, value)
+        ctx.transition(S.ENDING_WITH_SWITCH_LEDGER)
+        ctx.ledger_id = 4
+        ctx.transition(S.SUCCEED)
+    elif final is S.FAILED:
+        ctx.progress.records_read = 7
+        ctx.fail(RuntimeError("the broker went away"))
+    else:
+        ctx.cancel("cancelled by request")
+    [record] = captured
+    return record
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def history(tmp_path: Path, clock: Clock, max_runs: int = 1000, max_age_days: float = 30) -> RunHistory:
+    return RunHistory(tmp_path / "@compactord" / "history", max_runs, max_age_days, clock=clock)
+
+
+def test_a_record_holds_what_the_task_did(tmp_path: Path, clock: Clock) -> None:
+    done = ended(records_read=12, records_kept=3, markers=1, removed=8, bytes_read=120, bytes_written=900)
+    assert (done.state, done.reason, done.reason_detail) == ("Succeed", "backlog_records",
+                                                             "backlog 10 records > threshold 5")
+    assert (done.records_read, done.records_written, done.removed, done.bytes_read, done.bytes_written) == \
+        (12, 4, 8, 120, 900)
+    assert (done.ledger_before, done.ledger_after, done.error) == (3, 4, None)
+    assert done.started_at is not None and done.finished_at >= done.started_at
+    failed = ended(final=S.FAILED)
+    assert (failed.state, failed.error, failed.records_read, failed.records_written) == \
+        ("Failed", "the broker went away", 7, 0)
+    assert failed.ledger_after == 3  # nothing replaced the ledger it started from
+    cancelled = ended(final=S.CANCELLED)
+    assert (cancelled.state, cancelled.error_type) == ("Cancelled", "compaction_cancelled")
+
+
+def test_appended_runs_are_read_back_newest_first_after_a_new_start(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    first = store.append(ended())
+    second = store.append(ended(final=S.FAILED))
+    assert (first.seq, second.seq) == (1, 2)
+    again = history(tmp_path, clock)  # what a restarted daemon reads
+    assert [r.task_id for r in again.runs("orders")] == [second.task_id, first.task_id]
+    assert again.last("orders") == second
+    assert again.append(ended()).seq == 3  # numbering goes on
+    assert again.runs("other") == [] and again.last("other") is None
+    assert store.path("orders") == tmp_path / "@compactord" / "history" / "orders.jsonl"
+
+
+def test_pages_go_from_newest_to_oldest(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    ids = [store.append(ended()).task_id for _ in range(5)]
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = store.page("orders", 2, cursor)
+        seen += [r.task_id for r in page.runs]
+        pages += 1
+        if page.next is None:
+            break
+        cursor = page.next
+    assert seen == list(reversed(ids)) and pages == 3
+    assert store.page("orders", 5).next is None  # exactly one full page: no next
+    for bad in ("abc", "-1", "1.5", "9" * 40):
+        with pytest.raises(InvalidArgument, match="cursor"):
+            store.page("orders", 2, bad)
+    for bad_limit in (0, 1001):
+        with pytest.raises(InvalidArgument, match="limit"):
+            store.page("orders", bad_limit)
+    with pytest.raises(InvalidTopicName):
+        store.page("../escape", 1)
+
+
+def test_the_history_keeps_at_most_max_runs(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock, max_runs=10)
+    ids = [store.append(ended()).task_id for _ in range(25)]
+    assert [r.task_id for r in store.runs("orders")] == list(reversed(ids[-10:]))
+    lines = store.path("orders").read_bytes().splitlines()
+    assert len(lines) <= 10 + 1  # rewritten once past a tenth over the bound
+    assert [r.seq for r in history(tmp_path, clock, max_runs=10).runs("orders")] == list(range(25, 15, -1))
+
+
+def test_runs_older_than_max_age_are_dropped(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock, max_age_days=1)
+    old = ended()
+    store.append(RunRecord(**{**old.to_json(), "finished_at": clock.now - 2 * 86400}))
+    recent = store.append(ended())
+    assert [r.task_id for r in store.runs("orders")] == [recent.task_id]  # the old one is not answered
+    assert len(store.path("orders").read_bytes().splitlines()) == 1  # and the append dropped it from the file
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_run_starts_a_line(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    kept = store.append(ended())
+    path = store.path("orders")
+    whole = path.read_bytes()
+    with open(path, "ab") as f:  # a crash half-way through the second append
+        f.write(json.dumps(ended().to_json()).encode()[:40])
+    restarted = history(tmp_path, clock)
+    assert [r.task_id for r in restarted.runs("orders")] == [kept.task_id]
+    after = restarted.append(ended())
+    assert [r.task_id for r in restarted.runs("orders")] == [after.task_id, kept.task_id]
+    assert path.read_bytes().startswith(whole) and path.read_bytes().endswith(b"}\n")
+    assert after.seq == 2
+
+
+def test_delete_removes_the_topic_s_history_only(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    store.append(ended("orders"))
+    store.append(ended("prices"))
+    store.delete("orders")
+    store.delete("never-had-one")
+    assert not store.path("orders").exists() and store.runs("orders") == []
+    assert len(store.runs("prices")) == 1
+    assert store.append(ended("orders")).seq == 1  # a new topic of the same name starts afresh
+    assert sorted(os.listdir(store.folder)) == ["orders.jsonl", "prices.jsonl"]
