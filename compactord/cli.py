@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     read.add_argument("--limit", type=int, default=20)
     read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8",
                       help="utf8 (the CLI's default, for reading text) or base64 (the API's default)")
+    history = client("history", "the topic's past runs, newest first (kept across restarts)")
+    history.add_argument("--limit", type=int, default=20, help="runs to show (default 20, at most 1000)")
+    history.add_argument("--cursor", help="show older runs: the cursor printed after the previous page")
     client("topics", "every known topic with its backlog and last compaction", topic=False)
     client("tasks", "recent tasks", topic=False)
     return parser
@@ -119,6 +122,8 @@ def _client(args: argparse.Namespace) -> int:
         body = daemon.horizon(topic)
     elif cmd == "read":
         body = daemon.compacted(topic, args.partition, args.start, args.limit, encoding=args.encoding)
+    elif cmd == "history":
+        body = daemon.history(topic, args.limit, args.cursor)
     elif cmd == "topics":
         body = daemon.topics()
     else:
@@ -144,6 +149,14 @@ def _print_table(cmd: str, body: Any) -> None:
             print(f"{e['partition']:>9}  {e['offset']:>10}  {e['key']!s:<24}  {e['value']}")
         if body.get("next_start") is not None:
             print(f"(more: --start {body['next_start']})")
+    elif cmd == "history":
+        print(f"{'FINISHED':<24}  {'STATE':<9}  {'REASON':<15}  {'READ':>9}  {'WRITTEN':>9}  {'TASK':<36}  DETAIL")
+        for r in body["runs"]:
+            detail = r["error"] or r["reason_detail"] or (f"by {r['caller']}" if r.get("caller") else "")
+            print(f"{r['finished_at']:<24}  {r['state']:<9}  {r['reason']:<15}  {r['records_read']:>9}  "
+                  f"{r['records_written']:>9}  {r['task_id']:<36}  {detail}")
+        if body.get("next") is not None:
+            print(f"(older runs: --cursor {body['next']})")
     elif cmd == "topics":
         print(f"{'TOPIC':<32} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
         for t in body["topics"]:

@@ -114,6 +114,12 @@ class DaemonClient:
     def topics(self) -> Any:
         return self.request("GET", "/v1/topics")
 
+    def history(self, topic: str, limit: int = 50, cursor: str | None = None) -> Any:
+        query: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            query["cursor"] = cursor
+        return self.request("GET", f"{self.topic_path(topic)}/history", query)
+
     def tasks(self) -> Any:
         return self.request("GET", "/v1/tasks")
 

@@ -19,6 +19,7 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
+    from compactord.daemon.history import RunPage, RunRecord
     from compactord.daemon.core import Daemon, Readiness
     from compactord.daemon.policies import TopicPolicies
 
@@ -26,12 +27,14 @@ __all__ = [
     "deleted_json",
     "entry_json",
     "error_response",
+    "history_json",
     "horizon_json",
     "optional_task_status",
     "page_json",
     "policies_json",
     "problem_response",
     "readiness_json",
+    "run_json",
     "task_status",
     "tasks_json",
     "topic_status",
@@ -127,16 +130,39 @@ def optional_task_status(ctx: CompactionTaskCtx | None) -> dict[str, Any] | None
     return task_status(ctx) if ctx is not None else None
 
 
+def run_status(run: RunRecord) -> dict[str, Any]:
+    """The status object of a run read from the history (a task of an earlier process)."""
+    return {
+        "topic": run.topic,
+        "status": "SUCCESS" if run.state == TaskState.SUCCEED.value else "ERROR",
+        "state": run.state,
+        "task_id": run.task_id,
+        "reason": run.reason,
+        "reason_detail": run.reason_detail,
+        "started_at": iso_utc(run.started_at or run.created_at),
+        "finished_at": iso_utc(run.finished_at),
+        "last_error": run.error,
+        "progress": {"records_read": run.records_read, "records_total": run.records_read},
+        "full_rebuild": run.full_rebuild,
+        "recreated": run.recreated,
+        "warnings": [],
+    }
+
+
 def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
-    """The status of the topic's last compaction: the last task's, else the current ledger's
-    (a ledger from before this process started), else NOT_RUN."""
+    """The status of the topic's last compaction: the last task's, else the last run of its history (a
+    task of an earlier process), else the current ledger's, else NOT_RUN."""
     last = daemon.registry.last(topic)
     if last is not None:
         return task_status(last)
+    run = daemon.history.last(topic)
+    if run is not None:
+        return run_status(run)
     service = daemon.registry.existing_service(topic)
     manifest = None if service is None else service.ledger_info()
-    none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
-            "full_rebuild": False, "recreated": False, "warnings": []}
+    none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
+            "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
+            "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
@@ -197,6 +223,37 @@ def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:
         },
         "warnings": warnings,
     }
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    """One run of a topic's history."""
+    return {
+        "task_id": run.task_id,
+        "state": run.state,
+        "reason": run.reason,
+        "reason_detail": run.reason_detail,
+        "caller": run.caller,
+        "created_at": iso_utc(run.created_at),
+        "started_at": iso_utc(run.started_at),
+        "finished_at": iso_utc(run.finished_at),
+        "records_read": run.records_read,
+        "bytes_read": run.bytes_read,
+        "records_written": run.records_written,
+        "bytes_written": run.bytes_written,
+        "removed": run.removed,
+        "ledger_before": run.ledger_before,
+        "ledger_after": run.ledger_after,
+        "full_rebuild": run.full_rebuild,
+        "recreated": run.recreated,
+        "skipped": run.skipped,
+        "error": run.error,
+        "error_type": run.error_type,
+    }
+
+
+def history_json(topic: str, page: RunPage) -> dict[str, Any]:
+    """A page of the topic's run history, newest first."""
+    return {"topic": topic, "runs": [run_json(r) for r in page.runs], "next": page.next}
 
 
 def policies_json(topic: str, policies: TopicPolicies, settings: Settings) -> dict[str, Any]:

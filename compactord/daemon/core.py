@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactord.config import Settings
+from compactord.daemon.history import RunHistory, RunRecord
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
@@ -42,7 +43,7 @@ from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, Serv
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
-from compactord.task import CompactionTaskCtx
+from compactord.task import CompactionTaskCtx, TaskState
 
 __all__ = ["Daemon", "Readiness"]
 
@@ -51,6 +52,7 @@ WATCH_EVERY_S = 2.0
 BROKER_PING_EVERY_S = 5.0  # while it answers; every WATCH_EVERY_S while it does not
 JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
+HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl, the run history of each topic
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,14 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
     return cls()
 
 
-def _open_store(root: str) -> LedgerStore:
-    """:raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted)."""
+def _open_store(root: str) -> tuple[LedgerStore, list[str]]:
+    """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it).
+
+    :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted)."""
     store = LedgerStore(root)
     try:
-        return store.open()
+        pending = [t for t in store.topics() if store.deletion_pending(t)]
+        return store.open(), pending
     except CompactordError:  # LedgerRootUnwritable, InsufficientDiskSpace, LedgerRootLocked: as they are
         raise
     except OSError as exc:
@@ -97,7 +102,11 @@ class Daemon:
             raise ValueError(f"jvm_check_timeout_s must be positive, got: {jvm_check_timeout_s!r}")
         self.settings = settings
         self._jvm_check_timeout_s = jvm_check_timeout_s
-        self.store = _open_store(settings.compacted_ledger_root)
+        self.store, deleted = _open_store(settings.compacted_ledger_root)
+        self.history = RunHistory(self.store.root / DAEMON_DIR / HISTORY_DIR, settings.compaction_history_max_runs,
+                                  settings.compaction_history_max_age_days)
+        for topic in deleted:  # the rest of the topic went in open()
+            self._delete_history(topic)
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
@@ -114,7 +123,8 @@ class Daemon:
         self._apply_stored_strategies()
         self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
-                                     on_end=self._task_ended, release_after_s=settings.task_timeout_seconds)
+                                     on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
+                                     recorder=self._record_run)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics)
         self.fatal: str | None = None
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
@@ -307,6 +317,7 @@ class Daemon:
             log.warning("topic %s: a new compaction started while it was being deleted; not deleted", topic)
             self.store.unmark_deleting(topic)
             return
+        self._delete_history(topic)  # while the deletion mark stands: a restart completes the deletion
         self.store.delete_topic(topic)  # policies and marks too (the deletion mark last)
         # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
         self.factory.set_topic_strategy(topic, None)
@@ -314,7 +325,7 @@ class Daemon:
         self.monitor.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)
-        log.info("topic %s deleted: ledgers, horizon and policies removed", topic)
+        log.info("topic %s deleted: ledgers, horizon, policies and run history removed", topic)
 
     def set_policies(self, topic: str, policies: TopicPolicies | None) -> None:
         if policies is None:
@@ -337,6 +348,21 @@ class Daemon:
         on_broker = set(self.admin.list_topics())
         known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
         return {topic: topic in on_broker for topic in sorted(known)}
+
+    # -- run history ----------------------------------------------------------------------------
+
+    def _record_run(self, ctx: CompactionTaskCtx, final: TaskState) -> None:
+        """The task's end recorder: the run is in the history before anyone sees the end."""
+        try:
+            self.history.append(RunRecord.of_task(ctx, final))
+        except (CompactordError, OSError) as exc:
+            log.error("topic %s: run %s not recorded in the run history: %s", ctx.topic, ctx.task_id, exc)
+
+    def _delete_history(self, topic: str) -> None:
+        try:
+            self.history.delete(topic)
+        except OSError as exc:
+            log.error("topic %s: its run history could not be removed: %s", topic, exc)
 
     # -- metrics --------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class RunRecord:
     ledger_before: int | None
     ledger_after: int | None  # the ledger current after the run (the one before, if none was written)
     full_rebuild: bool
+    recreated: bool  # rebuilt in full because the topic's log is a new one
     skipped: bool  # nothing new since the horizon
     error: str | None
     error_type: str | None
@@ -87,7 +88,7 @@ class RunRecord:
             removed=stats.removed if succeeded else 0,
             ledger_before=ctx.previous_ledger_id,
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
-            full_rebuild=stats.full_rebuild, skipped=stats.skipped, error=_cut(ctx.error), error_type=ctx.error_type,
+            full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped, error=_cut(ctx.error), error_type=ctx.error_type,
         )
 
     def to_json(self) -> dict[str, Any]:

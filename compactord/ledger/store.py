@@ -7,6 +7,7 @@ Layout::
     <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
     <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
     <root>/@compactord/quarantine/<topic>-<time>/  ledgers of a topic found without its CURRENT
+    <root>/@compactord/history/<topic>.jsonl       the topic's run history (``daemon/history.py``)
     <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
     <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
     <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()

@@ -1,0 +1,31 @@
+"""The run history of a topic: its ended tasks, kept across restarts (``daemon/history.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Query
+
+from compactord.api.views import history_json
+from compactord.model import validate_topic_name
+
+if TYPE_CHECKING:
+    from compactord.daemon.core import Daemon
+
+__all__ = ["router"]
+
+
+def router(daemon: Daemon) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/v1/topics/{topic}/history", tags=["compaction"])
+    def history(topic: str, limit: int = Query(50, description="runs per page, 1 to 1000"),
+                cursor: str | None = Query(None, description="the 'next' of the previous page")) -> dict[str, Any]:
+        """The topic's runs, newest first: ``{"runs": [...], "next": cursor or null}``. A run says why it
+        ran, who asked (a manual trigger), when, how it ended, what it read and wrote, and the ledgers
+        before and after. Kept under the ledger root within compactionHistoryMaxRuns and
+        compactionHistoryMaxAgeDays; deleted with the topic."""
+        validate_topic_name(topic)
+        return history_json(topic, daemon.history.page(topic, limit, cursor))
+
+    return api
