@@ -392,4 +392,5 @@ class Daemon:
             "pending": self.registry.pending_count(),
             "last_success": dict(self._last_success),
             "quarantined": len(self.store.quarantined()),
+            "monitor_last_run": self.monitor.last_run,
         }

@@ -39,6 +39,12 @@ class _LiveCollector(Collector):
         for topic, ts in snap["last_success"].items():
             since.add_metric([topic], max(0.0, now - ts))
         yield since
+        since_monitor = GaugeMetricFamily(
+            "compactord_seconds_since_monitor_run",
+            "Seconds since the backlog monitor's last pass ended (no sample before the first pass)")
+        if snap.get("monitor_last_run") is not None:
+            since_monitor.add_metric([], max(0.0, now - snap["monitor_last_run"]))
+        yield since_monitor
         yield GaugeMetricFamily(
             "compactord_quarantined_topics",
             "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
@@ -100,6 +106,21 @@ class Metrics:
                                     "Topics with a ledger that the broker no longer lists", registry=r)
         self.topic_missing = Gauge("compactord_topic_missing_on_broker", "1 if the broker no longer lists the topic",
                                    ["topic"], registry=r)
+        self.max_compaction_delay = Gauge(
+            "compactord_max_compaction_delay_seconds",
+            "Largest age of an uncompacted record (the oldest after the horizon) over the monitored topics, at "
+            "the monitor's last pass (Kafka's max-compaction-delay-secs)", registry=r)
+        self.max_dirty_ratio = Gauge("compactord_max_dirty_ratio",
+                                     "Largest dirty ratio over the monitored topics (Kafka's max-dirty-percent / 100)",
+                                     registry=r)
+        self.uncleanable_bytes = Gauge(
+            "compactord_uncleanable_bytes",
+            "Backlog bytes of the monitored topics whose last compaction failed (Kafka's uncleanable-bytes)",
+            registry=r)
+        self.last_run_kept_ratio = Gauge(
+            "compactord_last_run_kept_ratio",
+            "Of the records the topic's last successful compaction read, the share it kept (entries and "
+            "deletion markers written / records read)", ["topic"], registry=r)
         self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
         if snapshot is not None:
@@ -122,6 +143,8 @@ class Metrics:
             self.bytes_written.labels(topic).inc(stats.bytes_written)
             self.compacted_entries.labels(topic).set(stats.records_kept)
             self.compacted_bytes.labels(topic).set(stats.bytes_written)
+            if stats.records_read:
+                self.last_run_kept_ratio.labels(topic).set((stats.records_kept + stats.markers) / stats.records_read)
             if stats.recreated:
                 self.recreated_rebuilds.labels(topic).inc()
             if stats.switch_warning:
@@ -134,7 +157,7 @@ class Metrics:
                        self.removed, self.records_read, self.bytes_read, self.records_written,
                        self.bytes_written, self.compacted_entries, self.compacted_bytes, self.backlog_records,
                        self.backlog_bytes, self.backlog_age, self.dirty_ratio, self.topic_uncleanable,
-                       self.ledger_corrupt, self.topic_missing):
+                       self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio):
             with contextlib.suppress(KeyError):  # prometheus-client < 0.21 raises for an absent series
                 metric.remove(topic)
         for result in _RESULT.values():

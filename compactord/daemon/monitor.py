@@ -217,10 +217,15 @@ class BacklogMonitor:
             if not self._pattern.fullmatch(topic):  # matching topics are refreshed by _consider
                 self.refresh_quietly(topic)
         uncleanable = 0
+        failing: set[str] = set()
+        monitored: list[str] = []
         for topic in sorted(broker_topics):
             if not self._pattern.fullmatch(topic):
                 continue
+            monitored.append(topic)
             failures = self._registry.recent_failures(topic)
+            if failures:
+                failing.add(topic)
             self._metrics.topic_uncleanable.labels(topic).set(1 if failures >= UNCLEANABLE_AFTER else 0)
             uncleanable += failures >= UNCLEANABLE_AFTER
             if self._policies.unloaded(topic):
@@ -230,7 +235,17 @@ class BacklogMonitor:
             except CompactordError as exc:
                 log.warning("backlog of topic %s not measured: %s", topic, exc)
         self._metrics.uncleanable.set(uncleanable)
+        self._set_cleanliness(monitored, failing)
         self._registry.kick()
+
+    def _set_cleanliness(self, monitored: list[str], failing: set[str]) -> None:
+        """The gauges over every monitored topic (Kafka's cleaner's): the largest compaction delay and
+        dirty ratio, and the backlog that failing compactions leave behind."""
+        measured = [(t, b) for t in monitored if (b := self.backlogs.get(t)) is not None]
+        m = self._metrics
+        m.max_compaction_delay.set(max((b.age_seconds for _t, b in measured if b.records), default=0.0))
+        m.max_dirty_ratio.set(max((b.dirty_ratio for _t, b in measured), default=0.0))
+        m.uncleanable_bytes.set(sum(b.bytes for t, b in measured if t in failing))
 
     def refresh_quietly(self, topic: str) -> BrokerTopic | None:
         try:

@@ -31,6 +31,8 @@ SHARED_TOKEN = "s3cret-shared-token"
 # broker-wide, only the messages trigger is on (test_monitor.py turns triggers on per topic).
 MONITOR_PATTERN = "mon-[0-9]+-[0-9a-f]{6}"
 SHARED_THRESHOLD_MESSAGES = 1000
+# A strategy plug-in the shared daemon lists: a topic that chooses it fails every compaction.
+FAILING_STRATEGY = "tests.support.plugins.failing:FailingOrder"
 
 
 class Launcher:
@@ -102,8 +104,8 @@ def launch(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="package")
 def shared_daemon(broker: EmbeddedBroker,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """One daemon with a bearer token (given as file:/path), null keys retained and a one-second
-    monitor over the ``mon-*`` topics."""
+    """One daemon with a bearer token (given as file:/path), null keys retained, a one-second monitor
+    over the ``mon-*`` topics, and a strategy plug-in that fails (``FAILING_STRATEGY``)."""
     launcher = Launcher(broker, tmp_path_factory.mktemp("shared"))
     try:
         yield launcher(
@@ -112,6 +114,7 @@ def shared_daemon(broker: EmbeddedBroker,
             compactionThresholdInMessages=SHARED_THRESHOLD_MESSAGES,
             compactionTopicsPattern=MONITOR_PATTERN,
             compactionMaxConcurrentTasks=2,
+            compactionStrategyPlugins=FAILING_STRATEGY,
         )
     finally:
         launcher.stop_all()

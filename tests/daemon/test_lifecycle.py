@@ -1,6 +1,7 @@
 """The daemon's life on one ledger root: a second daemon refuses the root, a restart reports the
-ledger it finds (status SUCCESS, state null) and keeps the policies and the unload mark, and SIGTERM
-during a compaction cancels the task, leaves no partial ledger and exits with code 0.
+last run from the run history (and the ledger it finds) and keeps the policies and the unload mark, and
+SIGTERM during a compaction cancels the task, records it in the history, leaves no partial ledger and
+exits with code 0.
 
 The tests run in order: the first daemon compacts and is stopped, the second (with a task held
 after its ledger is written) is the one that gets SIGTERM during a compaction.
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from compactord.daemon.history import RunHistory
 from tests.support.daemon import DaemonProcess, compact, status
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
@@ -78,12 +80,25 @@ def restarted(launch: Launcher, state: dict[str, Any], first: DaemonProcess) -> 
 def test_restart_reports_the_ledger(restarted: DaemonProcess, state: dict[str, Any]) -> None:
     topic, before = state["topic"], state["final"]
     after = status(restarted, topic)
-    assert after["status"] == "SUCCESS" and after["state"] is None and after["task_id"] is None
-    assert after["last_error"] is None
-    assert after["started_at"] is not None and after["finished_at"] is not None
-    assert after["started_at"][:19] == before["started_at"][:19]  # the manifest's times (ms rounding aside)
-    assert after["started_at"] <= after["finished_at"] <= before["finished_at"]
+    # the last run, from the history the first daemon wrote before its SIGTERM
+    assert after["status"] == "SUCCESS" and after["state"] == "Succeed" and after["task_id"] == before["task_id"]
+    assert after["last_error"] is None and after["reason"] == "manual"
+    assert (after["started_at"], after["finished_at"]) == (before["started_at"], before["finished_at"])
+    assert after["progress"]["records_read"] == 16
     assert restarted.http.get("/v1/tasks", params={"topic": topic}).json()["tasks"] == []
+    history = restarted.http.get(f"/v1/topics/{topic}/history")
+    assert history.status_code == 200, history.text
+    [run] = history.json()["runs"]
+    assert history.json()["next"] is None
+    assert (run["task_id"], run["state"], run["reason"], run["records_read"], run["records_written"]) == \
+        (before["task_id"], "Succeed", "manual", 16, 4)
+    assert run["caller"] == "127.0.0.1" and run["removed"] == 12 and run["error"] is None
+    assert run["ledger_before"] is None and isinstance(run["ledger_after"], int)
+    # kept outside the topic's folder: the ledger layout is unchanged
+    root = Path(state["root"])
+    assert (root / "@compactord" / "history" / f"{topic}.jsonl").is_file()
+    assert {p.name for p in (root / topic).iterdir()} == {"CURRENT", f"ledger-{run['ledger_after']}",
+                                                          "policies.json", "UNLOADED"}
     horizon = restarted.http.get(f"/v1/topics/{topic}/horizon").json()
     assert horizon["partitions"] == [{"partition": 0, "offset": 15}]
     entries = restarted.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "encoding": "utf8"})
@@ -121,3 +136,7 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     assert not (root / topic / "CURRENT").exists()
     assert list((root / "@compactord" / "progress").glob("*")) == []
     assert len(ledger_dirs(root, state["topic"])) == 1
+    # the cancel is in the history the next start reads (the file as the daemon wrote it before exiting)
+    [run] = RunHistory(root / "@compactord" / "history", 1000, 30).runs(topic)
+    assert (run.task_id, run.state, run.error) == (response.json()["task_id"], "Cancelled",
+                                                   "the daemon is shutting down")

@@ -18,7 +18,14 @@ import pytest
 from tests.support.daemon import DaemonProcess, compact, wait_state
 from tests.support.waiting import wait_for
 
-from .conftest import MONITOR_PATTERN, SHARED_THRESHOLD_MESSAGES, assert_error, metric, metric_samples
+from .conftest import (
+    FAILING_STRATEGY,
+    MONITOR_PATTERN,
+    SHARED_THRESHOLD_MESSAGES,
+    assert_error,
+    metric,
+    metric_samples,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +61,15 @@ def set_policy(daemon: DaemonProcess, topic: str, **overrides: Any) -> dict[str,
     return body
 
 
-def wait_triggered(daemon: DaemonProcess, topic: str, reason: str) -> dict[str, Any]:
-    """Wait for the monitor to start a task for ``topic``; check the log names ``reason``."""
+def wait_triggered(daemon: DaemonProcess, topic: str, kind: str, reason: str) -> dict[str, Any]:
+    """Wait for the monitor to start a task for ``topic``; check that the task and the log say why: the
+    reason ``kind`` and a detail that matches ``reason``."""
     tasks = wait_for(lambda: tasks_of(daemon, topic), MONITOR_WAIT_S, f"the monitor to compact {topic}",
                      daemon)
-    wait_for(lambda: re.search(f"compacting topic {re.escape(topic)}: .*{reason}", daemon.log_text()), 10,
-             f"the log to say why {topic} was compacted ({reason})", daemon)
-    first: dict[str, Any] = tasks[0]
+    first: dict[str, Any] = tasks[-1]
+    assert first["reason"] == kind and re.search(reason, first["reason_detail"]), first
+    line = f"compacting topic {re.escape(topic)} \\(reason {kind}\\): .*{reason}"
+    wait_for(lambda: re.search(line, daemon.log_text()), 10, f"the log to say why {topic} was compacted", daemon)
     return first
 
 
@@ -68,7 +77,7 @@ def test_bytes_trigger(daemon: DaemonProcess, kafka: Any) -> None:
     topic = kafka.topic(prefix="mon")
     set_policy(daemon, topic, thresholdBytes=500)
     kafka.produce(topic, [(f"key-{i % 4}", "x" * 100) for i in range(20)])  # ~2 KB
-    wait_triggered(daemon, topic, r"bytes > 500")
+    wait_triggered(daemon, topic, "backlog_bytes", r"backlog \d+ bytes > threshold 500")
 
 
 def test_messages_trigger_overrides_the_broker_wide_threshold(daemon: DaemonProcess, kafka: Any) -> None:
@@ -79,7 +88,7 @@ def test_messages_trigger_overrides_the_broker_wide_threshold(daemon: DaemonProc
     assert control_policy["effective"]["thresholdMessages"] == SHARED_THRESHOLD_MESSAGES
     for t in (topic, control):
         kafka.produce(t, [(f"key-{i % 3}", f"v{i}") for i in range(10)])
-    wait_triggered(daemon, topic, r"10 records > 5")
+    wait_triggered(daemon, topic, "backlog_records", r"backlog 10 records > threshold 5")
     wait_passes(daemon)
     assert tasks_of(daemon, control) == []  # 10 records are not > 1000
     assert metric(daemon, "compactord_backlog_records", topic=control) == 10
@@ -90,7 +99,7 @@ def test_max_lag_trigger(daemon: DaemonProcess, kafka: Any) -> None:
     set_policy(daemon, topic, maxLagSeconds=600)
     an_hour_ago = int(time.time() * 1000) - 3600_000
     kafka.produce(topic, [(f"key-{i}", "old", 0, an_hour_ago) for i in range(3)])
-    wait_triggered(daemon, topic, r"old > 600s")
+    wait_triggered(daemon, topic, "max_lag", r"old > threshold 600s")
 
 
 def test_dirty_ratio_trigger(daemon: DaemonProcess, kafka: Any) -> None:
@@ -105,8 +114,11 @@ def test_dirty_ratio_trigger(daemon: DaemonProcess, kafka: Any) -> None:
     kafka.produce(topic, [(f"key-{i}", "third") for i in range(20)])  # 25 / 45 = 0.56
     wait_for(lambda: len(tasks_of(daemon, topic)) == 2, MONITOR_WAIT_S, "the dirty-ratio trigger", daemon)
     # 0.556 once all 20 are in; a pass may see the production half done (e.g. 23 / 43 = 0.535)
-    wait_for(lambda: re.search(rf"compacting topic {topic}: dirty ratio 0\.5\d\d > 0\.5", daemon.log_text()), 10,
-             "the log line of the dirty-ratio trigger", daemon)
+    line = rf"compacting topic {topic} \(reason dirty_ratio\): dirty ratio 0\.5\d\d > threshold 0\.5"
+    wait_for(lambda: re.search(line, daemon.log_text()), 10, "the log line of the dirty-ratio trigger", daemon)
+    assert tasks_of(daemon, topic)[0]["reason"] == "dirty_ratio"
+    wait_for(lambda: metric(daemon, "compactord_tasks_total", reason="dirty_ratio", result="succeeded"), 60,
+             "the dirty-ratio task to end, counted under its reason", daemon)
 
 
 def test_pattern_must_match_the_whole_name(daemon: DaemonProcess, kafka: Any) -> None:
@@ -140,7 +152,7 @@ def test_a_broken_policies_file_skips_only_its_topic(daemon: DaemonProcess, kafk
     topic = kafka.topic(prefix="mon")
     set_policy(daemon, topic, thresholdMessages=2)
     kafka.produce(topic, [(f"k{i}", "v") for i in range(5)])
-    wait_triggered(daemon, topic, r"5 records > 2")
+    wait_triggered(daemon, topic, "backlog_records", r"5 records > threshold 2")
     assert tasks_of(daemon, broken) == []
     body = assert_error(daemon.http.get(f"/v1/topics/{broken}/policies"), 500)
     assert "policies.json" in body["message"] and "PUT" in body["message"]
@@ -184,3 +196,52 @@ def test_metrics_after_compactions(daemon: DaemonProcess, kafka: Any) -> None:
     kafka.produce(topic, [("key-0", "later")])
     wait_for(lambda: metric(daemon, "compactord_backlog_records", topic=topic) == 1, 30,
              "the backlog metric to count one new record", daemon)
+
+
+def test_cleanliness_metrics_after_a_known_backlog(daemon: DaemonProcess, kafka: Any) -> None:
+    """Kafka's cleaner gauges: the largest compaction delay and dirty ratio over the monitored topics, the
+    time since the monitor's pass, and the share of its read the last run kept."""
+    topic = kafka.topic(prefix="mon")
+    set_policy(daemon, topic)  # every trigger off: the backlog stays until the test compacts it
+    ten_days_s = 10 * 86400
+    produced_at = time.time()
+    # older than any other record of the shared daemon's topics: this topic sets the maximum
+    kafka.produce(topic, [(f"key-{i % 3}", f"v{i}", 0, int((produced_at - ten_days_s) * 1000)) for i in range(6)])
+    wait_for(lambda: metric(daemon, "compactord_backlog_records", topic=topic) == 6, 30,
+             "the monitor to measure the topic's backlog", daemon)
+    scrape = {(name, labels.get("topic")): value for name, labels, value in metric_samples(daemon)}
+    delay = scrape[("compactord_max_compaction_delay_seconds", None)]
+    assert ten_days_s <= delay < ten_days_s + (time.time() - produced_at) + 5, delay
+    assert delay == pytest.approx(scrape[("compactord_backlog_age_seconds", topic)], abs=5)  # a pass apart at most
+    assert scrape[("compactord_max_dirty_ratio", None)] == 1.0  # a topic never compacted is all dirty
+    assert 0 <= scrape[("compactord_seconds_since_monitor_run", None)] < 30  # the monitor runs every second
+
+    final = compact(daemon, topic)  # 6 records of 3 keys: half of them kept
+    assert final["reason"] == "manual" and final["reason_detail"] == ""
+    assert metric(daemon, "compactord_last_run_kept_ratio", topic=topic) == 0.5
+    wait_for(lambda: (metric(daemon, "compactord_max_compaction_delay_seconds") or 0) < ten_days_s, 30,
+             "the largest compaction delay to drop once the old records are compacted", daemon)
+    deleted = daemon.http.delete(f"/v1/topics/{topic}")
+    assert deleted.status_code == 200, deleted.text
+    assert metric(daemon, "compactord_last_run_kept_ratio", topic=topic) is None  # gone with its topic
+
+
+def test_uncleanable_bytes_count_the_backlog_of_failing_topics(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="mon")
+    set_policy(daemon, topic, strategy=FAILING_STRATEGY)  # every trigger off, a strategy that fails
+    kafka.produce(topic, [(f"key-{i % 2}", "x" * 50) for i in range(8)])
+    assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
+    final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
+    assert final["state"] == "Failed", final
+    backlog = wait_for(lambda: metric(daemon, "compactord_backlog_bytes", topic=topic), 30,
+                       "the monitor to measure the failed topic's backlog", daemon)
+    assert backlog >= 8 * 50
+    wait_for(lambda: metric(daemon, "compactord_uncleanable_bytes") == backlog, 30,
+             "the failed topic's backlog to count as uncleanable", daemon)
+    [run] = daemon.http.get(f"/v1/topics/{topic}/history").json()["runs"]
+    assert run["state"] == "Failed" and run["error"] and run["records_written"] == 0
+    # a run that succeeds makes it clean again
+    set_policy(daemon, topic)
+    assert compact(daemon, topic)["status"] == "SUCCESS"
+    wait_for(lambda: metric(daemon, "compactord_uncleanable_bytes") == 0, 30,
+             "the uncleanable bytes to drop once the topic's compaction succeeds", daemon)

@@ -1,6 +1,7 @@
 """What a restart finds on the ledger root after a kill -9: a topic deletion that was pending is
 completed before anything serves the topic; ledgers found without their ``CURRENT`` are quarantined
-(moved aside, counted in ``compactord_quarantined_topics``), not wiped."""
+(moved aside, counted in ``compactord_quarantined_topics``), not wiped; the run history is kept (and a
+deleted topic's is gone)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,18 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     wait_for(lambda: "at test pause point 'switch'" in daemon.log_text(), 120, "the task to reach the switch",
              daemon)
     assert wait_state(daemon, topic, "Ending_with_switch_ledger")["status"] == "RUNNING"
+    # the one slot is held: these wait in Pending, and end there, cancelled (each end is in the history)
+    kept, dropped = kafka.topic(prefix="hist"), kafka.topic(prefix="hist")
+    for other in (kept, dropped):
+        queued = daemon.http.put(f"/v1/topics/{other}/compaction")
+        assert queued.status_code == 202 and queued.json()["state"] == "Pending", queued.text
+        assert daemon.http.delete(f"/v1/topics/{other}/compaction").json()["state"] == "Cancelled"
+    [run] = daemon.http.get(f"/v1/topics/{dropped}/history").json()["runs"]
+    assert run["state"] == "Cancelled"
+    gone = daemon.http.delete(f"/v1/topics/{dropped}")
+    assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
+    assert daemon.http.get(f"/v1/topics/{dropped}/history").json() == {"topic": dropped, "runs": [], "next": None}
+    assert not (root / "@compactord" / "history" / f"{dropped}.jsonl").exists()
     deleted = daemon.http.delete(f"/v1/topics/{topic}")
     assert deleted.status_code == 202, deleted.text
     assert deleted.json()["deleted"] is False
@@ -52,3 +65,10 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     assert folder.name.startswith("lost-pointer-") and (folder / written.name / "manifest.json").is_file()
     assert metric(restarted, "compactord_quarantined_topics") == 1
     assert "quarantine" in restarted.log_text()
+    # the cancelled run survived the kill -9, and is what the status reports
+    [run] = restarted.http.get(f"/v1/topics/{kept}/history").json()["runs"]
+    assert (run["state"], run["reason"], run["caller"], run["error"]) == (
+        "Cancelled", "manual", "127.0.0.1", "cancelled by request")
+    last = restarted.http.get(f"/v1/topics/{kept}/compaction").json()
+    assert (last["status"], last["state"], last["task_id"]) == ("ERROR", "Cancelled", run["task_id"])
+    assert restarted.http.get(f"/v1/topics/{dropped}/history").json()["runs"] == []

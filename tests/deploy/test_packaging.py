@@ -485,8 +485,9 @@ def test_alerts_cover_failures_uncleanable_backlog_staleness_corruption_missing_
     for needed in ('up{job="compactord"} == 0', 'compactord_compactions_total{result="failed"}',
                    "compactord_uncleanable_topics > 0", "compactord_backlog_",
                    "compactord_seconds_since_last_success >", "compactord_ledger_corrupt",
-                   "compactord_topics_missing_on_broker"):
+                   "compactord_topics_missing_on_broker", "compactord_max_compaction_delay_seconds >"):
         assert needed in exprs, needed
+    assert "CompactordCompactionDelayHigh" in alert_rules()
 
 
 def test_promtool_accepts_the_alert_rules() -> None:
