@@ -88,7 +88,8 @@ class RunRecord:
             removed=stats.removed if succeeded else 0,
             ledger_before=ctx.previous_ledger_id,
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
-            full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped, error=_cut(ctx.error), error_type=ctx.error_type,
+            full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped,
+            error=_cut(ctx.error), error_type=ctx.error_type,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -123,6 +123,24 @@ def test_rebuild(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: d
     assert after["partitions"] == before["partitions"]
 
 
+def test_history(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict[str, str]) -> None:
+    """After ``test_rebuild`` (in file order): the topic's two runs, newest first, one page at a time."""
+    topic = compacted["topic"]
+    body = json.loads(ok(run_cli("history", topic, "--json", "--limit", "1", env=env)))
+    [newest] = body["runs"]
+    assert (newest["reason"], newest["state"], newest["records_read"]) == ("rebuild", "Succeed", 24)
+    assert body["next"] is not None
+    older = json.loads(ok(run_cli("history", topic, "--json", "--limit", "1", "--cursor", body["next"], env=env)))
+    [first] = older["runs"]
+    assert (first["reason"], first["caller"], first["records_written"], older["next"]) == \
+        ("manual", "127.0.0.1", 6, None)
+    assert newest["ledger_before"] == first["ledger_after"] and newest["ledger_after"] > first["ledger_after"]
+    table = ok(run_cli("history", topic, env=env)).splitlines()
+    assert table[0].split()[:3] == ["FINISHED", "STATE", "REASON"]
+    assert [row.split()[2] for row in table[1:]] == ["rebuild", "manual"]
+    failed(run_cli("history", topic, "--cursor", "not-a-cursor", env=env), "cursor", "next")
+
+
 def test_compact_without_wait(shared_daemon: DaemonProcess, kafka: Any, env: dict[str, str]) -> None:
     topic = kafka.topic(prefix="cli")
     kafka.produce(topic, [("k", "v")])
