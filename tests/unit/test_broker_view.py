@@ -73,3 +73,19 @@ def test_entry_json_keeps_null_values_null_and_empty_ones_empty() -> None:
     assert data["headers"] == [{"key": "none", "value": None}, {"key": "empty", "value": ""},
                                {"key": "x", "value": "MQ=="}]
     assert entry_json(Entry(partition=0, offset=4, key=b"k", value=None), "utf8")["value"] is None
+
+
+def test_each_trigger_says_its_kind_and_the_values_that_fired_it() -> None:
+    from compactord.daemon.monitor import Backlog, triggers_fired
+    from compactord.task import Reason
+
+    backlog = Backlog("t", records=30, bytes=104857600, age_seconds=700.4, ledger_records=10)
+    policy = {"thresholdBytes": 52428800, "thresholdMessages": 20, "maxLagSeconds": 600, "minDirtyRatio": 0.5}
+    assert triggers_fired(backlog, policy) == [
+        Reason("backlog_bytes", "backlog 104857600 bytes > threshold 52428800"),
+        Reason("backlog_records", "backlog 30 records > threshold 20"),
+        Reason("max_lag", "oldest uncompacted record 700s old > threshold 600s"),
+        Reason("dirty_ratio", "dirty ratio 0.750 > threshold 0.5"),
+    ]
+    off = {"thresholdBytes": 0, "thresholdMessages": 30, "maxLagSeconds": 0, "minDirtyRatio": 0}
+    assert triggers_fired(backlog, off) == []  # off, or not strictly greater
