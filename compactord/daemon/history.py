@@ -136,6 +136,8 @@ class RunHistory:
         self._clock = clock
         self._lock = threading.Lock()
         self._files: dict[str, _FileState] = {}
+        # The newest run of each topic asked for: status and listing requests read it, not the file.
+        self._last: dict[str, RunRecord | None] = {}
 
     def path(self, topic: str) -> Path:
         """:raises InvalidTopicName: ``topic`` is not a legal Kafka topic name."""
@@ -170,6 +172,7 @@ class RunHistory:
                 _fsync(self.folder)
             state.count += 1
             state.last_seq = stored.seq
+            self._last[record.topic] = stored
             if state.oldest_finished is None:
                 state.oldest_finished = stored.finished_at
             if self._needs_rewrite(state):
@@ -181,6 +184,7 @@ class RunHistory:
         path = self.path(topic)
         with self._lock:
             self._files.pop(topic, None)
+            self._last.pop(topic, None)
             _remove(path)
 
     def _needs_rewrite(self, state: _FileState) -> bool:
@@ -233,8 +237,14 @@ class RunHistory:
             return list(reversed(self._bounded(self._read(path))))
 
     def last(self, topic: str) -> RunRecord | None:
-        runs = self.runs(topic)
-        return runs[0] if runs else None
+        """The topic's newest run within the bounds (read from the file once, then kept in memory)."""
+        path = self.path(topic)
+        with self._lock:
+            if topic not in self._last:
+                runs = self._bounded(self._read(path))
+                self._last[topic] = runs[-1] if runs else None
+            last = self._last[topic]
+        return last if last is not None and last.finished_at >= self._clock() - self.max_age_s else None
 
     def page(self, topic: str, limit: int, cursor: str | None = None) -> RunPage:
         """Up to ``limit`` runs, newest first, older than ``cursor`` (the ``next`` of the page before).

@@ -126,6 +126,9 @@ def test_runs_older_than_max_age_are_dropped(tmp_path: Path, clock: Clock) -> No
     recent = store.append(ended())
     assert [r.task_id for r in store.runs("orders")] == [recent.task_id]  # the old one is not answered
     assert len(store.path("orders").read_bytes().splitlines()) == 1  # and the append dropped it from the file
+    assert store.last("orders") == recent
+    clock.now += 2 * 86400  # the recent one expires too
+    assert store.last("orders") is None and store.runs("orders") == []
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_run_starts_a_line(tmp_path: Path, clock: Clock) -> None:
