@@ -176,10 +176,12 @@ def test_never_compacted_topic(shared_daemon: DaemonProcess, kafka: Any) -> None
     topic = kafka.topic(prefix="api")
     kafka.produce(topic, [("k", "v")])
     assert status(shared_daemon, topic) == {
-        "topic": topic, "status": "NOT_RUN", "state": None, "task_id": None, "started_at": None,
-        "finished_at": None, "last_error": None, "progress": {"records_read": 0, "records_total": 0},
+        "topic": topic, "status": "NOT_RUN", "state": None, "task_id": None, "reason": None,
+        "reason_detail": None, "started_at": None, "finished_at": None, "last_error": None, "progress": {"records_read": 0, "records_total": 0},
         "full_rebuild": False, "recreated": False, "warnings": [],
     }
+    assert shared_daemon.http.get(f"/v1/topics/{topic}/history").json() == {"topic": topic, "runs": [], "next": None}
+    assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/history", params={"limit": 0}), 422, "invalid_argument")
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/horizon"), 404, "not_compacted")
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}), 404,
                  "not_compacted")

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from compactord.task import REASON_KINDS
 from tests.support.daemon import DaemonProcess, status, wait_state
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
@@ -84,8 +85,9 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 
 
 def check_task(task: dict[str, Any], topic: str) -> None:
-    assert set(task) == {"topic", "status", "state", "task_id", "started_at", "finished_at", "last_error",
-                         "progress", "full_rebuild", "recreated", "warnings"}, task
+    assert set(task) == {"topic", "status", "state", "task_id", "reason", "reason_detail", "started_at",
+                         "finished_at", "last_error", "progress", "full_rebuild", "recreated", "warnings"}, task
+    assert task["reason"] in REASON_KINDS and isinstance(task["reason_detail"], str)
     assert isinstance(task["warnings"], list)
     assert task["topic"] == topic
     assert uuid.UUID(task["task_id"]).version == 4
