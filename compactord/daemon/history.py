@@ -100,14 +100,16 @@ class RunRecord:
         """:raises ValueError: ``data`` is not a run record."""
         if not isinstance(data, dict):
             raise ValueError(f"a run record is a JSON object, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
         try:
-            record = cls(**{k: v for k, v in data.items() if k in names})
+            record = cls(**{k: v for k, v in data.items() if k in _FIELDS})
         except TypeError as exc:
             raise ValueError(f"not a run record: {exc}") from None
         if not isinstance(record.seq, int) or not isinstance(record.finished_at, int | float):
             raise ValueError("a run record needs an integer seq and a numeric finished_at")
         return record
+
+
+_FIELDS = frozenset(f.name for f in fields(RunRecord))
 
 
 @dataclass(frozen=True, slots=True)
