@@ -49,7 +49,7 @@ PROTECTED_PREFIXES = ("/v1", "/docs", "/openapi.json")
 HOST_EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 #: What ``httpReadToken`` allows: GET (and HEAD) of these paths, nothing else.
-READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks)|/v1/topics/[^/]+/(compaction|horizon|compacted|compacted/last)")
+READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks)|/v1/topics/[^/]+/(compaction|horizon|history|compacted|compacted/last)")
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _STATE_CHANGING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 
@@ -96,8 +96,8 @@ def check_bearer_token(authorization: str, token: bytes, read_token: bytes, meth
         if is_read_endpoint(method, path):
             return
         raise PermissionDenied(f"{method} {path} needs httpAuthToken (the admin token); httpReadToken allows "
-                               "only GET of /v1/topics, /v1/tasks and a topic's compaction, horizon and "
-                               "compacted entries")
+                               "only GET of /v1/topics, /v1/tasks and a topic's compaction, horizon, history "
+                               "and compacted entries")
     raise PermissionDenied("the bearer token is not the configured httpAuthToken (nor httpReadToken)")
 
 
