@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from compactord.config import Settings
 from compactord.engine.kafka_source import FORMAT, OffsetRange
+from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
@@ -78,6 +79,8 @@ class CompactionJobSpec:
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0
     output_files: int = 0
+    # The Kafka client of the reading tasks (``readers.resolve_client``: never ``auto`` once built).
+    reader_client: str = "kafka-python"
 
 
 def job_spec(
@@ -111,6 +114,7 @@ def job_spec(
         progress_dir=progress_dir,
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
+        reader_client=resolve_client(settings.compaction_reader_client),
     )
 
 
@@ -126,6 +130,7 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
             "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
             "progress_dir": spec.progress_dir,
+            "reader_client": spec.reader_client,
         }
     )
 
