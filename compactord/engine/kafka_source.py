@@ -13,7 +13,9 @@ records produced during the run are left for the next one.
 - Rows leave as Arrow record batches (``RECORD_SCHEMA``).
 - A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of
   rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
-  cost of a compaction is per-row Python work in Spark.
+  cost of a compaction is per-row Python work in Spark. With ``final`` (the job's ``reads_are_final``:
+  this task reads its whole partition), the windows' survivors are held and reduced once more at the
+  end, so that exactly each key's winner leaves the task and Spark need not group.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
   which executors share); a ``CANCEL`` file there stops every reader at its next poll.
 """
@@ -151,6 +153,9 @@ class RangeReadTask:
         self.last: RecordFingerprint | None = None  # the last data record read (the log's identity)
         self.batch_records = int(spec["batch_records"])
         self.client = spec.get("reader_client", AUTO)
+        self.final = bool(spec.get("final", False))
+        self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
+        self._windows = 0
         self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
         self.records = 0
         self.bytes = 0
@@ -214,7 +219,7 @@ class RangeReadTask:
                 yield from self._flush(keyed, nulls)
                 keyed, nulls = [], []
             self._progress(now)
-        yield from self._flush(keyed, nulls)
+        yield from self._flush(keyed, nulls, last=True)
 
     @staticmethod
     def _log_ended(reader: RangeReader, position: int) -> bool:
@@ -259,9 +264,23 @@ class RangeReadTask:
         # librdkafka gives None for "no headers", kafka-python an empty list.
         return list(map(self.event_time, timestamps, [h or () for h in headers]))
 
-    def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+    def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
+               last: bool = False) -> Iterator[pa.RecordBatch]:
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
+        if self.final:
+            # Survivors are in offset order (reducers return sorted indexes), window after window: the
+            # reducer over all of them picks each key's winner among every record of the partition.
+            self._windows += 1 if keyed else 0
+            self._held.extend(kept)
+            if not last:
+                yield from self._batches(nulls)
+                return
+            held, self._held = self._held, []
+            kept = list(map(held.__getitem__, self.reduce(held))) if self._windows > 1 else held
         kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
+        yield from self._batches(kept)
+
+    def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         for i in range(0, len(kept), self.batch_records):
             yield records_to_batch(kept[i : i + self.batch_records])
 

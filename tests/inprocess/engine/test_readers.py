@@ -102,3 +102,32 @@ def test_a_start_the_log_does_not_hold_fails_instead_of_reading_other_offsets(ka
     with pytest.raises(Exception, match=r"(?i)out of range|offset|ends at"):
         list(task.run())
     assert task.records == 0
+
+
+# -- final reads: a task that reads its whole partition keeps exactly each key's winner ----------------
+
+
+@pytest.mark.parametrize(("strategy", "source"), [("publishing-order", "timestamp"), ("event-time", "header:et")])
+def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, monkeypatch, strategy, source):
+    """Polls of 5 records, windows of at least 7 rows: a key whose records span windows still leaves the task once, as its winner
+    (without ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
+    from compactord.engine import kafka_source
+
+    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 7)
+    topic = kafka.topic()
+    # Event times fall as offsets grow for k0 (its first record wins under event time), rise for the others.
+    records = [(f"k{i % 4}", f"v{i}" if i % 9 else None, 0, None,
+                [("et", (100 - i if i % 4 == 0 else i).to_bytes(8, "big"))]) for i in range(40)]
+    kafka.produce(topic, records)
+    if strategy == "publishing-order":
+        want = {f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(4)}
+    else:
+        want = {b"k0": 0, **{f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(1, 4)}}
+    final = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy, event_time_source=source,
+                               final=True, batch_records=5), 0, 0, 40)
+    assert {r["key"]: r["offset"] for r in read_rows(final)} == want
+    assert len(read_rows(RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy,
+                                            event_time_source=source, final=True, batch_records=5), 0, 0, 40))) == 4
+    windowed = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "w", strategy=strategy,
+                                  event_time_source=source, batch_records=5), 0, 0, 40)
+    assert len(read_rows(windowed)) > 4
