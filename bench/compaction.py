@@ -376,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="every record has its own key; default 1,000,000 records and Spark's default driver memory")
     ap.add_argument("--reader-client", choices=("auto", "librdkafka", "kafka-python"), default="auto",
                     help="compactionReaderClient of the compaction (default auto: librdkafka when installed)")
+    ap.add_argument("--compare-grouping", action="store_true",
+                    help="also time each full run with final reads off (the grouping job), back to back")
     ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
     ap.add_argument("--conf", action="append", default=[], metavar="spark.KEY=VALUE",
                     help="a Spark setting for the daemon's session (repeatable), as a spark.* key of broker.conf")
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         client = settings.kafka_client_config()
 
         cpu: dict[str, list[dict[str, float]]] = {
-            **{f"floor {c}": [] for c in FLOOR_CLIENTS}, "full": [], "incremental": []}
+            **{f"floor {c}": [] for c in FLOOR_CLIENTS}, "full": [], "full, grouping": [], "incremental": []}
 
         def cpu_now() -> dict[str, float]:
             return cpu_by_role(broker.pid, sampler.jvm_pid if sampler else None)
@@ -517,13 +519,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"the floor read {n} records, the topic has {total}")
             return elapsed
 
-        def compaction(rebuild: bool, expect_records: int) -> tuple[float, dict[str, Any]]:
+        def compaction(rebuild: bool, expect_records: int, role: str = "") -> tuple[float, dict[str, Any]]:
             c0 = cpu_now()
             t0 = time.monotonic()
             task = service.compact(rebuild=rebuild)
             state = task.result(3600)
             elapsed = time.monotonic() - t0
-            cpu["full" if rebuild else "incremental"].append(cpu_since(c0))
+            cpu[role or ("full" if rebuild else "incremental")].append(cpu_since(c0))
             if state is not TaskState.SUCCEED:
                 raise RuntimeError(f"compaction ended {state.value}: {task.error}")
             task.worker_done.wait(60)
@@ -561,7 +563,17 @@ def main(argv: list[str] | None = None) -> int:
 
         floors_by: dict[str, list[float]] = {c: [] for c in FLOOR_CLIENTS}
         fulls: list[float] = []
+        groupings: list[float] = []
         for run in range(args.runs):
+            if args.compare_grouping:
+                from compactord.engine import job as engine_job
+
+                final_bound, engine_job.FINAL_READ_MAX_RECORDS = engine_job.FINAL_READ_MAX_RECORDS, 0
+                try:
+                    groupings.append(compaction(True, produced, "full, grouping")[0])
+                finally:
+                    engine_job.FINAL_READ_MAX_RECORDS = final_bound
+                print(f"run {run + 1}: full with final reads off (the grouping job) {groupings[-1]:.2f} s", flush=True)
             for c in FLOOR_CLIENTS:
                 floors_by[c].append(floor(c))
             t, stats = compaction(True, produced)
@@ -593,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"floor ({c}, {cores} processes): {_fmt(floors_by[c])}")
         print(f"compaction reader: {args.reader_client}")
         print(f"full compaction (warm session):        {_fmt(fulls)}")
+        if groupings:
+            print(f"full compaction, final reads off:      {_fmt(groupings)}; "
+                  f"full/grouping={_median(fulls) / _median(groupings):.2f}")
         print(f"incremental compaction (+{args.incremental_ratio:.0%}):      {_fmt(incrementals)}")
         print(f"records/s: floor {args.records / floor_m:,.0f} (kafka-python), "
               f"{args.records / _median(floors_by[fastest]):,.0f} ({fastest}); full {args.records / full_m:,.0f}")
