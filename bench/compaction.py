@@ -10,16 +10,19 @@ Usage (from the repository root, with the project's venv)::
 It starts the bundled broker, builds the topic with several kafka-python producer processes, then
 measures, in one run and on one warm Spark session:
 
-- the **floor**: the same kafka-python consumer as the data source (same settings), reading the whole
-  topic once outside Spark, with Spark's parallelism: as many processes as Spark has cores, over the
-  offset ranges ``plan_ranges`` gives the compaction, only iterating the records;
+- two **floors**: the data source's own consumers (same settings), kafka-python and librdkafka
+  (confluent-kafka), each reading the whole topic once outside Spark, with Spark's parallelism: as many
+  processes as Spark has cores, over the offset ranges ``plan_ranges`` gives the compaction, only
+  iterating the records;
 - a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
   one of the topic; a full and an incremental one of a side topic, which warm the incremental path);
 - an **incremental** compaction after producing 10% more records (ledger + tail).
 
-Floor and full compaction alternate; each figure is the median of ``--runs`` runs. Every compaction's
-ledger is checked against the number of live keys the generator implies. The last two lines are
-``full/floor=<ratio>`` and ``incremental/full=<ratio>`` (ratios of medians).
+The floors and the full compaction alternate; each figure is the median of ``--runs`` runs. Every
+compaction's ledger is checked against the number of live keys the generator implies. The last three
+lines are ``full/floor_fastest=<ratio>`` (against the faster floor), ``full/floor=<ratio>`` (against
+kafka-python's) and ``incremental/full=<ratio>`` (ratios of medians). ``--reader-client`` sets the
+compaction's ``compactionReaderClient`` (default auto: librdkafka).
 """
 
 from __future__ import annotations
@@ -143,13 +146,18 @@ def produce(
 # -- the floor -------------------------------------------------------------------------------------
 
 
-def _floor_range(args: tuple[dict[str, Any], str, int, int, int, int]) -> int:
-    """Read one offset range with the data source's consumer, only iterating the records."""
+FLOOR_CLIENTS = ("kafka-python", "librdkafka")
+
+
+def _floor_range(args: tuple[str, dict[str, Any], str, int, int, int, int]) -> int:
+    """Read one offset range with the data source's consumer of ``client``, only counting the records."""
+    client_name, client, topic, partition, start, end, batch_records = args
+    if client_name == "librdkafka":
+        return _floor_range_librdkafka(client, topic, partition, start, end, batch_records)
     from kafka import TopicPartition
 
-    from compactord.engine.kafka_source import range_consumer
+    from compactord.engine.readers.kafka_python import range_consumer
 
-    client, topic, partition, start, end, batch_records = args
     cons = range_consumer(client, batch_records)
     try:
         tp = TopicPartition(topic, partition)
@@ -168,7 +176,33 @@ def _floor_range(args: tuple[dict[str, Any], str, int, int, int, int]) -> int:
         cons.close()
 
 
+def _floor_range_librdkafka(client: dict[str, Any], topic: str, partition: int, start: int, end: int,
+                            batch_records: int) -> int:
+    from confluent_kafka import TopicPartition
+
+    from compactord.engine.readers.librdkafka import range_consumer
+
+    cons = range_consumer(client, batch_records)
+    try:
+        cons.assign([TopicPartition(topic, partition, start)])
+        tp = TopicPartition(topic, partition)
+        n = 0
+        position = start
+        while position < end:
+            for m in cons.consume(num_messages=batch_records, timeout=0.5):
+                if m.error() is not None:
+                    raise RuntimeError(f"the librdkafka floor read failed: {m.error()}")
+                if m.offset() >= end:
+                    break
+                n += 1
+            position = max(position, cons.position([tp])[0].offset)
+        return n
+    finally:
+        cons.close()
+
+
 def _warm_worker(_: int) -> int:
+    import confluent_kafka  # noqa: F401
     import kafka  # noqa: F401
 
     import compactord.engine.kafka_source  # noqa: F401
@@ -340,6 +374,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "spark.driver.memory=1g")
     ap.add_argument("--distinct-keys-check", action="store_true",
                     help="every record has its own key; default 1,000,000 records and Spark's default driver memory")
+    ap.add_argument("--reader-client", choices=("auto", "librdkafka", "kafka-python"), default="auto",
+                    help="compactionReaderClient of the compaction (default auto: librdkafka when installed)")
+    ap.add_argument("--compare-grouping", action="store_true",
+                    help="also time each full run with final reads off (the grouping job), back to back")
     ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
     ap.add_argument("--conf", action="append", default=[], metavar="spark.KEY=VALUE",
                     help="a Spark setting for the daemon's session (repeatable), as a spark.* key of broker.conf")
@@ -423,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from compactord.config import Settings
         from compactord.engine.kafka_source import OffsetRange, plan_ranges
-        from compactord.engine.service import SparkCompactionServiceFactory
+        from compactord.engine.factory import SparkCompactionServiceFactory
         from compactord.engine.spark_session import SparkSessionManager
         from compactord.interfaces import ServiceContext
         from compactord.kafka.admin import KafkaAdmin
@@ -433,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.driver_memory:
             spark_conf["spark.driver.memory"] = args.driver_memory
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap, compacted_ledger_root=str(tmp / "ledgers"),
-                            spark_conf=spark_conf)
+                            spark_conf=spark_conf, compaction_reader_client=args.reader_client)
         started = time.monotonic()
         manager = SparkSessionManager(settings)
         manager.start()
@@ -451,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         workers.map(_warm_worker, range(cores), chunksize=1)
         client = settings.kafka_client_config()
 
-        cpu: dict[str, list[dict[str, float]]] = {"floor": [], "full": [], "incremental": []}
+        cpu: dict[str, list[dict[str, float]]] = {
+            **{f"floor {c}": [] for c in FLOOR_CLIENTS}, "full": [], "full, grouping": [], "incremental": []}
 
         def cpu_now() -> dict[str, float]:
             return cpu_by_role(broker.pid, sampler.jvm_pid if sampler else None)
@@ -460,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             end = cpu_now()
             return {role: end[role] - start[role] for role in ROLES}
 
-        def floor() -> float:
+        def floor(client_name: str) -> float:
             kafka_admin = KafkaAdmin(settings)
             try:
                 offsets = kafka_admin.offsets(TOPIC)
@@ -468,25 +507,25 @@ def main(argv: list[str] | None = None) -> int:
                 kafka_admin.close()
             ranges = plan_ranges([OffsetRange(p, o.log_start, o.end) for p, o in sorted(offsets.items())],
                                  cores, settings.compaction_read_ranges_per_core)
-            tasks = [(client, TOPIC, r.partition, r.start, r.end, settings.compaction_reader_batch_records)
-                     for r in ranges]
+            tasks = [(client_name, client, TOPIC, r.partition, r.start, r.end,
+                      settings.compaction_reader_batch_records) for r in ranges]
             c0 = cpu_now()
             t0 = time.monotonic()
             n = sum(workers.map(_floor_range, tasks, chunksize=1))  # largest first, handed out as cores free
             elapsed = time.monotonic() - t0
-            cpu["floor"].append(cpu_since(c0))
+            cpu[f"floor {client_name}"].append(cpu_since(c0))
             total = sum(o.end - o.log_start for o in offsets.values())
             if n != total:
                 raise RuntimeError(f"the floor read {n} records, the topic has {total}")
             return elapsed
 
-        def compaction(rebuild: bool, expect_records: int) -> tuple[float, dict[str, Any]]:
+        def compaction(rebuild: bool, expect_records: int, role: str = "") -> tuple[float, dict[str, Any]]:
             c0 = cpu_now()
             t0 = time.monotonic()
             task = service.compact(rebuild=rebuild)
             state = task.result(3600)
             elapsed = time.monotonic() - t0
-            cpu["full" if rebuild else "incremental"].append(cpu_since(c0))
+            cpu[role or ("full" if rebuild else "incremental")].append(cpu_since(c0))
             if state is not TaskState.SUCCEED:
                 raise RuntimeError(f"compaction ended {state.value}: {task.error}")
             task.worker_done.wait(60)
@@ -501,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.warmup:
             t_warm, _ = compaction(True, produced)
-            t_floor_warm = floor()
+            t_floor_warm = min(floor(c) for c in FLOOR_CLIENTS)
             warm_incremental = ""
             if args.incremental:
                 # A long-running daemon compacts incrementally again and again: its JVM has compiled that
@@ -522,14 +561,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s{warm_incremental}",
                   flush=True)
 
-        floors: list[float] = []
+        floors_by: dict[str, list[float]] = {c: [] for c in FLOOR_CLIENTS}
         fulls: list[float] = []
+        groupings: list[float] = []
         for run in range(args.runs):
-            floors.append(floor())
+            if args.compare_grouping:
+                from compactord.engine import job as engine_job
+
+                final_bound, engine_job.FINAL_READ_MAX_RECORDS = engine_job.FINAL_READ_MAX_RECORDS, 0
+                try:
+                    groupings.append(compaction(True, produced, "full, grouping")[0])
+                finally:
+                    engine_job.FINAL_READ_MAX_RECORDS = final_bound
+                print(f"run {run + 1}: full with final reads off (the grouping job) {groupings[-1]:.2f} s", flush=True)
+            for c in FLOOR_CLIENTS:
+                floors_by[c].append(floor(c))
             t, stats = compaction(True, produced)
             fulls.append(t)
-            print(f"run {run + 1}: floor {floors[-1]:.2f} s, full {t:.2f} s "
-                  f"(read {stats['records_read']:,}, kept {stats['records_kept']:,})", flush=True)
+            print(f"run {run + 1}: floors {', '.join(f'{c} {v[-1]:.2f} s' for c, v in floors_by.items())}, "
+                  f"full {t:.2f} s (read {stats['records_read']:,}, kept {stats['records_kept']:,})", flush=True)
+        floors = floors_by["kafka-python"]
+        fastest = min(FLOOR_CLIENTS, key=lambda c: _median(floors_by[c]))
 
         incrementals: list[float] = []
         step = max(1, int(args.records * args.incremental_ratio))
@@ -549,12 +601,18 @@ def main(argv: list[str] | None = None) -> int:
         py_hwm = _status_kb("self", "VmHWM")
         floor_m, full_m, inc_m = _median(floors), _median(fulls), _median(incrementals)
         print()
-        print(f"floor (kafka-python, {cores} processes): {_fmt(floors)}")
+        for c in FLOOR_CLIENTS:
+            print(f"floor ({c}, {cores} processes): {_fmt(floors_by[c])}")
+        print(f"compaction reader: {args.reader_client}")
         print(f"full compaction (warm session):        {_fmt(fulls)}")
+        if groupings:
+            print(f"full compaction, final reads off:      {_fmt(groupings)}; "
+                  f"full/grouping={_median(fulls) / _median(groupings):.2f}")
         print(f"incremental compaction (+{args.incremental_ratio:.0%}):      {_fmt(incrementals)}")
-        print(f"records/s: floor {args.records / floor_m:,.0f}, full {args.records / full_m:,.0f}")
-        pairs = [full / fl for fl, full in zip(floors, fulls)]
-        print(f"full/floor of each run (measured back to back): {', '.join(f'{x:.2f}' for x in pairs)}; "
+        print(f"records/s: floor {args.records / floor_m:,.0f} (kafka-python), "
+              f"{args.records / _median(floors_by[fastest]):,.0f} ({fastest}); full {args.records / full_m:,.0f}")
+        pairs = [full / fl for fl, full in zip(floors_by[fastest], fulls)]
+        print(f"full/floor_fastest of each run (measured back to back): {', '.join(f'{x:.2f}' for x in pairs)}; "
               f"median {_median(pairs):.2f}")
         for name, runs in cpu.items():
             if runs:
@@ -564,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
         print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
         print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")
+        print(f"full/floor_fastest={full_m / _median(floors_by[fastest]):.2f}")
         print(f"full/floor={full_m / floor_m:.2f}")
         print(f"incremental/full={inc_m / full_m:.2f}")
         return 0

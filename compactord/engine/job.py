@@ -9,6 +9,10 @@
   dropped them otherwise), each as a group of its own in the same aggregation.
 - Rows below a partition's log start are dropped before the winners are chosen.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
+- Final reads (``reads_are_final``): on a full rebuild where each Kafka partition is read by one task, an
+  ordered strategy's reader keeps exactly each key's winner (a key lives in one partition), so the job
+  neither shuffles nor groups: each reading task sorts its winners and writes its own file. With every key
+  distinct, that grouping was most of the job's cost.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from typing import Any, NamedTuple
 
 from compactord.config import Settings
 from compactord.engine.kafka_source import FORMAT, OffsetRange
+from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import ResolvedStrategy, fold, plan_for
-from compactord.interfaces import CompactionStrategy
+from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
-__all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "run_compaction_job", "shuffle_partitions_for"]
+__all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
+           "shuffle_partitions_for"]
 
 _COLUMNS = [f.name for f in RECORD_SCHEMA]
 # Row groups of ~64k rows keep the read API's pruning fine-grained on large ledgers.
@@ -34,6 +40,9 @@ _ROW_GROUP_BYTES = 8 * 1024 * 1024
 # AQE's advisory partition size), and at least ~100k rows per partition to spread a job over the cores.
 ROWS_PER_SHUFFLE_PARTITION = 500_000
 MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
+# The largest range whose reader may hold its partition's winners to the end (final reads): with every key
+# distinct that is every row, ~400 bytes each as Python tuples (~200 MB per reading task at this bound).
+FINAL_READ_MAX_RECORDS = 500_000
 
 
 class JobWidths(NamedTuple):
@@ -78,6 +87,10 @@ class CompactionJobSpec:
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0
     output_files: int = 0
+    # The Kafka client of the reading tasks (``readers.resolve_client``: never ``auto`` once built).
+    reader_client: str = "kafka-python"
+    # Each reading task keeps exactly its partition's winners: no shuffle, no grouping (``reads_are_final``).
+    final_reads: bool = False
 
 
 def job_spec(
@@ -111,7 +124,26 @@ def job_spec(
         progress_dir=progress_dir,
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
+        reader_client=resolve_client(settings.compaction_reader_client),
+        final_reads=reads_are_final(strategy.strategy, ranges, ledger_files, log_start),
     )
+
+
+def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange], ledger_files: Sequence[str],
+                    log_start: Mapping[int, int]) -> bool:
+    """Whether the readers' own reduction is the job's answer, so that Spark need not group the rows.
+
+    It is when there is no previous ledger to merge (a full rebuild), the strategy is an order (its
+    reducer keeps each key's best record: exactly the winner, a key living in one partition), each
+    partition is read by a single task from at or above its log start (nothing is dropped after the
+    reduction), and no range is so large that holding its winners to the end costs too much memory
+    (``FINAL_READ_MAX_RECORDS``).
+    """
+    if ledger_files or not ranges or not isinstance(strategy, OrderedCompactionStrategy):
+        return False
+    partitions = [r.partition for r in ranges]
+    return len(set(partitions)) == len(partitions) and all(
+        r.size <= FINAL_READ_MAX_RECORDS and r.start >= log_start.get(r.partition, 0) for r in ranges)
 
 
 def _reader_spec(spec: CompactionJobSpec) -> str:
@@ -119,13 +151,18 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
         {
             "client": dict(spec.client_config),
             "topic": spec.topic,
-            "ranges": [[r.partition, r.start, r.end] for r in spec.ranges],
+            # Final reads write a file per reading task: in partition order, so that the files' names
+            # sort as their rows do (the ledger is sorted across its files).
+            "ranges": [[r.partition, r.start, r.end]
+                       for r in (sorted(spec.ranges, key=lambda r: r.partition) if spec.final_reads else spec.ranges)],
+            "final": spec.final_reads,
             "strategy": spec.strategy_ref,
             "event_time_source": spec.event_time_source,
             "retain_null_key": spec.retain_null_key,
             "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
             "progress_dir": spec.progress_dir,
+            "reader_client": spec.reader_client,
         }
     )
 
@@ -194,12 +231,13 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
 
     plan = plan_for(strategy)
     records = _records(spark, spec)
+    if spec.final_reads:
+        # Each row is its key's winner already (``reads_are_final``): only the deletion rules below apply.
+        return _apply_deletions(records, spec, plan).select(*_COLUMNS)
     if spec.shuffle_partitions:
         # The aggregations below group by (partition, key, ...): this exchange is the only one they need.
         records = records.repartition(spec.shuffle_partitions, "partition", "key")
-    # Kafka's rule: a keyed record with a null value deletes (the readers made empty values null under
-    # Pulsar's rule); an event-time marker is a deletion remembered.
-    deleted = F.col("key").isNotNull() & (F.col("marker") | F.col("value").isNull())
+    deleted = _deleted()
     if plan.sql_order is not None:
         winners = (
             records.groupBy(*_GROUP)
@@ -222,6 +260,22 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
         sorted_rows = records.sortWithinPartitions(*_GROUP, "offset")
         winners = spark.createDataFrame(sorted_rows.rdd.mapPartitions(_fold_partition(strategy)), RECORD_DDL)
 
+    return _apply_deletions(winners, spec, plan).select(*_COLUMNS)
+
+
+def _deleted() -> Any:
+    """Kafka's rule: a keyed record with a null value deletes (the readers made empty values null under
+    Pulsar's rule); an event-time marker is a deletion remembered."""
+    from pyspark.sql import functions as F
+
+    return F.col("key").isNotNull() & (F.col("marker") | F.col("value").isNull())
+
+
+def _apply_deletions(winners: Any, spec: CompactionJobSpec, plan: Any) -> Any:
+    """Winning deletions: dropped, or kept as markers for the retention under event time."""
+    from pyspark.sql import functions as F
+
+    deleted = _deleted()
     if plan.keeps_deletion_markers:
         # A deletion is remembered as a marker, so that a late record with an older event time
         # cannot bring the key back; it is forgotten after the retention.
@@ -236,13 +290,16 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
         )
     else:
         winners = winners.where(~deleted)
-    return winners.select(*_COLUMNS)
+    return winners
 
 
 def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:
     """Compute the winners and write them, sorted by (partition, offset), to ``spec.output_path``."""
     result = build_winners(spark, spec, strategy)
-    if spec.output_files:
+    if spec.final_reads:
+        # No exchange: each reading task sorts its partition's winners and writes them as one file.
+        ordered = result.sortWithinPartitions("partition", "offset")
+    elif spec.output_files:
         # repartitionByRange(1) samples nothing and costs no more than a plain exchange.
         ordered = result.repartitionByRange(spec.output_files, "partition", "offset")
         ordered = ordered.sortWithinPartitions("partition", "offset")

@@ -1,18 +1,21 @@
 """The raw reader: a PySpark Python data source over Kafka offset ranges (format ``compactord_kafka``).
 
 The Spark Kafka connector jar is not available (no Maven), so Kafka is read inside Spark's Python
-workers with kafka-python. The driver fixes every range's end before the job (``kafka/admin.py``);
+workers, with librdkafka (confluent-kafka) or kafka-python (``readers/``, ``compactionReaderClient``);
+everything below is shared by both. The driver fixes every range's end before the job (``kafka/admin.py``);
 records produced during the run are left for the next one.
 
 - One input partition per (Kafka partition, offset range); large partitions are split so that every
   core works (``plan_ranges``).
 - read_committed: records of aborted transactions never reach Spark; control records are skipped by
-  the client, and the loop ends on the consumer's *position*, not the last record's offset + 1,
+  the client, and the loop ends on the reader's *position*, not the last record's offset + 1,
   because transaction markers occupy offsets.
 - Rows leave as Arrow record batches (``RECORD_SCHEMA``).
 - A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of
   rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
-  cost of a compaction is per-row Python work in Spark.
+  cost of a compaction is per-row Python work in Spark. With ``final`` (the job's ``reads_are_final``:
+  this task reads its whole partition), the windows' survivors are held and reduced once more at the
+  end, so that exactly each key's winner leaves the task and Spark need not group.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
   which executors share); a ``CANCEL`` file there stops every reader at its next poll.
 """
@@ -26,13 +29,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
+from compactord.engine.readers.kafka_python import range_consumer
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer", "records_to_batch"]
@@ -46,8 +50,6 @@ PROGRESS_EVERY_S = 0.5
 # Empty polls in a row, with the broker's high watermark at the position, before a range whose end the
 # log no longer reaches fails (instead of waiting out the stall limit).
 _ENDED_POLLS = 3
-# Fields of kafka-python's ConsumerRecord, read a whole poll at a time.
-_OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +78,6 @@ def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_si
         out.extend(OffsetRange(r.partition, s, min(s + step, r.end)) for s in range(r.start, r.end, step))
     # Largest first, so that the longest tasks start early.
     return sorted(out, key=lambda r: -r.size)
-
-
-def range_consumer(client_config: dict[str, Any], batch_records: int) -> Any:
-    """The consumer a reading task uses (also the benchmark's floor, so that both read alike).
-
-    No offset reset: a range that starts below the log start (retention ran since the plan) or past
-    the log end (the topic was recreated) fails the task; it never reads other offsets instead.
-    """
-    from compactord.kafka.client import consumer
-
-    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none")
 
 
 class RangePartition(InputPartition):
@@ -161,6 +152,10 @@ class RangeReadTask:
         self.empty_deletes = bool(spec.get("empty_value_is_tombstone", False))
         self.last: RecordFingerprint | None = None  # the last data record read (the log's identity)
         self.batch_records = int(spec["batch_records"])
+        self.client = spec.get("reader_client", AUTO)
+        self.final = bool(spec.get("final", False))
+        self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
+        self._windows = 0
         self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
         self.records = 0
         self.bytes = 0
@@ -171,9 +166,8 @@ class RangeReadTask:
             self._report(done=True)
             return
         self._check_cancel()  # a task cancelled before this one started: no consumer, no fetch
-        from kafka import TopicPartition
-
-        cons = range_consumer(self.spec["client"], self.batch_records)
+        reader = open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
+                                   self.start, self.batch_records)
         # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
         # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
         # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
@@ -182,74 +176,68 @@ class RangeReadTask:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            tp = TopicPartition(self.spec["topic"], self.partition)
-            cons.assign([tp])
-            cons.seek(tp, self.start)
-            yield from self._read(cons, tp)
+            yield from self._read(reader)
         finally:
-            cons.close()
+            reader.close()
             if collecting:
                 gc.enable()
         self._report(done=True)
 
-    def _read(self, cons: Any, tp: Any) -> Iterator[pa.RecordBatch]:
+    def _read(self, reader: RangeReader) -> Iterator[pa.RecordBatch]:
         keyed: list[tuple[Any, ...]] = []
         nulls: list[tuple[Any, ...]] = []
-        end, partition = self.end, self.partition
+        end, partition, topic = self.end, self.partition, self.spec["topic"]
         stall_limit = max(30.0, 2 * int(self.spec["client"].get("request_timeout_ms", 30000)) / 1000)
         last_move = time.monotonic()
         position = self.start
         ended_polls = 0
         while position < end:
-            records = cons.poll(timeout_ms=500, max_records=self.batch_records).get(tp)
-            if records:
-                if records[-1].offset >= end:  # offsets grow within a partition: only the last poll
-                    records = [r for r in records if r.offset < end]
-                self._add(records, keyed, nulls)
-            new_position = cons.position(tp)
+            polled = reader.poll(0.5)
+            if polled:
+                if polled.offsets[-1] >= end:  # offsets grow within a partition: only the last poll
+                    polled = polled.below(end)
+                if polled:
+                    self._add(polled, keyed, nulls)
+            new_position = reader.position()
             now = time.monotonic()
-            if new_position != position:
+            if new_position is not None and new_position != position:
                 position, last_move, ended_polls = new_position, now, 0
-            elif self._log_ended(cons, tp, position):
+            elif self._log_ended(reader, position):
                 ended_polls += 1
                 if ended_polls >= _ENDED_POLLS:
                     raise RuntimeError(
-                        f"{tp.topic}[{partition}] now ends at {cons.highwater(tp)}, below the end {end} fixed "
+                        f"{topic}[{partition}] now ends at {reader.high_watermark()}, below the end {end} fixed "
                         f"when the run began (range {self.start}-{end}): the topic was truncated or recreated "
                         "since; the next run re-plans against the new log"
                     )
             elif now - last_move > stall_limit:
                 raise RuntimeError(
-                    f"reading {tp.topic}[{partition}] made no progress at offset {position} for "
+                    f"reading {topic}[{partition}] made no progress at offset {position} for "
                     f"{stall_limit:.0f}s (range {self.start}-{end}); is the broker up?"
                 )
             if len(keyed) + len(nulls) >= REDUCE_WINDOW:
                 yield from self._flush(keyed, nulls)
                 keyed, nulls = [], []
             self._progress(now)
-        yield from self._flush(keyed, nulls)
+        yield from self._flush(keyed, nulls, last=True)
 
     @staticmethod
-    def _log_ended(cons: Any, tp: Any, position: int) -> bool:
+    def _log_ended(reader: RangeReader, position: int) -> bool:
         """The broker's last fetch said the log ends at or below ``position`` (no record is coming)."""
-        highwater = cons.highwater(tp)
+        highwater = reader.high_watermark()
         return highwater is not None and highwater <= position
 
-    def _add(self, records: Sequence[Any], keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
-        """Turn one poll's records into rows, column by column.
+    def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
+        """Turn one poll's records into rows: the one record path of both backends.
 
         Per-record work here is what a compaction costs beyond the client's own decoding, so it runs in
-        C (``map`` over ``attrgetter``, ``zip``) rather than as a Python loop over the records: measured
-        0.36 instead of 0.54 us per record; what is left is mostly allocating the row tuples.
+        C (``map``, ``zip``) rather than as a Python loop over the records; what is left is mostly
+        allocating the row tuples.
         """
-        n = len(records)
-        offsets = list(map(_OFFSET, records))
-        timestamps = list(map(_TIMESTAMP, records))
-        keys = list(map(_KEY, records))
-        values = list(map(_VALUE, records))
-        headers = list(map(_HEADERS, records))
-        last = records[-1]
-        self.last = RecordFingerprint.of(last.offset, last.timestamp, last.key, last.value)
+        n = len(polled)
+        offsets, timestamps, keys, values, headers = (polled.offsets, polled.timestamps, polled.keys,
+                                                      polled.values, polled.headers)
+        self.last = RecordFingerprint.of(offsets[-1], timestamps[-1], keys[-1], values[-1])
         if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
             values = [None if v == b"" else v for v in values]
         self.records += n
@@ -273,11 +261,26 @@ class RangeReadTask:
                     return timestamps
             except TypeError:  # a missing (None) timestamp: old message format
                 pass
-        return list(map(self.event_time, timestamps, headers))
+        # librdkafka gives None for "no headers", kafka-python an empty list.
+        return list(map(self.event_time, timestamps, [h or () for h in headers]))
 
-    def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+    def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
+               last: bool = False) -> Iterator[pa.RecordBatch]:
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
+        if self.final:
+            # Survivors are in offset order (reducers return sorted indexes), window after window: the
+            # reducer over all of them picks each key's winner among every record of the partition.
+            self._windows += 1 if keyed else 0
+            self._held.extend(kept)
+            if not last:
+                yield from self._batches(nulls)
+                return
+            held, self._held = self._held, []
+            kept = list(map(held.__getitem__, self.reduce(held))) if self._windows > 1 else held
         kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
+        yield from self._batches(kept)
+
+    def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         for i in range(0, len(kept), self.batch_records):
             yield records_to_batch(kept[i : i + self.batch_records])
 

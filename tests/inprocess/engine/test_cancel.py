@@ -272,7 +272,7 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
         failed.cancel()
 
 
-def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path):
+def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path, reader_client):
     """A range read that Spark starts after the cancel (its CANCEL file already written) reads nothing."""
     from compactord.engine.kafka_source import CANCEL_FILE, RangeReadTask
 
@@ -280,7 +280,7 @@ def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path):
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(50)])
     spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
             "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
-            "progress_dir": str(tmp_path)}
+            "progress_dir": str(tmp_path), "reader_client": reader_client}
     assert sum(b.num_rows for b in RangeReadTask(spec, 0, 0, 50).run()) == 50  # not cancelled: reads
     (tmp_path / CANCEL_FILE).touch()
     task = RangeReadTask(spec, 0, 0, 50)

@@ -144,11 +144,11 @@ def test_strategy_change_forces_a_full_rebuild(kafka, make_factory, tmp_path):
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_compressed_topics(kafka, make_factory, codec):
+def test_compressed_topics(kafka, make_factory, codec, reader_client):
     topic = kafka.topic()
     records = [(f"k{i % 5}", f"value-{i}" * 10 if i % 7 else None) for i in range(100)]
     kafka.produce(topic, records, compression=codec)
-    service = make_factory().new_topic_compaction_service(topic)
+    service = make_factory(compaction_reader_client=reader_client).new_topic_compaction_service(topic)
     compact(service)
     assert view(service) == last_value_model(records)
 
@@ -279,3 +279,43 @@ def test_a_configured_shuffle_width_is_used_as_set(kafka, make_factory):
     assert view(service, 2) == last_value_model(records)
     rows = [row for f in _file_keys(service) for row in f]
     assert rows == sorted(rows)
+
+
+def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, make_factory, spark_manager,
+                                                                        monkeypatch, tmp_path):
+    """Each partition read by one task (``reads_are_final``): the plan has no exchange, and the ledger is
+    the one the grouping job writes, row for row, in sorted files."""
+    from compactord.engine import job
+    from compactord.engine.kafka_source import OffsetRange
+    from compactord.engine.strategies import ResolvedStrategy
+
+    topic = kafka.topic(partitions=3)
+    records = [(f"k{i % 50}", f"v{i}" if i % 7 else None, (i % 50) % 3) for i in range(600)]
+    records += [(f"only-{i}", f"u{i}", i % 3) for i in range(30)]  # keys with one record
+    kafka.produce(topic, records)
+    factory = make_factory()
+    strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
+    ranges = [OffsetRange(p, 0, 210) for p in range(3)]
+
+    def plan_of(**kwargs: Any) -> tuple[bool, Any]:
+        spec = job.job_spec(factory.settings, strategy, topic=topic, ranges=ranges, output_path=str(tmp_path),
+                            log_start={}, progress_dir="", widths=job.JobWidths(2, 1), **kwargs)
+        return spec.final_reads, spec
+
+    final, spec = plan_of(ledger_files=[])
+    assert final
+    plan = job.build_winners(spark_manager.spark, spec, strategy.strategy)._jdf.queryExecution().executedPlan()
+    assert "Exchange" not in plan.toString() and "Aggregate" not in plan.toString(), plan.toString()
+    assert not plan_of(ledger_files=["x.parquet"])[0]  # a ledger to merge: the job groups
+
+    service = factory.new_topic_compaction_service(topic)
+    compact(service)
+    files = _file_keys(service)
+    assert len(files) == 3  # one per reading task, each a partition, in partition order
+    assert [row for f in files for row in f] == sorted(row for f in files for row in f)
+    final_entries = [entries(service, p) for p in range(3)]
+    assert view(service, 3) == last_value_model(records)
+
+    monkeypatch.setattr(job, "FINAL_READ_MAX_RECORDS", 0)  # the grouping job, for comparison
+    compact(service, rebuild=True)
+    assert [entries(service, p) for p in range(3)] == final_entries

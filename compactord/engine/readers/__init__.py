@@ -1,0 +1,65 @@
+"""The Kafka clients that read one offset range inside a Spark task (``compactionReaderClient``).
+
+The data source's own logic (``kafka_source.RangeReadTask``: Arrow batches, loser dropping, the CANCEL
+file, progress, event times, tombstones, the end reached by position) is written once; a backend only
+opens a consumer on one partition at an offset and hands over what each poll returned, column by column
+(``base.RangeReader``). Two backends:
+
+- ``librdkafka``: confluent-kafka, whose wheels bundle librdkafka (C); the default when it imports;
+- ``kafka-python``: pure Python (with C CRC-32C), the daemon's driver-side client too.
+
+Both read the same way: assigned (no group, nothing committed), read_committed, no offset reset (a range
+whose start the log no longer holds fails the task), CRCs checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from compactord.engine.readers.base import Polled, RangeReader
+
+__all__ = ["AUTO", "CLIENTS", "Polled", "RangeReader", "open_range_reader", "resolve_client"]
+
+AUTO = "auto"
+KAFKA_PYTHON = "kafka-python"
+LIBRDKAFKA = "librdkafka"
+CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
+
+
+def librdkafka_available() -> bool:
+    return importlib.util.find_spec("confluent_kafka") is not None
+
+
+def resolve_client(name: str) -> str:
+    """The backend ``name`` (a ``compactionReaderClient`` value) stands for: ``auto`` is librdkafka when
+    confluent-kafka is installed, kafka-python otherwise.
+
+    :raises ValueError: ``name`` is not one of ``CLIENTS``.
+    """
+    if name == AUTO:
+        return LIBRDKAFKA if librdkafka_available() else KAFKA_PYTHON
+    if name not in (LIBRDKAFKA, KAFKA_PYTHON):
+        raise ValueError(f"reader client must be one of {', '.join(CLIENTS)}, got: {name!r}")
+    return name
+
+
+def open_range_reader(client: str, client_config: Mapping[str, Any], topic: str, partition: int, start: int,
+                      batch_records: int) -> RangeReader:
+    """A reader of ``topic[partition]`` from offset ``start`` with the backend ``client`` (any of ``CLIENTS``).
+
+    :raises RuntimeError: the backend's library does not import here (e.g. on an executor without it).
+    """
+    resolved = resolve_client(client)
+    if resolved == LIBRDKAFKA:
+        try:
+            from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+        except ImportError as exc:
+            raise RuntimeError(f"compactionReaderClient={client}: confluent-kafka does not import in this "
+                               f"Python ({exc}); install it on every executor or set "
+                               "compactionReaderClient=kafka-python") from exc
+        return LibrdkafkaRangeReader(client_config, topic, partition, start, batch_records)
+    from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
+
+    return KafkaPythonRangeReader(client_config, topic, partition, start, batch_records)

@@ -1,0 +1,135 @@
+"""The librdkafka range reader (confluent-kafka; its wheels bundle librdkafka).
+
+Measured on this project's machine (1,000,000 records, 4 processes): one pass over a topic in 2.68 s,
+against 4.58 s with kafka-python; librdkafka decodes and checks batches in C on its own threads, so the
+Python side of a poll is only the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from operator import itemgetter
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from compactord.engine.readers.base import Polled, RangeReader
+from compactord.kafka.client import READ_FETCH_BYTES
+
+__all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
+
+_OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
+    Message.offset, Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
+_SECOND = itemgetter(1)  # Message.timestamp() is (type, milliseconds); -1 when the record has none
+# Prefetched data a consumer may hold (librdkafka's default is 64 MiB): two fetches of a partition.
+_QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
+
+# kafka-python's names (``Settings.kafka_client_config``) -> librdkafka's. Values pass as they are, but
+# for the lists and flags below.
+_NAMES = {
+    "client_id": "client.id",
+    "request_timeout_ms": "socket.timeout.ms",
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanisms",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+}
+# Errors a poll may carry that librdkafka recovers from on its own (it reconnects and fetches again);
+# a read that never recovers ends on the data source's stall limit.
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._PARTITION_EOF,
+              KafkaError._TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.REQUEST_TIMED_OUT, KafkaError._MSG_TIMED_OUT}
+
+
+def librdkafka_config(client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka's settings for the broker settings that ``Settings.kafka_client_config`` gives kafka-python.
+
+    :raises ValueError: a setting without a mapping here (a new one must be mapped, never dropped: a
+        dropped security setting would connect in a way the operator did not configure).
+    """
+    out: dict[str, Any] = {}
+    for name, value in client_config.items():
+        if name == "bootstrap_servers":
+            out["bootstrap.servers"] = value if isinstance(value, str) else ",".join(value)
+        elif name == "ssl_check_hostname":
+            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
+        elif name in _NAMES:
+            out[_NAMES[name]] = value
+        else:
+            raise ValueError(f"the Kafka client setting {name!r} has no librdkafka equivalent here; "
+                             "map it in compactord/engine/readers/librdkafka.py or use "
+                             "compactionReaderClient=kafka-python")
+    return out
+
+
+def range_consumer(client_config: Mapping[str, Any], batch_records: int) -> Consumer:
+    """The consumer a reading task uses (also the benchmark's floor): no group membership (``assign``
+    only; librdkafka's Python binding requires a ``group.id`` all the same, which nothing joins or commits
+    to), read_committed, no offset reset (``error``: a start the log no longer holds fails), CRCs checked,
+    the same fetch sizes as kafka-python's reader."""
+    cfg = librdkafka_config(client_config)
+    cfg.update({
+        "group.id": f"{cfg.get('client.id', 'compactord')}-range-reader",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "error",
+        "allow.auto.create.topics": False,
+        "check.crcs": True,
+        "enable.partition.eof": False,
+        "max.partition.fetch.bytes": READ_FETCH_BYTES,
+        "fetch.max.bytes": READ_FETCH_BYTES * 4,
+        "queued.max.messages.kbytes": _QUEUED_KBYTES,
+        "queued.min.messages": batch_records,
+    })
+    return Consumer(cfg)
+
+
+class LibrdkafkaRangeReader(RangeReader):
+    def __init__(self, client_config: Mapping[str, Any], topic: str, partition: int, start: int,
+                 batch_records: int) -> None:
+        self._batch = batch_records
+        self._topic, self._partition = topic, partition
+        self._tp = TopicPartition(topic, partition)
+        self._start = start
+        self._consumer = range_consumer(client_config, batch_records)
+        try:
+            self._consumer.assign([TopicPartition(topic, partition, start)])
+        except BaseException:
+            self._consumer.close()
+            raise
+
+    def poll(self, timeout_s: float) -> Polled | None:
+        messages = self._consumer.consume(num_messages=self._batch, timeout=timeout_s)
+        if not messages:
+            return None
+        if any(map(_ERROR, messages)):
+            messages = self._without_errors(messages)
+            if not messages:
+                return None
+        return Polled(list(map(_OFFSET, messages)), list(map(_SECOND, map(_TIMESTAMP, messages))),
+                      list(map(_KEY, messages)), list(map(_VALUE, messages)), list(map(_HEADERS, messages)))
+
+    def _without_errors(self, messages: list[Message]) -> list[Message]:
+        for message in messages:
+            err = message.error()
+            if err is not None and err.code() not in _TRANSIENT:
+                # _AUTO_OFFSET_RESET: the start is out of the log's range (``auto.offset.reset=error``).
+                raise RuntimeError(f"reading {self._topic}[{self._partition}] from offset {self._start} failed: "
+                                   f"{err.str()} ({err.name()})")
+        return [m for m in messages if m.error() is None]
+
+    def position(self) -> int | None:
+        offset = self._consumer.position([self._tp])[0].offset
+        return offset if offset >= 0 else None  # OFFSET_INVALID until a record was consumed
+
+    def high_watermark(self) -> int | None:
+        _low, high = self._consumer.get_watermark_offsets(self._tp, cached=True)
+        return high if high >= 0 else None
+
+    def close(self) -> None:
+        self._consumer.close()

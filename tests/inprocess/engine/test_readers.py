@@ -1,0 +1,133 @@
+"""The range read of one offset range (``kafka_source.RangeReadTask``) on each reader backend, against
+the real broker, without Spark: the same rows from both clients, the end reached by position past a
+transaction marker, no offset reset, event times from headers when some records have none."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from compactord.engine.kafka_source import RangeReadTask
+from compactord.engine.readers import open_range_reader
+from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
+from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+
+
+def spec(kafka: Any, topic: str, client: str, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    base = {"client": {"bootstrap_servers": [kafka.bootstrap], "request_timeout_ms": 10000}, "topic": topic,
+            "strategy": "publishing-order", "event_time_source": "timestamp", "retain_null_key": True,
+            "batch_records": 1000, "progress_dir": str(tmp_path), "reader_client": client}
+    base.update(overrides)
+    return base
+
+
+def read_rows(task: RangeReadTask) -> list[dict[str, Any]]:
+    table = pa.Table.from_batches(list(task.run()))
+    return sorted(table.to_pylist(), key=lambda r: r["offset"])
+
+
+@pytest.fixture
+def tx_producer(kafka) -> Iterator[Any]:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}",
+                             linger_ms=5)
+    producer.init_transactions()
+    try:
+        yield producer
+    finally:
+        producer.close()
+
+
+def test_each_client_name_opens_its_backend(kafka):
+    topic = kafka.topic()
+    for client, cls in (("auto", LibrdkafkaRangeReader), ("librdkafka", LibrdkafkaRangeReader),
+                        ("kafka-python", KafkaPythonRangeReader)):
+        reader = open_range_reader(client, {"bootstrap_servers": [kafka.bootstrap]}, topic, 0, 0, 100)
+        try:
+            assert type(reader) is cls
+        finally:
+            reader.close()
+
+
+def test_both_backends_give_the_same_rows(kafka, tmp_path):
+    """Keys, null and empty values, null keys, headers (none, or a name twice), timestamps, two partitions'
+    several fetches' worth of offsets: the Arrow rows are equal, column for column."""
+    topic = kafka.topic()
+    # Distinct keys (the readers drop a key's losers): every record reaches the rows.
+    records = [(f"k{i}" if i % 11 else None, None if i % 13 == 0 and i % 11 else ("" if i % 17 == 0 else f"v{i}"),
+                0, 1_700_000_000_000 + i, [("h", b"x%d" % i), ("h", b"\x00")] if i % 3 == 0 else None)
+               for i in range(3000)]
+    kafka.produce(topic, records)
+    rows = {}
+    for client in ("librdkafka", "kafka-python"):
+        task = RangeReadTask(spec(kafka, topic, client, tmp_path / client), 0, 0, 3000)
+        rows[client] = read_rows(task)
+        assert task.records == 3000
+    assert len(rows["librdkafka"]) == 3000
+    assert rows["librdkafka"] == rows["kafka-python"]
+    with_headers = next(r for r in rows["librdkafka"] if r["offset"] == 3)
+    assert with_headers["headers"] == [{"key": "h", "value": b"x3"}, {"key": "h", "value": b"\x00"}]
+    assert with_headers["timestamp"] == with_headers["event_time"] == 1_700_000_000_003
+
+
+def test_event_times_from_a_header_when_some_records_have_none(kafka, tmp_path, reader_client):
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1", 0, None, [("et", (42).to_bytes(8, "big"))]), ("b", "2", 0, None, None)])
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, event_time_source="header:et"), 0, 0, 2)
+    assert [r["event_time"] for r in read_rows(task)] == [42, None]
+
+
+def test_the_read_ends_on_the_position_past_a_commit_marker(kafka, tmp_path, tx_producer, reader_client):
+    topic = kafka.topic()
+    tx_producer.begin_transaction()
+    for key, value in (("a", "1"), ("b", "1"), ("a", "2")):
+        tx_producer.send(topic, key=key.encode(), value=value.encode(), partition=0)
+    tx_producer.commit_transaction()
+    # Offsets 0-2 are the records, 3 the commit marker: the range's end is 4, which no record reaches.
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path), 0, 0, 4)
+    assert [(r["key"], r["value"]) for r in read_rows(task)] == [(b"b", b"1"), (b"a", b"2")]
+    assert task.records == 3
+
+
+def test_a_start_the_log_does_not_hold_fails_instead_of_reading_other_offsets(kafka, tmp_path, reader_client):
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path), 0, 20, 30)
+    with pytest.raises(Exception, match=r"(?i)out of range|offset|ends at"):
+        list(task.run())
+    assert task.records == 0
+
+
+# -- final reads: a task that reads its whole partition keeps exactly each key's winner ----------------
+
+
+@pytest.mark.parametrize(("strategy", "source"), [("publishing-order", "timestamp"), ("event-time", "header:et")])
+def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, monkeypatch, strategy, source):
+    """Polls of 5 records, windows of at least 7 rows: a key whose records span windows still leaves the task once, as its winner
+    (without ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
+    from compactord.engine import kafka_source
+
+    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 7)
+    topic = kafka.topic()
+    # Event times fall as offsets grow for k0 (its first record wins under event time), rise for the others.
+    records = [(f"k{i % 4}", f"v{i}" if i % 9 else None, 0, None,
+                [("et", (100 - i if i % 4 == 0 else i).to_bytes(8, "big"))]) for i in range(40)]
+    kafka.produce(topic, records)
+    if strategy == "publishing-order":
+        want = {f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(4)}
+    else:
+        want = {b"k0": 0, **{f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(1, 4)}}
+    final = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy, event_time_source=source,
+                               final=True, batch_records=5), 0, 0, 40)
+    assert {r["key"]: r["offset"] for r in read_rows(final)} == want
+    assert len(read_rows(RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy,
+                                            event_time_source=source, final=True, batch_records=5), 0, 0, 40))) == 4
+    windowed = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "w", strategy=strategy,
+                                  event_time_source=source, batch_records=5), 0, 0, 40)
+    assert len(read_rows(windowed)) > 4
