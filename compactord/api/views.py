@@ -209,7 +209,7 @@ def horizon_json(topic: str, manifest: LedgerManifest) -> dict[str, Any]:
         "topic": topic,
         "ledger_id": manifest.ledger_id,
         "partitions": [{"partition": p, "offset": o} for p, o in sorted(manifest.horizon.items())],
-        "rules": manifest.strategy.rules(),
+        "rules": {**manifest.strategy.rules(), "key_ttl_ms": manifest.key_ttl_ms},
     }
 
 

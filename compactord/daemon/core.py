@@ -212,9 +212,10 @@ class Daemon:
     def _apply_stored_strategies(self) -> None:
         for topic in self.store.topics():
             try:
-                strategy = self.policies.get(topic).strategy
-                if strategy is not None:
-                    self.factory.set_topic_strategy(topic, strategy)
+                policies = self.policies.get(topic)
+                if policies.strategy is not None:
+                    self.factory.set_topic_strategy(topic, policies.strategy)
+                self._apply_limits(topic, policies)
             except CompactordError as exc:
                 log.error("topic %s: its stored policies are not applied: %s", topic, exc)
 
@@ -310,6 +311,7 @@ class Daemon:
         self.store.delete_topic(topic)  # policies and marks too (the deletion mark last)
         # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
         self.factory.set_topic_strategy(topic, None)
+        self._apply_limits(topic, None)
         self.registry.forget(topic)
         self.monitor.forget(topic)
         self.metrics.forget(topic)
@@ -322,6 +324,13 @@ class Daemon:
         else:
             self.policies.put(topic, policies)
         self.factory.set_topic_strategy(topic, policies.strategy if policies is not None else None)
+        self._apply_limits(topic, policies)
+
+    def _apply_limits(self, topic: str, policies: TopicPolicies | None) -> None:
+        """The policy's key expiry and read budget, to the engine (None: the broker-wide settings)."""
+        self.factory.set_topic_limits(
+            topic, key_ttl_ms=policies.keyTtlMs if policies is not None else None,
+            max_read_bytes_per_second=policies.maxReadBytesPerSecond if policies is not None else None)
 
     def strategy_name(self, topic: str) -> str:
         """The strategy in force for ``topic``: its policy's, else the configured one."""

@@ -55,6 +55,7 @@ class CompactionRun:
         self.factory = service.factory
         self.store = service.factory.store
         self.topic = service.topic
+        self.key_ttl_ms = 0  # fixed when the task starts, as its other limits
 
     def __call__(self) -> None:
         ctx = self.ctx
@@ -64,10 +65,11 @@ class CompactionRun:
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
+            self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
-            if plan.nothing_to_do(self.factory.settings):
+            if plan.nothing_to_do(self.factory.settings, self.key_ttl_ms):
                 log.info("topic %s: nothing new since the horizon; the ledger stays", self.topic)
                 ctx.progress.records_read = 0
                 ctx.stats.skipped = True
@@ -189,6 +191,7 @@ class CompactionRun:
             self.factory.settings, plan.strategy, topic=self.topic, ranges=plan.ranges,
             ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
             progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
+            now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
         )
         stop = threading.Event()
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
@@ -216,6 +219,7 @@ class CompactionRun:
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
             started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
             log_start=plan.log_start, topic_id=plan.topic_id, fingerprints=plan.fingerprints_after(tail.last),
+            key_ttl_ms=self.key_ttl_ms,
         )
         manifest.finished_at_ms = int(time.time() * 1000)
         manifest.timings = {"spark_seconds": round(time.time() - started, 3)}

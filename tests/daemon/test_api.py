@@ -349,7 +349,8 @@ def test_policies_round_trip(shared_daemon: DaemonProcess, kafka: Any) -> None:
     path = f"/v1/topics/{topic}/policies"
     default = shared_daemon.http.get(path).json()
     assert default["policies"] == {"thresholdBytes": None, "thresholdMessages": None, "maxLagSeconds": None,
-                                   "minDirtyRatio": None, "strategy": None}
+                                   "minDirtyRatio": None, "strategy": None, "keyTtlMs": None,
+                                   "maxReadBytesPerSecond": None}
     assert default["effective"]["thresholdBytes"] == 0  # brokerServiceCompactionThresholdInBytes=0 here
     put = shared_daemon.http.put(path, json={"thresholdMessages": 5, "minDirtyRatio": 0.25})
     assert put.status_code == 200, put.text
