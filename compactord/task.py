@@ -102,6 +102,15 @@ class Progress:
     records_read: int = 0
     bytes_read: int = 0
     records_total: int = 0
+    max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
+    read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
+
+    def timeout_allowance(self, limit: float) -> float:
+        """A task's time limit: ``limit``, plus for a throttled run the least time its budget needs for
+        what it has read so far (so that a slow budget does not time a steady run out)."""
+        if self.max_read_bytes_per_second <= 0:
+            return limit
+        return limit + self.bytes_read / self.max_read_bytes_per_second
 
 
 StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
@@ -112,7 +113,25 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
         "full_rebuild": ctx.stats.full_rebuild,
         "recreated": ctx.stats.recreated,
+        "read_throttle": _read_throttle(ctx),
         "warnings": [ctx.stats.switch_warning] if ctx.stats.switch_warning else [],
+    }
+
+
+def _read_throttle(ctx: CompactionTaskCtx) -> dict[str, Any] | None:
+    """A throttled run's budget, its share per reading task, and the rate it read at so far."""
+    progress = ctx.progress
+    if progress.max_read_bytes_per_second <= 0:
+        return None
+    start = ctx.started_at or ctx.created_at
+    elapsed = max(1e-3, (ctx.finished_at or time.time()) - start)
+    tasks = progress.read_tasks
+    return {
+        "max_bytes_per_second": progress.max_read_bytes_per_second,
+        "reading_tasks": tasks,
+        "per_task_bytes_per_second": progress.max_read_bytes_per_second // tasks if tasks else None,
+        "bytes_read": progress.bytes_read,
+        "bytes_per_second": int(progress.bytes_read / elapsed),
     }
 
 
@@ -134,7 +153,7 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     service = daemon.registry.existing_service(topic)
     manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
-            "full_rebuild": False, "recreated": False, "warnings": []}
+            "full_rebuild": False, "recreated": False, "read_throttle": None, "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),

@@ -197,7 +197,7 @@ class Daemon:
         limit = self.settings.task_timeout_seconds
         now = time.time()
         for ctx in self.registry.tasks():
-            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > limit:
+            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > ctx.progress.timeout_allowance(limit):
                 if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
                     log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
 

@@ -83,6 +83,7 @@ class CompactionJobSpec:
     output_files: int = 0
     key_ttl_ms: int = 0  # 0: keys never expire
     ttl_by_event_time: bool = False  # a key's age is its winner's event time (else its timestamp)
+    read_bytes_per_second: float = 0  # one reading task's share of the read budget (0: unlimited)
 
 
 def job_spec(
@@ -99,6 +100,7 @@ def job_spec(
     client_config: Mapping[str, Any] | None = None,
     now_ms: int | None = None,
     key_ttl_ms: int = 0,
+    read_bytes_per_second: float = 0,
 ) -> CompactionJobSpec:
     """The one place a job's spec is built: from the settings and the strategy in force for the run.
 
@@ -123,6 +125,7 @@ def job_spec(
         output_files=widths.output_files,
         key_ttl_ms=key_ttl_ms,
         ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
+        read_bytes_per_second=read_bytes_per_second,
     )
 
 
@@ -138,6 +141,7 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
             "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
             "progress_dir": spec.progress_dir,
+            "read_bytes_per_second": spec.read_bytes_per_second,
         }
     )
 

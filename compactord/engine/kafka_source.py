@@ -13,6 +13,8 @@ records produced during the run are left for the next one.
 - A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of
   rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
   cost of a compaction is per-row Python work in Spark.
+- A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
+  for fetches of about one second of its share.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
   which executors share); a ``CANCEL`` file there stops every reader at its next poll.
 """
@@ -33,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from compactord.engine.throttle import ReadThrottle, fetch_bytes
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer", "records_to_batch"]
@@ -78,15 +81,18 @@ def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_si
     return sorted(out, key=lambda r: -r.size)
 
 
-def range_consumer(client_config: dict[str, Any], batch_records: int) -> Any:
+def range_consumer(client_config: dict[str, Any], batch_records: int, rate: float = 0) -> Any:
     """The consumer a reading task uses (also the benchmark's floor, so that both read alike).
 
     No offset reset: a range that starts below the log start (retention ran since the plan) or past
     the log end (the topic was recreated) fails the task; it never reads other offsets instead.
+    ``rate``: the task's read budget in bytes per second (0: unlimited), which sizes its fetches.
     """
-    from compactord.kafka.client import consumer
+    from compactord.kafka.client import READ_FETCH_BYTES, consumer
 
-    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none")
+    size = fetch_bytes(rate, READ_FETCH_BYTES)
+    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none",
+                    max_partition_fetch_bytes=size, fetch_max_bytes=size if rate > 0 else READ_FETCH_BYTES * 4)
 
 
 class RangePartition(InputPartition):
@@ -165,6 +171,8 @@ class RangeReadTask:
         self.records = 0
         self.bytes = 0
         self._last_progress = 0.0
+        self.rate = float(spec.get("read_bytes_per_second", 0))  # this task's share of the read budget
+        self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
 
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
@@ -173,7 +181,7 @@ class RangeReadTask:
         self._check_cancel()  # a task cancelled before this one started: no consumer, no fetch
         from kafka import TopicPartition
 
-        cons = range_consumer(self.spec["client"], self.batch_records)
+        cons = range_consumer(self.spec["client"], self.batch_records, self.rate)
         # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
         # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
         # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
@@ -253,7 +261,10 @@ class RangeReadTask:
         if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
             values = [None if v == b"" else v for v in values]
         self.records += n
-        self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        nbytes = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        self.bytes += nbytes
+        if self.throttle is not None:
+            self.throttle.consume(nbytes)
         rows = zip(repeat(self.partition, n), offsets, timestamps, keys, values, headers,
                    self._event_times(timestamps, headers))
         if None not in keys:

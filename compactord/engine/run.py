@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from compactord.engine.job import job_spec, run_compaction_job
 from compactord.engine.kafka_source import CANCEL_FILE
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
+from compactord.engine.throttle import per_task_rate
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets, RecordFingerprint
@@ -66,6 +67,7 @@ class CompactionRun:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
             self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
+            ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
@@ -187,11 +189,15 @@ class CompactionRun:
 
     def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path) -> TailRead:
         spark = self.factory.spark
+        budget = self.ctx.progress.max_read_bytes_per_second
+        readers = min(len(plan.ranges), spark.cores)
+        self.ctx.progress.read_tasks = readers if budget else 0
         spec = job_spec(
             self.factory.settings, plan.strategy, topic=self.topic, ranges=plan.ranges,
             ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
             progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
+            read_bytes_per_second=per_task_rate(budget, len(plan.ranges), spark.cores),
         )
         stop = threading.Event()
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
