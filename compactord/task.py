@@ -104,6 +104,8 @@ class Progress:
     records_total: int = 0
     max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
     read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
+    read_started_at: float | None = None  # when the first reading task started
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the budget, summed
 
     def timeout_allowance(self, limit: float) -> float:
         """A task's time limit: ``limit``, plus for a throttled run the least time its budget needs for

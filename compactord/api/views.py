@@ -123,7 +123,7 @@ def _read_throttle(ctx: CompactionTaskCtx) -> dict[str, Any] | None:
     progress = ctx.progress
     if progress.max_read_bytes_per_second <= 0:
         return None
-    start = ctx.started_at or ctx.created_at
+    start = progress.read_started_at or ctx.started_at or ctx.created_at
     elapsed = max(1e-3, (ctx.finished_at or time.time()) - start)
     tasks = progress.read_tasks
     return {
@@ -131,7 +131,8 @@ def _read_throttle(ctx: CompactionTaskCtx) -> dict[str, Any] | None:
         "reading_tasks": tasks,
         "per_task_bytes_per_second": progress.max_read_bytes_per_second // tasks if tasks else None,
         "bytes_read": progress.bytes_read,
-        "bytes_per_second": int(progress.bytes_read / elapsed),
+        "bytes_per_second": int(progress.bytes_read / elapsed),  # since the reading began
+        "throttled_seconds": round(progress.throttled_seconds, 3),
     }
 
 

@@ -173,6 +173,7 @@ class RangeReadTask:
         self._last_progress = 0.0
         self.rate = float(spec.get("read_bytes_per_second", 0))  # this task's share of the read budget
         self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
+        self.started_at = time.time()
 
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
@@ -310,7 +311,8 @@ class RangeReadTask:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             report = {"records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
-                      "last": None if self.last is None else self.last.to_json()}
+                      "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
+                      "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0}
             tmp.write_text(json.dumps(report))
             os.replace(tmp, path)
         except FileNotFoundError:

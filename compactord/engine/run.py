@@ -45,6 +45,8 @@ class TailRead:
     records: int = 0
     bytes: int = 0
     last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
+    started_at: float | None = None  # when the first reading task started (epoch seconds)
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
 
 
 class CompactionRun:
@@ -215,11 +217,14 @@ class CompactionRun:
             tail = read_progress(progress_dir)
             self.ctx.progress.records_read = plan.ledger_rows + tail.records
             self.ctx.progress.bytes_read = tail.bytes
+            self.ctx.progress.read_started_at = tail.started_at
+            self.ctx.progress.throttled_seconds = tail.throttled_seconds
 
     def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
         ctx = self.ctx
         ctx.progress.records_read = plan.ledger_rows + tail.records
         ctx.progress.bytes_read = tail.bytes
+        ctx.progress.read_started_at, ctx.progress.throttled_seconds = tail.started_at, tail.throttled_seconds
         manifest = LedgerManifest(
             ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
@@ -276,6 +281,8 @@ class CompactionRun:
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
     records = size = 0
+    throttled = 0.0
+    started: list[float] = []
     last: dict[int, RecordFingerprint] = {}
     try:
         paths = list(progress_dir.glob("*.json"))
@@ -288,9 +295,12 @@ def read_progress(progress_dir: Path) -> TailRead:
             continue
         records += int(data.get("records", 0))
         size += int(data.get("bytes", 0))
+        throttled += float(data.get("throttled_seconds", 0.0))
+        if data.get("started_at") is not None:
+            started.append(float(data["started_at"]))
         if data.get("last") is not None:
             found = RecordFingerprint.from_json(data["last"])
             partition = int(data["partition"])
             if partition not in last or found.offset > last[partition].offset:
                 last[partition] = found
-    return TailRead(records, size, last)
+    return TailRead(records, size, last, min(started, default=None), throttled)

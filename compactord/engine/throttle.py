@@ -64,13 +64,15 @@ class ReadThrottle:
         """Take ``nbytes`` from the bucket, waiting (in slices) until it has refilled enough."""
         self._refill()
         self._tokens -= nbytes
-        while self._tokens < 0:
-            wait = min(SLICE_SECONDS, -self._tokens / self.rate)
-            self._sleep(wait)
-            self.slept += wait
+        wait = -self._tokens / self.rate  # the time the bucket needs to pay the debt back
+        while wait > 0:
+            step = min(SLICE_SECONDS, wait)
+            self._sleep(step)
+            self.slept += step
+            wait -= step
             if self._check is not None:
                 self._check()
-            self._refill()
+        self._refill()
 
     def _refill(self) -> None:
         now = self._clock()
