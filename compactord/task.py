@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass
 from enum import Enum
 
@@ -142,10 +143,14 @@ class CompactionTaskCtx:
         *,
         rebuild: bool = False,
         probe: TaskProbe | None = None,
+        kind: str = "compaction",
     ) -> None:
         self.task_id = str(uuid.uuid4())
         self.topic = topic
         self.rebuild = rebuild
+        # "compaction", or "preview": the read and choose steps only, counted, never a ledger switch.
+        self.kind = kind
+        self.preview: dict[str, Any] | None = None  # a preview task's result
         self.progress = Progress()
         self.created_at = time.time()
         self.started_at: float | None = None

@@ -350,6 +350,8 @@ class Daemon:
     # -- metrics --------------------------------------------------------------------------------
 
     def _task_ended(self, ctx: CompactionTaskCtx) -> None:
+        if ctx.kind != "compaction":
+            return  # a preview changes no ledger and is no compaction to count
         self.metrics.task_ended(ctx)
         if ctx.finished_at is not None and ctx.state.value == "Succeed":
             self._last_success[ctx.topic] = ctx.finished_at

@@ -70,8 +70,10 @@ class TaskRegistry:
 
     # -- trigger and slots ----------------------------------------------------------------------
 
-    def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0) -> CompactionTaskCtx:
-        """Queue a compaction of ``topic``; it starts when a slot is free.
+    def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0,
+                kind: str = "compaction") -> CompactionTaskCtx:
+        """Queue a compaction of ``topic`` (or, ``kind="preview"``, an exact preview, which takes a slot
+        and is the topic's live task the same way); it starts when a slot is free.
 
         :raises CompactionAlreadyRunning: the topic has a live task (it is attached to the error).
         """
@@ -82,7 +84,7 @@ class TaskRegistry:
             live = self._live.get(topic)
             if live is not None and not live.done:
                 raise CompactionAlreadyRunning(topic, live)
-            ctx = service.compact(rebuild=rebuild, start=False)
+            ctx = service.compact(rebuild=rebuild, start=False, **({} if kind == "compaction" else {"kind": kind}))
             ctx.add_listener(self._on_state)
             self._live[topic] = ctx
             self._history.setdefault(topic, collections.deque(maxlen=HISTORY)).append(ctx)
@@ -147,8 +149,9 @@ class TaskRegistry:
         return ctx if ctx is not None and not ctx.done else None
 
     def last(self, topic: str) -> CompactionTaskCtx | None:
+        """The topic's last compaction task (previews are not compactions)."""
         history = self._history.get(topic)
-        return history[-1] if history else None
+        return next((t for t in reversed(history) if t.kind == "compaction"), None) if history else None
 
     def history(self, topic: str) -> list[CompactionTaskCtx]:
         return list(self._history.get(topic, ()))
@@ -169,6 +172,8 @@ class TaskRegistry:
         """How many of the topic's last compactions failed in a row (cancellations do not count)."""
         count = 0
         for ctx in reversed(self.history(topic)):
+            if ctx.kind != "compaction":
+                continue
             if ctx.state is TaskState.FAILED:
                 count += 1
             elif ctx.state is TaskState.SUCCEED:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from compactord.engine.job import job_spec, run_compaction_job
 from compactord.engine.kafka_source import CANCEL_FILE
+from compactord.engine.preview import exact_preview, ledger_key_bytes
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.throttle import per_task_rate
 from compactord.errors import CompactionCancelled, LedgerCorrupt
@@ -73,6 +74,10 @@ class CompactionRun:
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
+            if ctx.kind == "preview":
+                self._preview(plan, progress_dir)
+                ctx.transition(TaskState.SUCCEED)
+                return
             if plan.nothing_to_do(self.factory.settings, self.key_ttl_ms):
                 log.info("topic %s: nothing new since the horizon; the ledger stays", self.topic)
                 ctx.progress.records_read = 0
@@ -189,7 +194,37 @@ class CompactionRun:
 
         return hook
 
-    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path) -> TailRead:
+    def _preview(self, plan: CompactionPlan, progress_dir: Path) -> None:
+        """The read and choose steps of the run ``plan`` describes, counted: ``ctx.preview``."""
+        ctx = self.ctx
+        ctx.transition(TaskState.RUNNING)
+        ctx.checkpoint("running")
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        cancel_hook = self._cancel_hook(progress_dir)
+        ctx.add_cancel_hook(cancel_hook)
+        started = time.time()
+        counted: dict[str, int] = {}
+        tail = self._spark_job(plan, "", progress_dir, count=counted)
+        ctx.remove_cancel_hook(cancel_hook)
+        ctx.checkpoint("running")
+        live, markers = ledger_key_bytes(plan.previous_files)
+        read = plan.ledger_rows + tail.records
+        read_bytes = sum(live.values()) + tail.bytes
+        ctx.progress.records_read, ctx.progress.bytes_read = read, tail.bytes
+        ctx.preview = {
+            "records_kept": counted["records_kept"],
+            "records_removed": max(0, read - counted["records_kept"] - counted["markers"]),
+            "bytes_kept": counted["bytes_kept"],
+            "bytes_removed": max(0, read_bytes - counted["bytes_kept"]),
+            "markers": counted["markers"], "kept_digest": counted["kept_digest"],
+            "records_read": read, "tail_records": tail.records, "full_rebuild": plan.full,
+            "seconds": round(time.time() - started, 3),
+        }
+
+    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path,
+                   count: dict[str, int] | None = None) -> TailRead:
+        """Run the job: write the ledger to ``output``, or (``count``) fill ``count`` with the
+        preview's counts of what it would write."""
         spark = self.factory.spark
         budget = self.ctx.progress.max_read_bytes_per_second
         readers = min(len(plan.ranges), spark.cores)
@@ -205,8 +240,12 @@ class CompactionRun:
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
         poller.start()
         try:
-            spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
-                      lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
+            if count is not None:
+                count.update(spark.run(self.ctx.task_id, f"preview of {self.topic} ({self.ctx.task_id})",
+                                       lambda: exact_preview(spark.spark, spec, plan.strategy.strategy)))
+            else:
+                spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
+                          lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
         finally:
             stop.set()
             poller.join()
