@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="utf8 (the CLI's default, for reading text) or base64 (the API's default)")
     client("topics", "every known topic with its backlog and last compaction", topic=False)
     client("tasks", "recent tasks", topic=False)
+    preview = client("preview", "what the next compaction would keep and remove (an estimate from a sample)")
+    preview.add_argument("--exact", action="store_true", help="run the read and choose steps (takes a task slot)")
     return parser
 
 
@@ -121,6 +123,8 @@ def _client(args: argparse.Namespace) -> int:
         body = daemon.compacted(topic, args.partition, args.start, args.limit, encoding=args.encoding)
     elif cmd == "topics":
         body = daemon.topics()
+    elif cmd == "preview":
+        body = daemon.preview(topic, exact=args.exact)
     else:
         body = daemon.tasks()
     if args.json:
@@ -144,6 +148,13 @@ def _print_table(cmd: str, body: Any) -> None:
             print(f"{e['partition']:>9}  {e['offset']:>10}  {e['key']!s:<24}  {e['value']}")
         if body.get("next_start") is not None:
             print(f"(more: --start {body['next_start']})")
+    elif cmd == "preview":
+        kind = "exact" if body["exact"] else f"estimate from {body['sample_records']} tail records"
+        eta = "-" if body["estimated_seconds"] is None else f"{body['estimated_seconds']} s"
+        print(f"topic {body['topic']}  ({kind})\n"
+              f"records  kept {body['records_kept']:>12,}  removed {body['records_removed']:>12,}\n"
+              f"bytes    kept {body['bytes_kept']:>12,}  removed {body['bytes_removed']:>12,}\n"
+              f"dirty ratio {body['dirty_ratio']:.3f}  estimated duration {eta}")
     elif cmd == "topics":
         print(f"{'TOPIC':<32} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
         for t in body["topics"]:

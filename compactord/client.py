@@ -97,6 +97,10 @@ class DaemonClient:
     def trigger(self, topic: str, rebuild: bool = False) -> Any:
         return self.request("PUT", f"{self.topic_path(topic)}/compaction", {"rebuild": "true"} if rebuild else None)
 
+    def preview(self, topic: str, exact: bool = False) -> Any:
+        """What the next compaction would do (``exact``: the read and choose steps, which can take long)."""
+        return self.request("GET", f"{self.topic_path(topic)}/compaction/preview", {"exact": "true"} if exact else None)
+
     def status(self, topic: str) -> Any:
         return self.request("GET", f"{self.topic_path(topic)}/compaction")
 
