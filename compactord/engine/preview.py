@@ -13,7 +13,8 @@ compaction writes, record for record.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from compactord.engine.job import CompactionJobSpec, build_winners
@@ -22,7 +23,7 @@ from compactord.engine.strategies import ResolvedStrategy, fold
 from compactord.interfaces import CompactionStrategy
 from compactord.model import Entry, LedgerManifest, PartitionOffsets
 
-__all__ = ["SAMPLE_RECORDS", "exact_preview", "kept_digest", "ledger_key_bytes", "sampled_preview"]
+__all__ = ["SAMPLE_RECORDS", "LedgerTotals", "exact_preview", "kept_digest", "ledger_totals", "sampled_preview"]
 
 #: Tail records per partition that a sampled preview reads (at most).
 SAMPLE_RECORDS = 10_000
@@ -49,23 +50,39 @@ def exact_preview(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
             "kept_digest": int(row["d"] or 0)}
 
 
-def ledger_key_bytes(files: Sequence[str]) -> tuple[dict[tuple[int, bytes | None], int], int]:
-    """A ledger's live entries: (partition, key) -> key and value bytes, and the number of markers."""
+@dataclass
+class LedgerTotals:
+    """A ledger's live entries and their key and value bytes, its markers, and the live entries of the
+    keys asked for: (partition, key) -> bytes."""
+
+    live: int = 0
+    bytes: int = 0
+    markers: int = 0
+    matched: dict[tuple[int, bytes], int] = field(default_factory=dict)
+
+
+def ledger_totals(files: Sequence[str], keys: Collection[bytes] = ()) -> LedgerTotals:
+    """Count a ledger's files one at a time (memory: one file's key and value columns)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    live: dict[tuple[int, bytes | None], int] = {}
-    markers = 0
+    totals = LedgerTotals()
+    wanted = pa.array(list(keys), pa.binary())
     for path in files:
         table = pq.read_table(path, columns=["partition", "key", "value", "marker"])
+        live = pc.invert(pc.fill_null(table["marker"], False))
         sizes = pc.add(pc.fill_null(pc.binary_length(table["key"]), 0), pc.fill_null(pc.binary_length(table["value"]), 0))
-        for p, k, m, n in zip(table["partition"].to_pylist(), table["key"].to_pylist(), table["marker"].to_pylist(),
-                              sizes.to_pylist(), strict=True):
-            if m:
-                markers += 1
-            else:
-                live[(p, k)] = n
-    return live, markers
+        totals.live += int(pc.sum(live).as_py() or 0)
+        totals.markers += table.num_rows - int(pc.sum(live).as_py() or 0)
+        totals.bytes += int(pc.sum(pc.if_else(live, sizes, 0)).as_py() or 0)
+        if len(wanted):
+            mask = pc.and_(live, pc.fill_null(pc.is_in(table["key"], value_set=wanted), False))
+            found = table.filter(mask)
+            for p, k, n in zip(found["partition"].to_pylist(), found["key"].to_pylist(),
+                               pc.filter(sizes, mask).to_pylist(), strict=True):
+                totals.matched[(p, k)] = n
+    return totals
 
 
 def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mapping[int, PartitionOffsets],
@@ -77,7 +94,6 @@ def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mappi
     the whole tail; the ledger's entries whose keys the sample replaces are removed in proportion.
     """
     horizon = previous.horizon if previous is not None else {}
-    live, _ = ledger_key_bytes(ledger_files) if previous is not None else ({}, 0)
     tail_total = sampled = 0
     tail_bytes = 0
     winners: list[Entry] = []
@@ -90,14 +106,16 @@ def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mappi
         sampled += len(records)
         tail_bytes += sum(len(e.key or b"") + len(e.value or b"") for e in records)
         winners.extend(_winners(strategy, records))
+    ledger = ledger_totals(ledger_files if previous is not None else (), {w.key for w in winners if w.key})
+    live = ledger.matched
     scale = tail_total / sampled if sampled else 0.0
     kept_tail = [w for w in winners if not w.is_tombstone]
     replaced = [w for w in winners if (w.partition, w.key) in live]
-    kept = len(live) - len(replaced) * scale + len(kept_tail) * scale
-    ledger_bytes = sum(live.values())
+    kept = ledger.live - len(replaced) * scale + len(kept_tail) * scale
+    ledger_bytes = ledger.bytes
     kept_bytes = ledger_bytes - sum(live[(w.partition, w.key)] for w in replaced) * scale \
         + sum(len(w.key or b"") + len(w.value or b"") for w in kept_tail) * scale
-    read = len(live) + tail_total
+    read = ledger.live + tail_total
     read_bytes = ledger_bytes + tail_bytes * scale
     kept = max(0, min(read, round(kept)))
     kept_bytes = max(0, min(round(read_bytes), round(kept_bytes)))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from compactord.engine.job import job_spec, run_compaction_job
 from compactord.engine.kafka_source import CANCEL_FILE
-from compactord.engine.preview import exact_preview, ledger_key_bytes
+from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.throttle import per_task_rate
 from compactord.errors import CompactionCancelled, LedgerCorrupt
@@ -207,9 +207,8 @@ class CompactionRun:
         tail = self._spark_job(plan, "", progress_dir, count=counted)
         ctx.remove_cancel_hook(cancel_hook)
         ctx.checkpoint("running")
-        live, markers = ledger_key_bytes(plan.previous_files)
         read = plan.ledger_rows + tail.records
-        read_bytes = sum(live.values()) + tail.bytes
+        read_bytes = ledger_totals(plan.previous_files).bytes + tail.bytes
         ctx.progress.records_read, ctx.progress.bytes_read = read, tail.bytes
         ctx.preview = {
             "records_kept": counted["records_kept"],
