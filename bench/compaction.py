@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from compactord.config import Settings
         from compactord.engine.kafka_source import OffsetRange, plan_ranges
-        from compactord.engine.service import SparkCompactionServiceFactory
+        from compactord.engine.factory import SparkCompactionServiceFactory
         from compactord.engine.spark_session import SparkSessionManager
         from compactord.interfaces import ServiceContext
         from compactord.kafka.admin import KafkaAdmin
