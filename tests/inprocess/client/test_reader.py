@@ -278,6 +278,10 @@ def test_reader_applies_the_ledger_s_key_ttl_to_ledger_and_tail(kafka, daemon_ap
     # key_ttl_ms=0 turns the rule off for this read: the tail as it is.
     plain = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url, key_ttl_ms=0))
     assert _state(plain) == {b"a": b"stale", b"b": b"old-again", b"c": b"1"}
+    # A TTL shorter than every record's age: the ledger's entries are skipped, the tail is all tombstones.
+    short = CompactedReader(kafka.bootstrap, topic, url=server.url, key_ttl_ms=1)
+    assert [(o, k, v) for _, o, k, v in read_all(short)] == [(3, b"a", None), (4, b"c", None), (5, b"b", None)]
+    assert short.ledger_entries == 0
     # The next compaction agrees with the reader.
     compact(daemon, topic)
     assert _state(read_all(CompactedReader(kafka.bootstrap, topic, url=server.url))) == {b"c": b"1"}
