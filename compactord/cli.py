@@ -124,6 +124,8 @@ def _client(args: argparse.Namespace) -> int:
     elif cmd == "topics":
         body = daemon.topics()
     elif cmd == "preview":
+        if args.exact:  # the reply comes when the preview task ends: as long as a compaction's read
+            daemon = DaemonClient(args.url, args.token or None, timeout=24 * 3600.0)
         body = daemon.preview(topic, exact=args.exact)
     else:
         body = daemon.tasks()
