@@ -4,6 +4,7 @@ broker and Spark): the exact preview equals, record for record, what the next co
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from compactord.engine.preview import kept_digest
 from tests.support.daemon import DaemonProcess, compact
 
-from .conftest import assert_error
+from .conftest import SHARED_TOKEN, assert_error, run_cli
 
 
 def _ledger(daemon: DaemonProcess, topic: str, partitions: int) -> list[dict[str, Any]]:
@@ -58,6 +59,16 @@ def test_the_exact_preview_equals_the_next_compaction(shared_daemon: DaemonProce
     assert preview["kept_digest"] == kept_digest([(e["partition"], e["offset"]) for e in kept])
     assert preview["records_removed"] == 40 + 153 - 59
     assert sampled.json()["records_kept"] > 0
+
+    # The CLI, after the compaction: nothing left in the tail, so the estimate is the ledger itself.
+    env = {"COMPACTORD_URL": shared_daemon.url, "COMPACTORD_TOKEN": SHARED_TOKEN}
+    table = run_cli("preview", topic, env=env)
+    assert table.returncode == 0, table.stderr
+    assert "estimate from 0 tail records" in table.stdout and "kept           59" in table.stdout
+    exact = run_cli("preview", topic, "--exact", "--json", env=env)
+    assert exact.returncode == 0, exact.stderr
+    again = json.loads(exact.stdout)
+    assert again["exact"] is True and again["records_kept"] == 59 and again["records_removed"] == 0
 
 
 def test_a_preview_of_a_topic_the_broker_does_not_have_is_404(shared_daemon: DaemonProcess) -> None:
