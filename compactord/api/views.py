@@ -107,6 +107,7 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "status": status,
         "state": state.value,
         "task_id": ctx.task_id,
+        "kind": ctx.kind,  # "compaction", or "preview" (an exact preview: never switches a ledger)
         "started_at": iso_utc(ctx.started_at or ctx.created_at),
         "finished_at": iso_utc(ctx.finished_at),
         "last_error": ctx.error,
@@ -154,11 +155,12 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     service = daemon.registry.existing_service(topic)
     manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "last_error": None, "progress": dict(_NO_PROGRESS),
-            "full_rebuild": False, "recreated": False, "read_throttle": None, "warnings": []}
+            "full_rebuild": False, "recreated": False, "read_throttle": None, "kind": None, "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
-            "finished_at": iso_utc(manifest.finished_at_ms / 1000), "full_rebuild": manifest.full_rebuild}
+            "finished_at": iso_utc(manifest.finished_at_ms / 1000), "full_rebuild": manifest.full_rebuild,
+            "kind": "compaction"}
 
 
 def topics_json(daemon: Daemon) -> dict[str, Any]:

@@ -178,7 +178,7 @@ def test_never_compacted_topic(shared_daemon: DaemonProcess, kafka: Any) -> None
     assert status(shared_daemon, topic) == {
         "topic": topic, "status": "NOT_RUN", "state": None, "task_id": None, "started_at": None,
         "finished_at": None, "last_error": None, "progress": {"records_read": 0, "records_total": 0},
-        "full_rebuild": False, "recreated": False, "read_throttle": None, "warnings": [],
+        "full_rebuild": False, "recreated": False, "read_throttle": None, "kind": None, "warnings": [],
     }
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/horizon"), 404, "not_compacted")
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}), 404,

@@ -51,6 +51,8 @@ def test_the_exact_preview_equals_the_next_compaction(shared_daemon: DaemonProce
         assert isinstance(preview[name], int), name
     status = shared_daemon.http.get(f"/v1/topics/{topic}/compaction").json()
     assert status["task_id"] != preview["task_id"]  # the topic's last compaction is still the first one
+    listed = shared_daemon.http.get("/v1/tasks", params={"topic": topic}).json()["tasks"]
+    assert [t["kind"] for t in listed if t["task_id"] == preview["task_id"]] == ["preview"]
 
     compact(shared_daemon, topic)
     kept = _ledger(shared_daemon, topic, 2)

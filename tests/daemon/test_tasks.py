@@ -85,7 +85,7 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 
 def check_task(task: dict[str, Any], topic: str) -> None:
     assert set(task) == {"topic", "status", "state", "task_id", "started_at", "finished_at", "last_error",
-                         "progress", "full_rebuild", "recreated", "read_throttle", "warnings"}, task
+                         "progress", "full_rebuild", "recreated", "read_throttle", "kind", "warnings"}, task
     assert isinstance(task["warnings"], list)
     assert task["topic"] == topic
     assert uuid.UUID(task["task_id"]).version == 4
