@@ -360,6 +360,28 @@ def _fmt(xs: list[float]) -> str:
     return f"{_median(xs):.2f} s (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
 
+def throttled_run(service: Any, factory: Any, cap: int) -> tuple[float, float, int]:
+    """One full compaction at ``cap`` bytes/s: (read rate, reading seconds, bytes read). The reading
+    ends at the last change of the task's bytes read (sampled every 0.05 s)."""
+    factory.set_topic_limits(TOPIC, max_read_bytes_per_second=cap)
+    try:
+        task = service.compact(rebuild=True)
+        seen, changed_at = 0, time.time()
+        while not task.done:
+            if task.progress.bytes_read != seen:
+                seen, changed_at = task.progress.bytes_read, time.time()
+            time.sleep(0.05)
+        if task.state.value != "Succeed":
+            raise RuntimeError(f"the throttled compaction ended {task.state.value}: {task.error}")
+        task.worker_done.wait(60)
+        if task.progress.bytes_read != seen:
+            changed_at = task.finished_at or time.time()
+        seconds = changed_at - (task.progress.read_started_at or task.started_at or changed_at)
+        return task.stats.bytes_read / max(seconds, 1e-3), seconds, task.stats.bytes_read
+    finally:
+        factory.set_topic_limits(TOPIC)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, help="records in the topic (default 1,000,000; 5,000,000 with --distinct-keys-mode)")
@@ -387,6 +409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="skip the incremental runs (their figure and ratio print as nan)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the untimed warm-up compaction and floor (for the long distinct-keys runs)")
+    ap.add_argument("--throttle", type=int, default=0, metavar="R",
+                    help="after the timed runs, one full compaction capped at R bytes/s (maxReadBytesPerSecond): "
+                         "prints the measured read rate against R")
     ap.add_argument("--keep-logs", action="store_true", help="keep the broker log and ledger root (printed)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -460,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         produced = args.records
 
         from compactord.config import Settings
-        from compactord.engine.kafka_source import OffsetRange, plan_ranges
         from compactord.engine.factory import SparkCompactionServiceFactory
+        from compactord.engine.kafka_source import OffsetRange, plan_ranges
         from compactord.engine.spark_session import SparkSessionManager
         from compactord.interfaces import ServiceContext
         from compactord.kafka.admin import KafkaAdmin
@@ -597,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"(ledger rows {stats['ledger_rows_read']:,} + tail {stats['tail_records']:,}, "
                       f"kept {stats['records_kept']:,})", flush=True)
 
+        throttled = throttled_run(service, factory, args.throttle) if args.throttle else None
         sampler.stop()
         py_hwm = _status_kb("self", "VmHWM")
         floor_m, full_m, inc_m = _median(floors), _median(fulls), _median(incrementals)
@@ -622,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
         print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
         print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")
+        if throttled is not None:
+            rate, seconds, nbytes = throttled
+            print(f"throttled full compaction (cap {args.throttle:,} B/s): read {nbytes:,} bytes in {seconds:.1f} s, "
+                  f"{rate:,.0f} B/s = {rate / args.throttle:.1%} of the cap")
         print(f"full/floor_fastest={full_m / _median(floors_by[fastest]):.2f}")
         print(f"full/floor={full_m / floor_m:.2f}")
         print(f"incremental/full={inc_m / full_m:.2f}")

@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("--cursor", help="show older runs: the cursor printed after the previous page")
     client("topics", "every known topic with its backlog and last compaction", topic=False)
     client("tasks", "recent tasks", topic=False)
+    preview = client("preview", "what the next compaction would keep and remove (an estimate from a sample)")
+    preview.add_argument("--exact", action="store_true", help="run the read and choose steps (takes a task slot)")
     return parser
 
 
@@ -126,6 +128,10 @@ def _client(args: argparse.Namespace) -> int:
         body = daemon.history(topic, args.limit, args.cursor)
     elif cmd == "topics":
         body = daemon.topics()
+    elif cmd == "preview":
+        if args.exact:  # the reply comes when the preview task ends: as long as a compaction's read
+            daemon = DaemonClient(args.url, args.token or None, timeout=24 * 3600.0)
+        body = daemon.preview(topic, exact=args.exact)
     else:
         body = daemon.tasks()
     if args.json:
@@ -157,6 +163,13 @@ def _print_table(cmd: str, body: Any) -> None:
                   f"{r['records_written']:>9}  {r['task_id']:<36}  {detail}")
         if body.get("next") is not None:
             print(f"(older runs: --cursor {body['next']})")
+    elif cmd == "preview":
+        kind = "exact" if body["exact"] else f"estimate from {body['sample_records']} tail records"
+        eta = "-" if body["estimated_seconds"] is None else f"{body['estimated_seconds']} s"
+        print(f"topic {body['topic']}  ({kind})\n"
+              f"records  kept {body['records_kept']:>12,}  removed {body['records_removed']:>12,}\n"
+              f"bytes    kept {body['bytes_kept']:>12,}  removed {body['bytes_removed']:>12,}\n"
+              f"dirty ratio {body['dirty_ratio']:.3f}  estimated duration {eta}")
     elif cmd == "topics":
         print(f"{'TOPIC':<32} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
         for t in body["topics"]:

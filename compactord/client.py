@@ -16,6 +16,11 @@ so that an application bootstraps its state without rewinding the whole log::
 The read is pinned to one ledger; ``apply_strategy=True`` applies that ledger's strategy to the tail
 (a tail record is yielded only if it changes its key's state, event-time deletion markers included), so
 that the application's state equals the strategy's view. See ``CompactedReader``.
+
+Under a key TTL (the ledger's rule ``key_ttl_ms``, from ``compactionKeyTtlMs`` or the topic's
+``keyTtlMs``), the reader applies the compaction's rule at the instant the read starts: a ledger entry
+or a tail record older than the TTL (its timestamp; its event time under ``event-time``) is a deletion
+of its key (a ledger entry is skipped, a tail record is yielded as a tombstone).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compactord.config import Settings
@@ -91,6 +96,10 @@ class DaemonClient:
 
     def trigger(self, topic: str, rebuild: bool = False) -> Any:
         return self.request("PUT", f"{self.topic_path(topic)}/compaction", {"rebuild": "true"} if rebuild else None)
+
+    def preview(self, topic: str, exact: bool = False) -> Any:
+        """What the next compaction would do (``exact``: the read and choose steps, which can take long)."""
+        return self.request("GET", f"{self.topic_path(topic)}/compaction/preview", {"exact": "true"} if exact else None)
 
     def status(self, topic: str) -> Any:
         return self.request("GET", f"{self.topic_path(topic)}/compaction")
@@ -186,6 +195,26 @@ class _Strategy:
         return True
 
 
+class _Expiry:
+    """The key TTL rule, as the compaction applies it (``engine/job.py``), at one instant."""
+
+    def __init__(self, rules: dict[str, Any], ttl_ms: int | None, now_ms: int) -> None:
+        ttl = int(rules.get("key_ttl_ms", 0) if ttl_ms is None else ttl_ms)
+        self.cutoff = now_ms - ttl if ttl > 0 else None
+        self.by_event_time = rules.get("strategy") == "event-time"
+
+    def expired(self, entry: Entry) -> bool:
+        if self.cutoff is None or entry.key is None or entry.marker or entry.value is None:
+            return False
+        at = entry.event_time if self.by_event_time and entry.event_time is not None else entry.timestamp
+        return at is not None and at < self.cutoff
+
+    @staticmethod
+    def deletion(entry: Entry) -> Entry:
+        """What an expired record counts as: a deletion of its key (under an order it keeps its rank)."""
+        return replace(entry, value=None)
+
+
 class CompactedReader:
     """Iterate the compacted view of ``topic``: ledger entries, then the tail after the horizon.
 
@@ -197,7 +226,9 @@ class CompactedReader:
     ``apply_strategy=True`` applies the ledger's own strategy (from its rules) to the tail: a tail record
     is yielded only if it changes its key's state. A custom strategy needs its object (``strategy=``).
     The ledger's empty-value rule is applied to the tail: under Pulsar's rule an empty value comes back
-    as a null one (a tombstone).
+    as a null one (a tombstone). So is its key TTL (``key_ttl_ms`` overrides it; 0 turns it off), at
+    the instant the read starts: an expired ledger entry is skipped, an expired tail record comes back
+    as a tombstone of its key.
     """
 
     def __init__(
@@ -212,6 +243,7 @@ class CompactedReader:
         event_time_source: str | None = None,
         page_size: int = 1000,
         settings: Settings | None = None,
+        key_ttl_ms: int | None = None,
     ) -> None:
         self.topic = topic
         self._daemon = DaemonClient(url, token)
@@ -220,6 +252,8 @@ class CompactedReader:
         self.strategy = strategy
         self.event_time_source = event_time_source  # None: the ledger's
         self.page_size = page_size
+        self.key_ttl_ms = key_ttl_ms  # None: the ledger's
+        self._now_ms = 0
         self.settings = settings or Settings(kafka_bootstrap_servers=bootstrap)
         self.ledger_entries = 0
         self.tail_records = 0
@@ -242,11 +276,13 @@ class CompactedReader:
         """The current ledger's horizon per partition; empty if the topic was never compacted."""
         return self._pin().horizon
 
-    def _ledger(self, partition: int, ledger_id: int) -> Iterator[Entry]:
+    def _ledger(self, partition: int, ledger_id: int, expiry: _Expiry) -> Iterator[Entry]:
         start: int | None = 0
+        # Markers come with event times: what the strategy and the event-time TTL need.
+        markers = self.apply_strategy or (expiry.cutoff is not None and expiry.by_event_time)
         while start is not None:
             body = self._daemon.compacted(self.topic, partition, start, self.page_size,
-                                          include_markers=self.apply_strategy, ledger_id=ledger_id)
+                                          include_markers=markers, ledger_id=ledger_id)
             for e in body["entries"]:
                 yield _entry(e)
             start = body["next_start"]
@@ -259,6 +295,7 @@ class CompactedReader:
         admin = KafkaAdmin(self.settings)
         try:
             ends = admin.offsets(self.topic)  # fixed now: the read ends there
+            self._now_ms = int(time.time() * 1000)  # and keys expire as of now
         finally:
             admin.close()
         yielded: dict[tuple[int, bytes | None, int], Entry] = {}  # ledger entries yielded, by key
@@ -278,14 +315,16 @@ class CompactedReader:
         pinned = self._pin()
         self.ledger_id = pinned.ledger_id
         apply = _Strategy(pinned.rules, self.strategy) if self.apply_strategy else None
+        expiry = _Expiry(pinned.rules, self.key_ttl_ms, self._now_ms)
         for partition in sorted(ends):
             if partition not in pinned.horizon or pinned.ledger_id is None:
                 continue
             present: set[tuple[int, bytes | None, int]] = set()
-            for entry in self._ledger(partition, pinned.ledger_id):
+            for entry in self._ledger(partition, pinned.ledger_id, expiry):
+                expired = expiry.expired(entry)
                 if apply is not None:
-                    apply.saw(entry)
-                if entry.marker:
+                    apply.saw(replace(entry, value=None, marker=True) if expired else entry)
+                if entry.marker or expired:
                     continue
                 ident = (partition, entry.key, entry.offset if entry.key is None else -1)
                 present.add(ident)
@@ -296,7 +335,7 @@ class CompactedReader:
                 yield entry
             if restart:
                 yield from self._deleted_since(partition, pinned, yielded, present)
-        yield from self._tail(ends, pinned, apply)
+        yield from self._tail(ends, pinned, apply, expiry)
 
     def _deleted_since(self, partition: int, pinned: _Pinned, yielded: dict[tuple[int, bytes | None, int], Entry],
                        present: set[tuple[int, bytes | None, int]]) -> Iterator[Entry]:
@@ -306,7 +345,8 @@ class CompactedReader:
             if old.key is not None:
                 yield Entry(partition=partition, offset=pinned.horizon[partition], key=old.key, value=None)
 
-    def _tail(self, ends: dict[int, Any], pinned: _Pinned, apply: _Strategy | None) -> Iterator[Entry]:
+    def _tail(self, ends: dict[int, Any], pinned: _Pinned, apply: _Strategy | None,
+              expiry: _Expiry) -> Iterator[Entry]:
         from kafka import TopicPartition
 
         from compactord.kafka.client import consumer, translate_kafka_errors
@@ -340,6 +380,8 @@ class CompactedReader:
                             entry = Entry(partition=p, offset=r.offset, key=r.key, value=value,
                                           timestamp=r.timestamp, headers=tuple(r.headers or ()),
                                           event_time=event_time(r.timestamp, r.headers or ()))
+                            if expiry.expired(entry):
+                                entry = expiry.deletion(entry)
                             if apply is not None and not apply.wins(entry):
                                 continue
                             self.tail_records += 1

@@ -122,6 +122,14 @@ class Settings:
     compaction_retired_ledger_grace_seconds: int = _key("compactionRetiredLedgerGraceSeconds", int_range(0, 86400),
         "300", "compaction", "How long a ledger replaced by a switch stays readable by id (?ledger_id=), so that "
         "a reader pinned to it finishes; then reads of it answer 410 ledger_retired.")
+    compaction_key_ttl_ms: int = _key("compactionKeyTtlMs", int_range(0), "0", "compaction",
+        "Key expiry (0 = off): a key whose winning record is older than this many milliseconds (its record "
+        "timestamp, or its event time under event-time) leaves the compacted view at the next compaction, "
+        "as if deleted. Per topic: the policy field keyTtlMs.")
+    compaction_max_read_bytes_per_second: int = _key("compactionMaxReadBytesPerSecond", int_range(0), "0",
+        "compaction", "Most bytes (keys and values) per second one compaction reads from the brokers, summed "
+        "over its reading tasks (0 = unlimited; Kafka's log.cleaner.io.max.bytes.per.second). Per topic: the "
+        "policy field maxReadBytesPerSecond.")
     compaction_read_ranges_per_core: int = _key("compactionReadRangesPerCore", int_range(1, 64), "2",
         "compaction", "Offset ranges per Spark core that the topic is split into for reading.")
     compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),

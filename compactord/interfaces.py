@@ -235,6 +235,12 @@ class CompactionServiceFactory(ABC):
         :raises ConfigError: ``ref`` names no strategy.
         """
 
+    def set_topic_limits(self, topic: str, *, key_ttl_ms: int | None = None,
+                         max_read_bytes_per_second: int | None = None) -> None:
+        """Use these limits for ``topic`` from its next run on (its policy's ``keyTtlMs`` and
+        ``maxReadBytesPerSecond``); None returns to ``compactionKeyTtlMs`` and
+        ``compactionMaxReadBytesPerSecond``. The default ignores them (a factory without such limits)."""
+
     @abstractmethod
     def close(self) -> None:
         """Release the factory's resources (it does not stop the shared Spark session)."""

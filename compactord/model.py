@@ -251,6 +251,7 @@ class LedgerManifest:
     # where it reports one, and per partition the last data record below the horizon.
     topic_id: str | None = None
     fingerprints: dict[int, RecordFingerprint] | None = None
+    key_ttl_ms: int = 0  # the key expiry the ledger was written under (0: off)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
 
@@ -87,6 +88,7 @@ REASON_KINDS = (
     "dirty_ratio",
     "log_start",  # the log start moved past ledger entries (retention)
     "recreated",  # the topic's log is a new one
+    "preview",  # GET .../compaction/preview?exact=true: not a run, never in the history
 )
 
 
@@ -136,6 +138,17 @@ class Progress:
     records_read: int = 0
     bytes_read: int = 0
     records_total: int = 0
+    max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
+    read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
+    read_started_at: float | None = None  # when the first reading task started
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the budget, summed
+
+    def timeout_allowance(self, limit: float) -> float:
+        """A task's time limit: ``limit``, plus for a throttled run the least time its budget needs for
+        what it has read so far (so that a slow budget does not time a steady run out)."""
+        if self.max_read_bytes_per_second <= 0:
+            return limit
+        return limit + self.bytes_read / self.max_read_bytes_per_second
 
 
 StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
@@ -167,6 +180,7 @@ class CompactionTaskCtx:
         rebuild: bool = False,
         probe: TaskProbe | None = None,
         reason: Reason | None = None,
+        kind: str = "compaction",
     ) -> None:
         self.task_id = str(uuid.uuid4())
         self.topic = topic
@@ -174,6 +188,9 @@ class CompactionTaskCtx:
         self.reason = reason or Reason("rebuild" if rebuild else "manual")
         self.caller: str | None = None  # the client address of a manual trigger
         self.previous_ledger_id: int | None = None  # the ledger this task started from
+        # "compaction", or "preview": the read and choose steps only, counted, never a ledger switch.
+        self.kind = kind
+        self.preview: dict[str, Any] | None = None  # a preview task's result
         self.progress = Progress()
         self.created_at = time.time()
         self.started_at: float | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
@@ -19,8 +20,8 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
-    from compactord.daemon.history import RunPage, RunRecord
     from compactord.daemon.core import Daemon, Readiness
+    from compactord.daemon.history import RunPage, RunRecord
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
@@ -111,13 +112,33 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "task_id": ctx.task_id,
         "reason": ctx.reason.kind,
         "reason_detail": ctx.reason.detail,
+        "kind": ctx.kind,  # "compaction", or "preview" (an exact preview: never switches a ledger)
         "started_at": iso_utc(ctx.started_at or ctx.created_at),
         "finished_at": iso_utc(ctx.finished_at),
         "last_error": ctx.error,
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
         "full_rebuild": ctx.stats.full_rebuild,
         "recreated": ctx.stats.recreated,
+        "read_throttle": _read_throttle(ctx),
         "warnings": [ctx.stats.switch_warning] if ctx.stats.switch_warning else [],
+    }
+
+
+def _read_throttle(ctx: CompactionTaskCtx) -> dict[str, Any] | None:
+    """A throttled run's budget, its share per reading task, and the rate it read at so far."""
+    progress = ctx.progress
+    if progress.max_read_bytes_per_second <= 0:
+        return None
+    start = progress.read_started_at or ctx.started_at or ctx.created_at
+    elapsed = max(1e-3, (ctx.finished_at or time.time()) - start)
+    tasks = progress.read_tasks
+    return {
+        "max_bytes_per_second": progress.max_read_bytes_per_second,
+        "reading_tasks": tasks,
+        "per_task_bytes_per_second": progress.max_read_bytes_per_second // tasks if tasks else None,
+        "bytes_read": progress.bytes_read,
+        "bytes_per_second": int(progress.bytes_read / elapsed),  # since the reading began
+        "throttled_seconds": round(progress.throttled_seconds, 3),
     }
 
 
@@ -162,11 +183,12 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
             "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
-            "warnings": []}
+            "read_throttle": None, "kind": None, "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),
-            "finished_at": iso_utc(manifest.finished_at_ms / 1000), "full_rebuild": manifest.full_rebuild}
+            "finished_at": iso_utc(manifest.finished_at_ms / 1000), "full_rebuild": manifest.full_rebuild,
+            "kind": "compaction"}
 
 
 def topics_json(daemon: Daemon) -> dict[str, Any]:
@@ -268,7 +290,7 @@ def horizon_json(topic: str, manifest: LedgerManifest) -> dict[str, Any]:
         "topic": topic,
         "ledger_id": manifest.ledger_id,
         "partitions": [{"partition": p, "offset": o} for p, o in sorted(manifest.horizon.items())],
-        "rules": manifest.strategy.rules(),
+        "rules": {**manifest.strategy.rules(), "key_ttl_ms": manifest.key_ttl_ms},
     }
 
 

@@ -207,7 +207,7 @@ class Daemon:
         limit = self.settings.task_timeout_seconds
         now = time.time()
         for ctx in self.registry.tasks():
-            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > limit:
+            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > ctx.progress.timeout_allowance(limit):
                 if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
                     log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
 
@@ -222,9 +222,10 @@ class Daemon:
     def _apply_stored_strategies(self) -> None:
         for topic in self.store.topics():
             try:
-                strategy = self.policies.get(topic).strategy
-                if strategy is not None:
-                    self.factory.set_topic_strategy(topic, strategy)
+                policies = self.policies.get(topic)
+                if policies.strategy is not None:
+                    self.factory.set_topic_strategy(topic, policies.strategy)
+                self._apply_limits(topic, policies)
             except CompactordError as exc:
                 log.error("topic %s: its stored policies are not applied: %s", topic, exc)
 
@@ -321,6 +322,7 @@ class Daemon:
         self.store.delete_topic(topic)  # policies and marks too (the deletion mark last)
         # Everything kept in memory of the topic goes with it: history, the broker's view, metric series.
         self.factory.set_topic_strategy(topic, None)
+        self._apply_limits(topic, None)
         self.registry.forget(topic)
         self.monitor.forget(topic)
         self.metrics.forget(topic)
@@ -333,6 +335,13 @@ class Daemon:
         else:
             self.policies.put(topic, policies)
         self.factory.set_topic_strategy(topic, policies.strategy if policies is not None else None)
+        self._apply_limits(topic, policies)
+
+    def _apply_limits(self, topic: str, policies: TopicPolicies | None) -> None:
+        """The policy's key expiry and read budget, to the engine (None: the broker-wide settings)."""
+        self.factory.set_topic_limits(
+            topic, key_ttl_ms=policies.keyTtlMs if policies is not None else None,
+            max_read_bytes_per_second=policies.maxReadBytesPerSecond if policies is not None else None)
 
     def strategy_name(self, topic: str) -> str:
         """The strategy in force for ``topic``: its policy's, else the configured one."""
@@ -367,6 +376,8 @@ class Daemon:
     # -- metrics --------------------------------------------------------------------------------
 
     def _task_ended(self, ctx: CompactionTaskCtx) -> None:
+        if ctx.kind != "compaction":
+            return  # a preview changes no ledger and is no compaction to count
         self.metrics.task_ended(ctx)
         if ctx.finished_at is not None and ctx.state.value == "Succeed":
             self._last_success[ctx.topic] = ctx.finished_at

@@ -34,6 +34,8 @@ class TopicPolicies:
     maxLagSeconds: int | None = None
     minDirtyRatio: float | None = None
     strategy: str | None = None
+    keyTtlMs: int | None = None
+    maxReadBytesPerSecond: int | None = None
 
     @classmethod
     def from_json(cls, data: Any, allowed_strategies: Collection[str]) -> TopicPolicies:
@@ -48,7 +50,7 @@ class TopicPolicies:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidArgument(f"unknown policy field(s) {unknown}; allowed: {sorted(known)}")
-        for name in ("thresholdBytes", "thresholdMessages", "maxLagSeconds"):
+        for name in ("thresholdBytes", "thresholdMessages", "maxLagSeconds", "keyTtlMs", "maxReadBytesPerSecond"):
             value = data.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise InvalidArgument(f"{name} must be a whole number >= 0 (0 = off) or null, got {value!r}")
@@ -76,6 +78,9 @@ class TopicPolicies:
             "maxLagSeconds": settings.max_lag_seconds if self.maxLagSeconds is None else self.maxLagSeconds,
             "minDirtyRatio": settings.min_dirty_ratio if self.minDirtyRatio is None else self.minDirtyRatio,
             "strategy": settings.compaction_strategy if self.strategy is None else self.strategy,
+            "keyTtlMs": settings.compaction_key_ttl_ms if self.keyTtlMs is None else self.keyTtlMs,
+            "maxReadBytesPerSecond": (settings.compaction_max_read_bytes_per_second
+                                      if self.maxReadBytesPerSecond is None else self.maxReadBytesPerSecond),
         }
 
 

@@ -74,9 +74,11 @@ class TaskRegistry:
     # -- trigger and slots ----------------------------------------------------------------------
 
     def trigger(self, topic: str, *, rebuild: bool = False, backlog: float = 0.0, reason: Reason | None = None,
-                caller: str | None = None) -> CompactionTaskCtx:
-        """Queue a compaction of ``topic``; it starts when a slot is free. ``reason``: why (default manual,
-        or rebuild); ``caller``: the client address of a manual trigger.
+                caller: str | None = None, kind: str = "compaction") -> CompactionTaskCtx:
+        """Queue a compaction of ``topic`` (or, ``kind="preview"``, an exact preview, which takes a slot
+        and is the topic's live task the same way); it starts when a slot is free. ``reason``: why
+        (default manual, or rebuild; a preview's is "preview"); ``caller``: the client address of a
+        manual trigger. A preview is not a run: it is not recorded in the run history.
 
         :raises CompactionAlreadyRunning: the topic has a live task (it is attached to the error).
         """
@@ -87,9 +89,10 @@ class TaskRegistry:
             live = self._live.get(topic)
             if live is not None and not live.done:
                 raise CompactionAlreadyRunning(topic, live)
-            ctx = service.compact(rebuild=rebuild, start=False)
-            ctx.set_reason(reason or Reason("rebuild" if rebuild else "manual"), caller)
-            if self._recorder is not None:
+            ctx = service.compact(rebuild=rebuild, start=False, **({} if kind == "compaction" else {"kind": kind}))
+            default = Reason("rebuild" if rebuild else "manual") if kind == "compaction" else Reason(kind)
+            ctx.set_reason(reason or default, caller)
+            if self._recorder is not None and kind == "compaction":
                 ctx.add_end_recorder(self._recorder)
             ctx.add_listener(self._on_state)
             self._live[topic] = ctx
@@ -156,8 +159,9 @@ class TaskRegistry:
         return ctx if ctx is not None and not ctx.done else None
 
     def last(self, topic: str) -> CompactionTaskCtx | None:
+        """The topic's last compaction task (previews are not compactions)."""
         history = self._history.get(topic)
-        return history[-1] if history else None
+        return next((t for t in reversed(history) if t.kind == "compaction"), None) if history else None
 
     def history(self, topic: str) -> list[CompactionTaskCtx]:
         return list(self._history.get(topic, ()))
@@ -178,6 +182,8 @@ class TaskRegistry:
         """How many of the topic's last compactions failed in a row (cancellations do not count)."""
         count = 0
         for ctx in reversed(self.history(topic)):
+            if ctx.kind != "compaction":
+                continue
             if ctx.state is TaskState.FAILED:
                 count += 1
             elif ctx.state is TaskState.SUCCEED:

@@ -23,6 +23,7 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         self.settings: Settings = settings
         self.strategy = self._resolve(settings.compaction_strategy, "compactionStrategy")
         self._topic_strategies: dict[str, ResolvedStrategy] = {}
+        self._topic_limits: dict[str, tuple[int | None, int | None]] = {}
         self.spark: SparkSessionManager = context.spark or SparkSessionManager(settings)
         self._owns_store = context.store is None
         self.store: LedgerStore = context.store or LedgerStore(settings.compacted_ledger_root).open()
@@ -49,6 +50,27 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         """The strategy in force for ``topic`` (its policy's, else the configured one)."""
         with self._lock:
             return self._topic_strategies.get(topic, self.strategy)
+
+    def set_topic_limits(self, topic: str, *, key_ttl_ms: int | None = None,
+                         max_read_bytes_per_second: int | None = None) -> None:
+        validate_topic_name(topic)
+        with self._lock:
+            if key_ttl_ms is None and max_read_bytes_per_second is None:
+                self._topic_limits.pop(topic, None)
+            else:
+                self._topic_limits[topic] = (key_ttl_ms, max_read_bytes_per_second)
+
+    def key_ttl_ms_for(self, topic: str) -> int:
+        """The key expiry in force for ``topic`` in milliseconds (0: off)."""
+        with self._lock:
+            ttl = self._topic_limits.get(topic, (None, None))[0]
+        return self.settings.compaction_key_ttl_ms if ttl is None else ttl
+
+    def max_read_rate_for(self, topic: str) -> int:
+        """The read budget of one compaction of ``topic`` in bytes per second (0: unlimited)."""
+        with self._lock:
+            rate = self._topic_limits.get(topic, (None, None))[1]
+        return self.settings.compaction_max_read_bytes_per_second if rate is None else rate
 
     def new_topic_compaction_service(self, topic: str) -> SparkTopicCompactionService:
         validate_topic_name(topic)

@@ -8,6 +8,9 @@
 - Null-key records are kept in place when ``topicCompactionRetainNullKey`` is set (the reader already
   dropped them otherwise), each as a group of its own in the same aggregation.
 - Rows below a partition's log start are dropped before the winners are chosen.
+- Key expiry (``compactionKeyTtlMs``, the policy's ``keyTtlMs``): a keyed winner older than the TTL at
+  the job's ``now_ms`` (its timestamp; its event time under ``event-time``) is treated as a winning
+  deletion: dropped, or under ``event-time`` kept as a marker like any deletion.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
 - Final reads (``reads_are_final``): on a full rebuild where each Kafka partition is read by one task, an
   ordered strategy's reader keeps exactly each key's winner (a key lives in one partition), so the job
@@ -26,7 +29,7 @@ from typing import Any, NamedTuple
 from compactord.config import Settings
 from compactord.engine.kafka_source import FORMAT, OffsetRange
 from compactord.engine.readers import resolve_client
-from compactord.engine.strategies import ResolvedStrategy, fold, plan_for
+from compactord.engine.strategies import EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
@@ -91,6 +94,9 @@ class CompactionJobSpec:
     reader_client: str = "kafka-python"
     # Each reading task keeps exactly its partition's winners: no shuffle, no grouping (``reads_are_final``).
     final_reads: bool = False
+    key_ttl_ms: int = 0  # 0: keys never expire
+    ttl_by_event_time: bool = False  # a key's age is its winner's event time (else its timestamp)
+    read_bytes_per_second: float = 0  # one reading task's share of the read budget (0: unlimited)
 
 
 def job_spec(
@@ -105,8 +111,14 @@ def job_spec(
     progress_dir: str,
     widths: JobWidths,
     client_config: Mapping[str, Any] | None = None,
+    now_ms: int | None = None,
+    key_ttl_ms: int = 0,
+    read_bytes_per_second: float = 0,
 ) -> CompactionJobSpec:
-    """The one place a job's spec is built: from the settings and the strategy in force for the run."""
+    """The one place a job's spec is built: from the settings and the strategy in force for the run.
+
+    ``now_ms`` (default: now) is the instant tombstone retention and key expiry are measured at: the
+    task's start, so that a run's result does not depend on when Spark reaches the step."""
     return CompactionJobSpec(
         topic=topic,
         client_config=settings.kafka_client_config() if client_config is None else client_config,
@@ -118,7 +130,7 @@ def job_spec(
         retain_null_key=strategy.settings.retain_null_key,
         empty_value_is_tombstone=strategy.settings.empty_value_is_tombstone,
         tombstone_retention_ms=settings.compaction_tombstone_retention_ms,
-        now_ms=int(time.time() * 1000),
+        now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
         log_start=log_start,
         batch_records=settings.compaction_reader_batch_records,
         progress_dir=progress_dir,
@@ -126,6 +138,9 @@ def job_spec(
         output_files=widths.output_files,
         reader_client=resolve_client(settings.compaction_reader_client),
         final_reads=reads_are_final(strategy.strategy, ranges, ledger_files, log_start),
+        key_ttl_ms=key_ttl_ms,
+        ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
+        read_bytes_per_second=read_bytes_per_second,
     )
 
 
@@ -163,6 +178,7 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
             "batch_records": spec.batch_records,
             "progress_dir": spec.progress_dir,
             "reader_client": spec.reader_client,
+            "read_bytes_per_second": spec.read_bytes_per_second,
         }
     )
 
@@ -275,7 +291,7 @@ def _apply_deletions(winners: Any, spec: CompactionJobSpec, plan: Any) -> Any:
     """Winning deletions: dropped, or kept as markers for the retention under event time."""
     from pyspark.sql import functions as F
 
-    deleted = _deleted()
+    deleted = _deleted() | _expired(spec)
     if plan.keeps_deletion_markers:
         # A deletion is remembered as a marker, so that a late record with an older event time
         # cannot bring the key back; it is forgotten after the retention.
@@ -291,6 +307,18 @@ def _apply_deletions(winners: Any, spec: CompactionJobSpec, plan: Any) -> Any:
     else:
         winners = winners.where(~deleted)
     return winners
+
+
+def _expired(spec: CompactionJobSpec) -> Any:
+    """A keyed live winner older than the key TTL at ``now_ms`` (never true with the TTL off)."""
+    from pyspark.sql import functions as F
+
+    if spec.key_ttl_ms <= 0:
+        return F.lit(False)
+    age_at = F.coalesce(F.col("event_time"), F.col("timestamp")) if spec.ttl_by_event_time else F.col("timestamp")
+    old = F.col("key").isNotNull() & ~F.coalesce(F.col("marker"), F.lit(False)) \
+        & (age_at < F.lit(spec.now_ms - spec.key_ttl_ms))
+    return F.coalesce(old, F.lit(False))  # a missing timestamp never expires
 
 
 def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:

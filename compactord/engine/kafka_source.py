@@ -16,6 +16,8 @@ records produced during the run are left for the next one.
   cost of a compaction is per-row Python work in Spark. With ``final`` (the job's ``reads_are_final``:
   this task reads its whole partition), the windows' survivors are held and reduced once more at the
   end, so that exactly each key's winner leaves the task and Spark need not group.
+- A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
+  for fetches of about one second of its share.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
   which executors share); a ``CANCEL`` file there stops every reader at its next poll.
 """
@@ -37,6 +39,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.readers.kafka_python import range_consumer
+from compactord.engine.throttle import ReadThrottle
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer", "records_to_batch"]
@@ -160,6 +163,9 @@ class RangeReadTask:
         self.records = 0
         self.bytes = 0
         self._last_progress = 0.0
+        self.rate = float(spec.get("read_bytes_per_second", 0))  # this task's share of the read budget
+        self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
+        self.started_at = time.time()
 
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
@@ -167,7 +173,7 @@ class RangeReadTask:
             return
         self._check_cancel()  # a task cancelled before this one started: no consumer, no fetch
         reader = open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
-                                   self.start, self.batch_records)
+                                   self.start, self.batch_records, self.rate)
         # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
         # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
         # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
@@ -241,7 +247,10 @@ class RangeReadTask:
         if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
             values = [None if v == b"" else v for v in values]
         self.records += n
-        self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        nbytes = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        self.bytes += nbytes
+        if self.throttle is not None:
+            self.throttle.consume(nbytes)
         rows = zip(repeat(self.partition, n), offsets, timestamps, keys, values, headers,
                    self._event_times(timestamps, headers))
         if None not in keys:
@@ -302,7 +311,8 @@ class RangeReadTask:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
             report = {"records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
-                      "last": None if self.last is None else self.last.to_json()}
+                      "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
+                      "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0}
             tmp.write_text(json.dumps(report))
             os.replace(tmp, path)
         except FileNotFoundError:

@@ -54,9 +54,10 @@ class CompactionPlan:
     def log_start(self) -> dict[int, int]:
         return {p: o.log_start for p, o in self.offsets.items()}
 
-    def nothing_to_do(self, settings: Settings) -> bool:
+    def nothing_to_do(self, settings: Settings, key_ttl_ms: int = 0) -> bool:
         """True when the current ledger is already the answer: no new record, no log start moved, no
-        partition added, and no event-time marker past its retention."""
+        partition added, no event-time marker past its retention, and no key that may have expired
+        (with a key TTL, a ledger with live entries is always read again: it records no ages)."""
         prev = self.previous
         if self.full or prev is None or self.tail_records > 0:
             return False
@@ -64,6 +65,8 @@ class CompactionPlan:
             return False  # retention moved the log start: entries below it must go
         if set(self.offsets) != set(prev.horizon):
             return False  # partitions were added
+        if key_ttl_ms > 0 and prev.records_kept > 0:
+            return False
         oldest = prev.oldest_marker_at_ms
         return oldest is None or time.time() * 1000 - oldest < settings.compaction_tombstone_retention_ms
 

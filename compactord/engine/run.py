@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 from compactord.engine.job import job_spec, run_compaction_job
 from compactord.engine.kafka_source import CANCEL_FILE
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
+from compactord.engine.preview import exact_preview, ledger_totals
+from compactord.engine.throttle import per_task_rate
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets, RecordFingerprint
@@ -44,6 +46,8 @@ class TailRead:
     records: int = 0
     bytes: int = 0
     last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
+    started_at: float | None = None  # when the first reading task started (epoch seconds)
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
 
 
 class CompactionRun:
@@ -55,6 +59,7 @@ class CompactionRun:
         self.factory = service.factory
         self.store = service.factory.store
         self.topic = service.topic
+        self.key_ttl_ms = 0  # fixed when the task starts, as its other limits
 
     def __call__(self) -> None:
         ctx = self.ctx
@@ -64,10 +69,16 @@ class CompactionRun:
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
+            self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
+            ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
-            if plan.nothing_to_do(self.factory.settings):
+            if ctx.kind == "preview":
+                self._preview(plan, progress_dir)
+                ctx.transition(TaskState.SUCCEED)
+                return
+            if plan.nothing_to_do(self.factory.settings, self.key_ttl_ms):
                 log.info("topic %s: nothing new since the horizon; the ledger stays", self.topic)
                 ctx.progress.records_read = 0
                 ctx.stats.skipped = True
@@ -185,19 +196,57 @@ class CompactionRun:
 
         return hook
 
-    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path) -> TailRead:
+    def _preview(self, plan: CompactionPlan, progress_dir: Path) -> None:
+        """The read and choose steps of the run ``plan`` describes, counted: ``ctx.preview``."""
+        ctx = self.ctx
+        ctx.transition(TaskState.RUNNING)
+        ctx.checkpoint("running")
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        cancel_hook = self._cancel_hook(progress_dir)
+        ctx.add_cancel_hook(cancel_hook)
+        started = time.time()
+        counted: dict[str, int] = {}
+        tail = self._spark_job(plan, "", progress_dir, count=counted)
+        ctx.remove_cancel_hook(cancel_hook)
+        ctx.checkpoint("running")
+        read = plan.ledger_rows + tail.records
+        read_bytes = ledger_totals(plan.previous_files).bytes + tail.bytes
+        ctx.progress.records_read, ctx.progress.bytes_read = read, tail.bytes
+        ctx.preview = {
+            "records_kept": counted["records_kept"],
+            "records_removed": max(0, read - counted["records_kept"] - counted["markers"]),
+            "bytes_kept": counted["bytes_kept"],
+            "bytes_removed": max(0, read_bytes - counted["bytes_kept"]),
+            "markers": counted["markers"], "kept_digest": counted["kept_digest"],
+            "records_read": read, "tail_records": tail.records, "full_rebuild": plan.full,
+            "seconds": round(time.time() - started, 3),
+        }
+
+    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path,
+                   count: dict[str, int] | None = None) -> TailRead:
+        """Run the job: write the ledger to ``output``, or (``count``) fill ``count`` with the
+        preview's counts of what it would write."""
         spark = self.factory.spark
+        budget = self.ctx.progress.max_read_bytes_per_second
+        readers = min(len(plan.ranges), spark.cores)
+        self.ctx.progress.read_tasks = readers if budget else 0
         spec = job_spec(
             self.factory.settings, plan.strategy, topic=self.topic, ranges=plan.ranges,
             ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
             progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
+            now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
+            read_bytes_per_second=per_task_rate(budget, len(plan.ranges), spark.cores),
         )
         stop = threading.Event()
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
         poller.start()
         try:
-            spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
-                      lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
+            if count is not None:
+                count.update(spark.run(self.ctx.task_id, f"preview of {self.topic} ({self.ctx.task_id})",
+                                       lambda: exact_preview(spark.spark, spec, plan.strategy.strategy)))
+            else:
+                spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
+                          lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
         finally:
             stop.set()
             poller.join()
@@ -208,16 +257,20 @@ class CompactionRun:
             tail = read_progress(progress_dir)
             self.ctx.progress.records_read = plan.ledger_rows + tail.records
             self.ctx.progress.bytes_read = tail.bytes
+            self.ctx.progress.read_started_at = tail.started_at
+            self.ctx.progress.throttled_seconds = tail.throttled_seconds
 
     def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
         ctx = self.ctx
         ctx.progress.records_read = plan.ledger_rows + tail.records
         ctx.progress.bytes_read = tail.bytes
+        ctx.progress.read_started_at, ctx.progress.throttled_seconds = tail.started_at, tail.throttled_seconds
         manifest = LedgerManifest(
             ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
             started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
             log_start=plan.log_start, topic_id=plan.topic_id, fingerprints=plan.fingerprints_after(tail.last),
+            key_ttl_ms=self.key_ttl_ms,
         )
         manifest.finished_at_ms = int(time.time() * 1000)
         manifest.timings = {"spark_seconds": round(time.time() - started, 3)}
@@ -268,6 +321,8 @@ class CompactionRun:
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
     records = size = 0
+    throttled = 0.0
+    started: list[float] = []
     last: dict[int, RecordFingerprint] = {}
     try:
         paths = list(progress_dir.glob("*.json"))
@@ -280,9 +335,12 @@ def read_progress(progress_dir: Path) -> TailRead:
             continue
         records += int(data.get("records", 0))
         size += int(data.get("bytes", 0))
+        throttled += float(data.get("throttled_seconds", 0.0))
+        if data.get("started_at") is not None:
+            started.append(float(data["started_at"]))
         if data.get("last") is not None:
             found = RecordFingerprint.from_json(data["last"])
             partition = int(data["partition"])
             if partition not in last or found.offset > last[partition].offset:
                 last[partition] = found
-    return TailRead(records, size, last)
+    return TailRead(records, size, last, min(started, default=None), throttled)

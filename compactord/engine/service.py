@@ -211,11 +211,12 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     # -- compaction -----------------------------------------------------------------------------
 
-    def compact(self, *, rebuild: bool = False, start: bool = True) -> CompactionTaskCtx:
+    def compact(self, *, rebuild: bool = False, start: bool = True, kind: str = "compaction") -> CompactionTaskCtx:
+        """Start a task (``kind="preview"``: the read and choose steps only, see ``engine/preview.py``)."""
         with self._lock:
             if self._task is not None and not self._task.done:
                 raise CompactionAlreadyRunning(self.topic, self._task)
-            ctx = CompactionTaskCtx(self.topic, rebuild=rebuild, probe=self.factory.probe)
+            ctx = CompactionTaskCtx(self.topic, rebuild=rebuild, probe=self.factory.probe, kind=kind)
             thread = threading.Thread(target=CompactionRun(self, ctx), name=f"compact-{self.topic}", daemon=True)
             ctx.set_start_hook(thread.start)
             self._task = ctx

@@ -177,8 +177,9 @@ def test_never_compacted_topic(shared_daemon: DaemonProcess, kafka: Any) -> None
     kafka.produce(topic, [("k", "v")])
     assert status(shared_daemon, topic) == {
         "topic": topic, "status": "NOT_RUN", "state": None, "task_id": None, "reason": None,
-        "reason_detail": None, "started_at": None, "finished_at": None, "last_error": None, "progress": {"records_read": 0, "records_total": 0},
-        "full_rebuild": False, "recreated": False, "warnings": [],
+        "reason_detail": None, "started_at": None, "finished_at": None, "last_error": None,
+        "progress": {"records_read": 0, "records_total": 0},
+        "full_rebuild": False, "recreated": False, "read_throttle": None, "kind": None, "warnings": [],
     }
     assert shared_daemon.http.get(f"/v1/topics/{topic}/history").json() == {"topic": topic, "runs": [], "next": None}
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/history", params={"limit": 0}), 422, "invalid_argument")
@@ -351,7 +352,8 @@ def test_policies_round_trip(shared_daemon: DaemonProcess, kafka: Any) -> None:
     path = f"/v1/topics/{topic}/policies"
     default = shared_daemon.http.get(path).json()
     assert default["policies"] == {"thresholdBytes": None, "thresholdMessages": None, "maxLagSeconds": None,
-                                   "minDirtyRatio": None, "strategy": None}
+                                   "minDirtyRatio": None, "strategy": None, "keyTtlMs": None,
+                                   "maxReadBytesPerSecond": None}
     assert default["effective"]["thresholdBytes"] == 0  # brokerServiceCompactionThresholdInBytes=0 here
     put = shared_daemon.http.put(path, json={"thresholdMessages": 5, "minDirtyRatio": 0.25})
     assert put.status_code == 200, put.text

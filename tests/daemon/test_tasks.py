@@ -86,7 +86,8 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 
 def check_task(task: dict[str, Any], topic: str) -> None:
     assert set(task) == {"topic", "status", "state", "task_id", "reason", "reason_detail", "started_at",
-                         "finished_at", "last_error", "progress", "full_rebuild", "recreated", "warnings"}, task
+                         "finished_at", "last_error", "progress", "full_rebuild", "recreated", "read_throttle",
+                         "kind", "warnings"}, task
     assert task["reason"] in REASON_KINDS and isinstance(task["reason_detail"], str)
     assert isinstance(task["warnings"], list)
     assert task["topic"] == topic

@@ -67,7 +67,7 @@ def test_empty_values_are_values_over_http(shared_daemon: DaemonProcess,
     assert headers == [{"key": "empty", "value": ""}, {"key": "set", "value": _b64(b"1")}]
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
     assert horizon["rules"] == {"strategy": "publishing-order", "event_time_source": "timestamp",
-                                "empty_value_is_tombstone": False, "retain_null_key": True}
+                                "empty_value_is_tombstone": False, "retain_null_key": True, "key_ttl_ms": 0}
 
 
 def test_a_topic_the_broker_compacts_itself_shows_its_configs_and_the_risk(shared_daemon: DaemonProcess,

@@ -52,3 +52,14 @@ def test_plugins_are_loaded_at_start_up_and_a_bad_one_names_the_key() -> None:
             load_strategy_plugins(Settings(compaction_strategy_plugins=f"{LISTED},{bad}"))
         assert raised.value.key == "compactionStrategyPlugins" and raised.value.value == bad
         assert why in str(raised.value)
+
+
+def test_key_ttl_and_read_budget_are_whole_numbers_and_default_to_the_settings() -> None:
+    settings = Settings(compaction_key_ttl_ms=5000, compaction_max_read_bytes_per_second=1000)
+    effective = TopicPolicies().effective(settings)
+    assert effective["keyTtlMs"] == 5000 and effective["maxReadBytesPerSecond"] == 1000
+    own = TopicPolicies.from_json({"keyTtlMs": 0, "maxReadBytesPerSecond": 250}, ())
+    assert own.effective(settings)["keyTtlMs"] == 0 and own.effective(settings)["maxReadBytesPerSecond"] == 250
+    for bad in ({"keyTtlMs": -1}, {"maxReadBytesPerSecond": "fast"}, {"keyTtlMs": True}):
+        with pytest.raises(InvalidArgument, match="whole number >= 0"):
+            TopicPolicies.from_json(bad, ())

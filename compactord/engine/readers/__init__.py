@@ -46,8 +46,9 @@ def resolve_client(name: str) -> str:
 
 
 def open_range_reader(client: str, client_config: Mapping[str, Any], topic: str, partition: int, start: int,
-                      batch_records: int) -> RangeReader:
-    """A reader of ``topic[partition]`` from offset ``start`` with the backend ``client`` (any of ``CLIENTS``).
+                      batch_records: int, rate: float = 0) -> RangeReader:
+    """A reader of ``topic[partition]`` from offset ``start`` with the backend ``client`` (any of ``CLIENTS``),
+    its fetches sized to ``rate``, its read budget in bytes per second (0: unlimited; ``engine/throttle.py``).
 
     :raises RuntimeError: the backend's library does not import here (e.g. on an executor without it).
     """
@@ -59,7 +60,7 @@ def open_range_reader(client: str, client_config: Mapping[str, Any], topic: str,
             raise RuntimeError(f"compactionReaderClient={client}: confluent-kafka does not import in this "
                                f"Python ({exc}); install it on every executor or set "
                                "compactionReaderClient=kafka-python") from exc
-        return LibrdkafkaRangeReader(client_config, topic, partition, start, batch_records)
+        return LibrdkafkaRangeReader(client_config, topic, partition, start, batch_records, rate)
     from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
 
-    return KafkaPythonRangeReader(client_config, topic, partition, start, batch_records)
+    return KafkaPythonRangeReader(client_config, topic, partition, start, batch_records, rate)

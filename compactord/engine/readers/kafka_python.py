@@ -7,6 +7,7 @@ from operator import attrgetter
 from typing import Any
 
 from compactord.engine.readers.base import Polled, RangeReader
+from compactord.engine.throttle import fetch_bytes
 
 __all__ = ["KafkaPythonRangeReader", "range_consumer"]
 
@@ -15,25 +16,28 @@ __all__ = ["KafkaPythonRangeReader", "range_consumer"]
 _OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
 
 
-def range_consumer(client_config: Mapping[str, Any], batch_records: int) -> Any:
+def range_consumer(client_config: Mapping[str, Any], batch_records: int, rate: float = 0) -> Any:
     """The consumer a reading task uses (also the benchmark's floor, so that both read alike).
 
     No offset reset: a range that starts below the log start (retention ran since the plan) or past
     the log end (the topic was recreated) fails the task; it never reads other offsets instead.
+    ``rate``: the task's read budget in bytes per second (0: unlimited), which sizes its fetches.
     """
-    from compactord.kafka.client import consumer
+    from compactord.kafka.client import READ_FETCH_BYTES, consumer
 
-    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none")
+    size = fetch_bytes(rate, READ_FETCH_BYTES)
+    return consumer(client_config, max_poll_records=batch_records, auto_offset_reset="none",
+                    max_partition_fetch_bytes=size, fetch_max_bytes=size if rate > 0 else READ_FETCH_BYTES * 4)
 
 
 class KafkaPythonRangeReader(RangeReader):
     def __init__(self, client_config: Mapping[str, Any], topic: str, partition: int, start: int,
-                 batch_records: int) -> None:
+                 batch_records: int, rate: float = 0) -> None:
         from kafka import TopicPartition
 
         self._batch = batch_records
         self._tp = TopicPartition(topic, partition)
-        self._consumer = range_consumer(client_config, batch_records)
+        self._consumer = range_consumer(client_config, batch_records, rate)
         try:
             self._consumer.assign([self._tp])
             self._consumer.seek(self._tp, start)

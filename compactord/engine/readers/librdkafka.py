@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from compactord.engine.readers.base import Polled, RangeReader
+from compactord.engine.throttle import fetch_bytes
 from compactord.kafka.client import READ_FETCH_BYTES
 
 __all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
@@ -23,6 +24,7 @@ _OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
 _SECOND = itemgetter(1)  # Message.timestamp() is (type, milliseconds); -1 when the record has none
 # Prefetched data a consumer may hold (librdkafka's default is 64 MiB): two fetches of a partition.
 _QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
+_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 
 # kafka-python's names (``Settings.kafka_client_config``) -> librdkafka's. Values pass as they are, but
 # for the lists and flags below.
@@ -66,11 +68,14 @@ def librdkafka_config(client_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def range_consumer(client_config: Mapping[str, Any], batch_records: int) -> Consumer:
+def range_consumer(client_config: Mapping[str, Any], batch_records: int, rate: float = 0) -> Consumer:
     """The consumer a reading task uses (also the benchmark's floor): no group membership (``assign``
     only; librdkafka's Python binding requires a ``group.id`` all the same, which nothing joins or commits
     to), read_committed, no offset reset (``error``: a start the log no longer holds fails), CRCs checked,
-    the same fetch sizes as kafka-python's reader."""
+    the same fetch sizes as kafka-python's reader. ``rate``: the task's read budget in bytes per second
+    (0: unlimited): its fetches and its prefetch queue are sized to about one and two seconds of it, so
+    that the cap is on what is fetched. (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
+    size = fetch_bytes(rate, READ_FETCH_BYTES)
     cfg = librdkafka_config(client_config)
     cfg.update({
         "group.id": f"{cfg.get('client.id', 'compactord')}-range-reader",
@@ -81,9 +86,9 @@ def range_consumer(client_config: Mapping[str, Any], batch_records: int) -> Cons
         "allow.auto.create.topics": False,
         "check.crcs": True,
         "enable.partition.eof": False,
-        "max.partition.fetch.bytes": READ_FETCH_BYTES,
-        "fetch.max.bytes": READ_FETCH_BYTES * 4,
-        "queued.max.messages.kbytes": _QUEUED_KBYTES,
+        "max.partition.fetch.bytes": size,
+        "fetch.max.bytes": max(size, _MESSAGE_MAX_BYTES) if rate > 0 else READ_FETCH_BYTES * 4,
+        "queued.max.messages.kbytes": max(64, 2 * size // 1024) if rate > 0 else _QUEUED_KBYTES,
         "queued.min.messages": batch_records,
     })
     return Consumer(cfg)
@@ -91,12 +96,12 @@ def range_consumer(client_config: Mapping[str, Any], batch_records: int) -> Cons
 
 class LibrdkafkaRangeReader(RangeReader):
     def __init__(self, client_config: Mapping[str, Any], topic: str, partition: int, start: int,
-                 batch_records: int) -> None:
+                 batch_records: int, rate: float = 0) -> None:
         self._batch = batch_records
         self._topic, self._partition = topic, partition
         self._tp = TopicPartition(topic, partition)
         self._start = start
-        self._consumer = range_consumer(client_config, batch_records)
+        self._consumer = range_consumer(client_config, batch_records, rate)
         try:
             self._consumer.assign([TopicPartition(topic, partition, start)])
         except BaseException:

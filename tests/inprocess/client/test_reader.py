@@ -258,3 +258,30 @@ def test_a_log_start_that_moved_past_ledger_entries_triggers_a_run(kafka, daemon
     assert daemon.registry.service(topic).ledger_info().log_start == {0: 4}
     assert [e.offset for e in daemon.registry.service(topic).read_compacted_entries(Position(0, 0), 100)] == \
         [4, 5, 6, 7, 8, 9]
+
+
+def test_reader_applies_the_ledger_s_key_ttl_to_ledger_and_tail(kafka, daemon_api):
+    import time
+
+    daemon, server = daemon_api(compaction_key_ttl_ms=3_600_000)
+    topic = kafka.topic()
+    now = int(time.time() * 1000)
+    old = now - 2 * 3_600_000
+    kafka.produce(topic, [("a", "1", 0, now), ("gone", "x", 0, old), ("b", "1", 0, now)])
+    compact(daemon, topic)  # "gone" expired in the run
+    kafka.produce(topic, [("a", "stale", 0, old), ("c", "1", 0, now), ("b", "old-again", 0, old)])
+    got = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url))
+    # The tail's expired records come back as tombstones of their keys.
+    assert got == [(0, 0, b"a", b"1"), (0, 2, b"b", b"1"), (0, 3, b"a", None), (0, 4, b"c", b"1"),
+                   (0, 5, b"b", None)]
+    assert _state(got) == {b"c": b"1"}
+    # key_ttl_ms=0 turns the rule off for this read: the tail as it is.
+    plain = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url, key_ttl_ms=0))
+    assert _state(plain) == {b"a": b"stale", b"b": b"old-again", b"c": b"1"}
+    # A TTL shorter than every record's age: the ledger's entries are skipped, the tail is all tombstones.
+    short = CompactedReader(kafka.bootstrap, topic, url=server.url, key_ttl_ms=1)
+    assert [(o, k, v) for _, o, k, v in read_all(short)] == [(3, b"a", None), (4, b"c", None), (5, b"b", None)]
+    assert short.ledger_entries == 0
+    # The next compaction agrees with the reader.
+    compact(daemon, topic)
+    assert _state(read_all(CompactedReader(kafka.bootstrap, topic, url=server.url))) == {b"c": b"1"}
