@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from compactord import __version__
 from compactord.api.auth import ApiGuard
 from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
-from compactord.api.routers import compaction, health, hooks, reads, topics
+from compactord.api.routers import compaction, health, hooks, info, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
 from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
@@ -59,7 +59,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
-               hooks.router(daemon), topics.router(daemon, broker_slot)]
+               hooks.router(daemon), topics.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
         app.include_router(router)

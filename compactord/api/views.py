@@ -27,6 +27,7 @@ __all__ = [
     "entry_json",
     "error_response",
     "horizon_json",
+    "info_json",
     "optional_task_status",
     "page_json",
     "policies_json",
@@ -87,6 +88,15 @@ def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
 def readiness_json(readiness: Readiness) -> dict[str, Any]:
     return {"status": readiness.status, "compactions": readiness.compactions, "reads": readiness.reads,
             "problems": readiness.problems}
+
+
+def info_json(daemon: Daemon) -> dict[str, Any]:
+    from compactord import __version__
+
+    settings = daemon.settings
+    return {"version": __version__,
+            "broker": {"bootstrap": settings.kafka_bootstrap_servers, "embedded": daemon.embedded_broker},
+            "ledger_root": str(daemon.store.root), "spark_master": settings.spark_master}
 
 
 # -- tasks and topics ---------------------------------------------------------------------------

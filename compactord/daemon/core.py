@@ -117,6 +117,7 @@ class Daemon:
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics)
         self.fatal: str | None = None
+        self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self._broker_ok = False
         self._broker_error = "the broker has not been asked yet"
