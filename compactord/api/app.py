@@ -28,7 +28,7 @@ from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_
 from compactord.api.routers import compaction, health, hooks, info, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
-from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
+from compactord.errors import BrokerUnavailable, CompactordError, InvalidArgument, NotReady, Unhealthy
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -121,7 +121,10 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
         if exc.status == 409:  # the task in the way
             task = getattr(exc, "task", None) or daemon.registry.live(request.path_params.get("topic", ""))
             extra["task"] = optional_task_status(task)
-        if exc.status >= 500 and not isinstance(exc, (NotReady, Unhealthy)):  # probes answer those
+        # The probes answer NotReady and Unhealthy; a broker known to be down is logged by its probe, once.
+        quiet = isinstance(exc, (NotReady, Unhealthy)) or (
+            isinstance(exc, BrokerUnavailable) and daemon.broker_problem() is not None)
+        if exc.status >= 500 and not quiet:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc)
         return error_response(exc, **extra)
 

@@ -20,6 +20,7 @@ from compactord.task import CompactionTaskCtx, TaskState
 if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.daemon.core import Daemon, Readiness
+    from compactord.daemon.monitor import Backlog
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
@@ -154,9 +155,11 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
 def topics_json(daemon: Daemon) -> dict[str, Any]:
     """Every known topic with its backlog, last compaction and current task."""
     out = []
-    for topic, on_broker in daemon.known_topics().items():
+    known = daemon.known_topics()
+    backlogs = daemon.backlogs.backlogs(known)
+    for topic, on_broker in known.items():
         try:
-            out.append(_topic_json(daemon, topic, on_broker))
+            out.append(_topic_json(daemon, topic, on_broker, backlogs.get(topic)))
         except CompactordError as exc:  # one broken topic does not hide the others
             log.error("GET /v1/topics: topic %s: %s", topic, exc)
             out.append({"topic": topic, "on_broker": on_broker,
@@ -164,8 +167,7 @@ def topics_json(daemon: Daemon) -> dict[str, Any]:
     return {"topics": out}
 
 
-def _topic_json(daemon: Daemon, topic: str, on_broker: bool) -> dict[str, Any]:
-    backlog = daemon.monitor.backlogs.get(topic)
+def _topic_json(daemon: Daemon, topic: str, on_broker: bool, backlog: Backlog | None) -> dict[str, Any]:
     return {
         "topic": topic,
         "on_broker": on_broker,

@@ -244,12 +244,7 @@ class BacklogMonitor:
         running_before = self._registry.live(topic) is not None
         known = self.refresh(topic)
         backlog = self.measure(topic)
-        self.backlogs[topic] = backlog
-        m = self._metrics
-        m.backlog_records.labels(topic).set(backlog.records)
-        m.backlog_bytes.labels(topic).set(backlog.bytes)
-        m.backlog_age.labels(topic).set(backlog.age_seconds)
-        m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
+        self.record_backlog(backlog)
         stale = running_before or self._registry.last(topic) is not last_before
         if stale or self._registry.live(topic) is not None or self._in_backoff(topic, failures):
             return
@@ -264,6 +259,16 @@ class BacklogMonitor:
             self._registry.trigger(topic, backlog=backlog.bytes)
         except CompactionAlreadyRunning:
             pass
+
+    def record_backlog(self, backlog: Backlog) -> None:
+        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics."""
+        topic = backlog.topic
+        self.backlogs[topic] = backlog
+        m = self._metrics
+        m.backlog_records.labels(topic).set(backlog.records)
+        m.backlog_bytes.labels(topic).set(backlog.bytes)
+        m.backlog_age.labels(topic).set(backlog.age_seconds)
+        m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
 
     def _view_triggers(self, topic: str, known: BrokerTopic) -> list[str]:
         """Reasons to compact that are not a backlog: the ledger is of a log that no longer exists, or the
