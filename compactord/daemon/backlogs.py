@@ -3,8 +3,8 @@
 The monitor measures the topics it compacts once an interval; the listing would show "-" for a topic
 never measured and, after a compaction, the backlog from before it for up to an interval. So a
 listing measures (bounded: ``BUDGET_S`` of broker calls a listing at most) the topics on the broker
-whose measure is older than ``FRESH_S`` or older than the topic's last task; and a task's end measures
-its topic again, in the background.
+whose listing measure is older than ``FRESH_S`` or older than the topic's last task; and a task's end
+measures its topic again in the background, for the metrics and the monitor.
 """
 
 from __future__ import annotations
@@ -46,17 +46,19 @@ class BacklogCache:
         last = self._registry.last(topic)
         return None if last is None else (last.task_id, last.state.value)
 
-    def measure(self, topic: str) -> Backlog | None:
-        """Measure ``topic`` now and keep it (also as the monitor's, with its metrics); None if the broker
-        does not answer or lacks the topic."""
+    def measure(self, topic: str, *, for_listing: bool = True) -> Backlog | None:
+        """Measure ``topic`` now and keep it as the monitor's (with its metrics) and, ``for_listing``, as
+        the listing's for ``FRESH_S``; None if the broker does not answer or lacks the topic. A task's end
+        measures not for the listing: what is produced right after a run is then in the next listing."""
         after = self._last_task(topic)
         try:
             backlog = self._monitor.measure(topic)
         except CompactordError as exc:
             log.debug("backlog of topic %s not measured: %s", topic, exc)
             return None
-        with self._lock:
-            self._measures[topic] = _Measure(backlog, time.monotonic(), after)
+        if for_listing:
+            with self._lock:
+                self._measures[topic] = _Measure(backlog, time.monotonic(), after)
         self._monitor.record_backlog(backlog)
         return backlog
 

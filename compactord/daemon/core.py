@@ -361,7 +361,7 @@ class Daemon:
         # What reads check against (log starts, topic id) is fresh when a run has just looked; and the
         # backlog the listing shows is the one after the run, not the one before it.
         if self.monitor.refresh_quietly(topic) is not None:
-            self.backlogs.measure(topic)
+            self.backlogs.measure(topic, for_listing=False)
 
     def _load_last_successes(self) -> None:
         for topic in self.store.topics():
