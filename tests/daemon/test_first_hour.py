@@ -208,6 +208,42 @@ def test_a_closed_stdout_ends_the_cli_quietly(daemon: DaemonProcess, kafka: Kafk
     assert result.returncode == 141, result.stderr  # as a process that SIGPIPE ended
 
 
+# -- 2. docs that work where the daemon runs --------------------------------------------------------
+
+
+def test_docs_load_everything_from_the_daemon(daemon: DaemonProcess) -> None:
+    html = daemon.http.get("/docs")
+    assert html.status_code == 200 and "SwaggerUIBundle" in html.text
+    assert not re.search(r"https?://", html.text), html.text  # no CDN, no online validator
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html.text)
+    assert len(assets) == 3 and all(a.startswith("/static/swagger-ui/") for a in assets), assets
+    for asset in assets:
+        response = daemon.http.get(asset)
+        assert response.status_code == 200 and len(response.content) > 500, asset
+    bundle = daemon.http.get("/static/swagger-ui/swagger-ui-bundle.js")
+    assert bundle.headers["content-type"].startswith("text/javascript") and b"SwaggerUIBundle" in bundle.content
+    assert_error(daemon.http.get("/static/swagger-ui/LICENSE"), 404, "not_found")  # only what /docs loads
+
+
+def test_openapi_describes_the_real_bodies_with_unique_operation_ids(daemon: DaemonProcess) -> None:
+    schema = daemon.http.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+    assert "HTTPValidationError" not in components
+    assert components["Error"]["properties"].keys() == {"error", "message"}
+    assert components["Conflict"]["properties"].keys() == {"error", "message", "task"}
+    assert {"task_id", "state", "status", "progress"} <= components["Task"]["properties"].keys()
+    assert {"partition", "offset", "key", "value", "headers"} <= components["Entry"]["properties"].keys()
+    assert {"topic", "on_broker", "backlog", "last_compaction"} <= components["Topic"]["properties"].keys()
+    trigger = schema["paths"]["/v1/topics/{topic}/compaction"]["put"]["responses"]
+    ref = lambda status: trigger[status]["content"]["application/json"]["schema"]["$ref"]  # noqa: E731
+    assert (ref("202"), ref("409"), ref("404"), ref("422"), ref("503")) == tuple(
+        f"#/components/schemas/{name}" for name in ("Task", "Conflict", "Error", "Error", "Error"))
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    assert "Duplicate Operation ID" not in daemon.log_text()
+    assert daemon.http.head("/healthz").status_code == 200 and daemon.http.head("/readyz").status_code == 200
+
+
 # -- 4. a cancel is one quiet line ------------------------------------------------------------------
 
 
