@@ -261,6 +261,7 @@ class Daemon:
     def shutdown(self) -> None:
         """Cancel what can be cancelled, let a switching task finish, stop Spark."""
         log.info("shutting down")
+        started = time.monotonic()
         self._stop.set()
         self.monitor.stop()
         self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))
@@ -271,6 +272,7 @@ class Daemon:
             if self.fatal is None and self._owns_spark:
                 self.spark.stop()
             self.store.close()
+            log.info("stopped in %.1fs", time.monotonic() - started)
 
     # -- what the API asks ----------------------------------------------------------------------
 

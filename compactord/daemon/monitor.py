@@ -32,7 +32,7 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.policies import PolicyStore
 from compactord.daemon.registry import TaskRegistry
-from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerCorrupt
+from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, LedgerCorrupt
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
 from compactord.ledger.store import LedgerStore
@@ -157,7 +157,8 @@ class BacklogMonitor:
             self._pass()
             self._metrics.monitor_runs.labels("ok").inc()
         except CompactordError as exc:
-            log.warning("backlog monitor pass failed: %s", exc)
+            # A broker that does not answer is logged by the daemon's broker probe, once per change.
+            (log.debug if isinstance(exc, BrokerUnavailable) else log.warning)("backlog monitor pass failed: %s", exc)
             self._metrics.monitor_runs.labels("error").inc()
         except Exception:
             log.exception("backlog monitor pass failed")

@@ -45,6 +45,24 @@ MAX_CANCELLED_GROUPS = 256
 _DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
 
 
+# Spark's loggers of the tasks of a job: a cancelled job's tasks die with an error each (the Python worker's
+# pipe closed under it), which they log with a stack trace as if it were a crash. The job's end reaches
+# compactord as an exception, which it logs once, with the task id: a cancel as one INFO line, a real
+# failure as one ERROR line with its cause (``_cause``).
+QUIET_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+                 "org.apache.spark.scheduler.TaskSchedulerImpl", "org.apache.spark.api.python.PythonRunner")
+
+
+def _quiet_task_loggers(spark: Any) -> None:
+    jvm = spark.sparkContext._jvm
+    try:
+        off = jvm.org.apache.logging.log4j.Level.OFF
+        for name in QUIET_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, off)
+    except Exception:  # another logging backend (a cluster's own log4j set-up): its levels stay as they are
+        log.debug("Spark's task loggers not quietened", exc_info=True)
+
+
 def _cause(text: str, exc: BaseException) -> str:
     """The telling line of a Spark error: the Python exception of a worker, else the first line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -107,6 +125,7 @@ class SparkSessionManager:
             except Exception as exc:
                 raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
             spark.sparkContext.setLogLevel("ERROR")
+            _quiet_task_loggers(spark)
             from compactord.engine.kafka_source import KafkaRangeDataSource
 
             spark.dataSource.register(KafkaRangeDataSource)
