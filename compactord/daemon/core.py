@@ -361,7 +361,7 @@ class Daemon:
 
     def _refresh_after_task(self, topic: str) -> None:
         # What reads check against (log starts, topic id) is fresh when a run has just looked; and the
-        # backlog the listing shows is the one after the run, not the one before it.
+        # backlog metrics are the ones after the run, not before it (GET /v1/topics measures on its own).
         if self.monitor.refresh_quietly(topic) is not None:
             self.backlogs.measure(topic, for_listing=False)
 
