@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             from compactord.demo import run_demo
 
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+            logging.getLogger("kafka").setLevel(logging.ERROR)  # its event-loop timing warnings are not the story
             return run_demo(args.ledger_root, args.ticks, url=args.url, token=args.token)
         if args.command is None:
             parser.print_help()

@@ -41,6 +41,7 @@ _DEFAULT_CONF = {
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
+STOP_WAITS_FOR_START_S = 2.0  # stop() waits this long for a start under way
 # How a full disk shows in a Java or Python stack trace of a failed job (ENOSPC, EDQUOT).
 _DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
 
@@ -124,6 +125,9 @@ class SparkSessionManager:
                 spark = builder.getOrCreate()
             except Exception as exc:
                 raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
+            if self._stopped:  # stop() was called while it started, and did not wait
+                spark.stop()
+                raise SparkError("the Spark session was stopped while it started (the daemon is shutting down)")
             spark.sparkContext.setLogLevel("ERROR")
             _quiet_task_loggers(spark)
             from compactord.engine.kafka_source import KafkaRangeDataSource
@@ -271,9 +275,15 @@ class SparkSessionManager:
         with self.job_group(group_id, description):
             return fn()
 
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
+    def stop(self, wait_start_s: float = STOP_WAITS_FOR_START_S) -> None:
+        """Stop the session. A start still under way (a JVM starting takes seconds, minutes on a loaded
+        machine) is not waited for longer than ``wait_start_s``: it stops the session it makes itself,
+        and the JVM of one still starting at exit is killed by PySpark's exit hook."""
+        self._stopped = True
+        if not self._lock.acquire(timeout=wait_start_s):
+            log.info("the Spark session is still starting: not waited for")
+            return
+        try:
             if self._spark is not None:
                 try:
                     self._spark.stop()
@@ -282,3 +292,5 @@ class SparkSessionManager:
                 finally:
                     self._spark = None
                     self.warmed = False
+        finally:
+            self._lock.release()

@@ -281,6 +281,39 @@ CANCEL_RECORDS = 200_000
 # -- 5. without a broker: fast, quiet answers (last: it kills the embedded broker) -----------------
 
 
+def test_a_daemon_on_a_dead_port_answers_503_at_once_and_stops_while_spark_starts(launch: Launcher) -> None:
+    from compactord.embedded import free_port
+
+    dead = launch.prepare("dead-port", kafkaBootstrapServers=f"127.0.0.1:{free_port()}").start()
+    wait_for(lambda: _get(dead, "/healthz") == 200, 60, "the API to answer", dead)
+    # known down from the first ping: a refused connection is not retried for the bootstrap timeout
+    wait_for(lambda: "the broker does not answer" in dead.http.get("/readyz").json()["problems"], 30,
+             "the daemon to see no broker", dead, interval=0.05)
+    started = time.monotonic()
+    response = dead.http.put("/v1/topics/anything/compaction")
+    print(f"503 from a daemon on a dead port: {time.monotonic() - started:.3f}s")
+    assert_error(response, 503, "broker_unavailable")
+    assert_error(dead.http.get("/v1/topics"), 503, "broker_unavailable")
+    spark_up = "Spark session up" in dead.log_text()
+    started = time.monotonic()
+    assert dead.stop() == 0, dead.log_tail()
+    print(f"SIGTERM to exit while Spark {'was up' if spark_up else 'started'}: {time.monotonic() - started:.2f}s")
+    log = dead.log_text()
+    if not spark_up:  # SIGTERM came while the JVM started: not waited for
+        assert "the Spark session is still starting: not waited for" in log, log
+    assert log.count("broker unavailable") == 1, log
+    assert "kafka.net" not in log and "Traceback" not in log, log
+
+
+def _get(daemon: DaemonProcess, path: str) -> int | None:
+    import httpx
+
+    try:
+        return httpx.get(daemon.url + path, timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
 def test_without_its_broker_the_daemon_answers_503_at_once_and_stops_quickly(daemon: DaemonProcess) -> None:
     pid = broker_pid(daemon)
     assert pid is not None, daemon.log_tail()
