@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
+from compactord import __version__
 from compactord.errors import CompactordError, InvalidArgument
 from compactord.model import Entry, LedgerManifest, iso_utc
 from compactord.task import CompactionTaskCtx, TaskState
@@ -92,8 +93,6 @@ def readiness_json(readiness: Readiness) -> dict[str, Any]:
 
 
 def info_json(daemon: Daemon) -> dict[str, Any]:
-    from compactord import __version__
-
     settings = daemon.settings
     return {"version": __version__,
             "broker": {"bootstrap": settings.kafka_bootstrap_servers, "embedded": daemon.embedded_broker},
