@@ -37,6 +37,8 @@ _DEFAULT_CONF = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
+    # pyspark.daemon, without the traceback of each task a cancel kills (engine/pyspark_daemon.py)
+    "spark.python.daemon.module": "compactord.engine.pyspark_daemon",
 }
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
