@@ -1,8 +1,10 @@
 """The first hour of a new user, on one daemon started as README's quick start starts it
 (``compactord run --embedded-broker``): the broker's address from ``/v1/info``, ``demo --url`` against
 it, the topic list (on the broker or not, a backlog that is never stale after a run), the same 404 for
-unknown names everywhere, the lifecycle commands of the CLI, a quiet cancel, and fast, quiet answers
-once the broker is gone (the last test: it kills the embedded broker).
+unknown names everywhere, the lifecycle commands of the CLI, /docs without internet and an OpenAPI
+schema of the real bodies, a quiet cancel, and fast, quiet answers without a broker: a second daemon
+on a dead port (stopped while its Spark session starts), then this one once its embedded broker is
+killed (the last test).
 
 Every CLI call is a subprocess (``run_cli``); the daemon is a subprocess too, and its embedded broker
 is stopped by PID at the end also when the daemon had to be killed.
