@@ -9,66 +9,106 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
 from compactord import __version__
+from compactord.cli_tables import print_body
 from compactord.client import DEFAULT_URL, DaemonClient
 from compactord.errors import CompactordError
 
 __all__ = ["main"]
 
 
+class UsageError(CompactordError):
+    """A command line the CLI refuses before it asks the daemon (exit 2, as argparse's errors)."""
+
+    code = "usage"
+    status = 400
+
+
+class _Format(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help says its default; an option without one says what its absence means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+_FORMAT = _Format
+
+
 def _common(parser: argparse.ArgumentParser, top: bool) -> None:
     default = None if top else argparse.SUPPRESS
-    parser.add_argument("--url", default=default, help=f"daemon URL (env COMPACTORD_URL, default {DEFAULT_URL})")
-    parser.add_argument("--token", default=default, help="bearer token (env COMPACTORD_TOKEN)")
+    parser.add_argument("--url", default=default,
+                        help=f"daemon URL; host:port alone means http:// (env COMPACTORD_URL, else {DEFAULT_URL})")
+    parser.add_argument("--token", default=default, help="bearer token (env COMPACTORD_TOKEN; none by default)")
     parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
-                        help="print the API's JSON body unchanged")
+                        help="print the API's JSON body unchanged (default: a readable table)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="compactord", description="Topic compaction daemon for Kafka-protocol brokers")
+    parser = argparse.ArgumentParser(prog="compactord", description="Topic compaction daemon for Kafka-protocol brokers",
+                                     formatter_class=_FORMAT)
     parser.add_argument("--version", action="version", version=f"compactord {__version__}")
     _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("--config", help="broker.conf (Java properties); default: built-in defaults")
-    run.add_argument("--embedded-broker", action="store_true", help="start the bundled broker on loopback and use it")
-    demo = sub.add_parser("demo", help="compact a stock-ticker topic on the bundled broker and print the result")
-    demo.add_argument("--ledger-root", help="keep the ledgers here (default: a temporary folder)")
-    demo.add_argument("--ticks", type=int, default=5000, help="records to produce (default 5000)")
+    run = sub.add_parser("run", help="run the daemon", formatter_class=_FORMAT)
+    run.add_argument("--config", help="broker.conf (Java properties); none: the built-in defaults")
+    run.add_argument("--embedded-broker", action="store_true",
+                     help="start the bundled broker on 127.0.0.1:9092 (a free port if taken) and use it")
+    demo = sub.add_parser("demo", help="compact a stock-ticker topic and read the result back", formatter_class=_FORMAT)
+    demo.add_argument("--url", help="feed the daemon running at this URL and its broker (none: a broker and "
+                                    "a daemon of the demo's own)")
+    demo.add_argument("--token", help="the --url daemon's bearer token (env COMPACTORD_TOKEN)")
+    demo.add_argument("--ledger-root", help="without --url: keep the ledgers here (none: a temporary folder)")
+    demo.add_argument("--ticks", type=int, default=5000, help="records to produce")
 
     def client(name: str, help_: str, topic: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_FORMAT)
         _common(p, top=False)
         if topic:
-            p.add_argument("topic")
+            p.add_argument("topic", help="the topic's name")
         return p
 
     compact = client("compact", "trigger a compaction")
     compact.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar")
     compact.add_argument("--rebuild", action="store_true", help="full rebuild: ignore the current ledger")
     rebuild = client("rebuild", "trigger a full rebuild (ignore the current ledger)")
-    rebuild.add_argument("--wait", action="store_true")
+    rebuild.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar")
     client("status", "status of the topic's last compaction")
     client("cancel", "cancel the running compaction")
     client("horizon", "the compaction horizon per partition")
     read = client("read", "read the compacted view")
-    read.add_argument("--partition", type=int, default=0)
-    read.add_argument("--start", type=int, default=0)
-    read.add_argument("--limit", type=int, default=20)
+    read.add_argument("--partition", type=int, default=0, help="the partition to read")
+    read.add_argument("--start", type=int, default=0, help="the first offset to read")
+    read.add_argument("--limit", type=int, default=20, help="at most this many entries")
     read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8",
                       help="utf8 (the CLI's default, for reading text) or base64 (the API's default)")
     history = client("history", "the topic's past runs, newest first (kept across restarts)")
     history.add_argument("--limit", type=int, default=20, help="runs to show (default 20, at most 1000)")
-    history.add_argument("--cursor", help="show older runs: the cursor printed after the previous page")
-    client("topics", "every known topic with its backlog and last compaction", topic=False)
-    client("tasks", "recent tasks", topic=False)
+    history.add_argument("--cursor", help="show older runs: the cursor printed after the previous page "
+                         "(default: the newest runs)")
     preview = client("preview", "what the next compaction would keep and remove (an estimate from a sample)")
-    preview.add_argument("--exact", action="store_true", help="run the read and choose steps (takes a task slot)")
+    preview.add_argument("--exact", action="store_true",
+                         help="run the read and choose steps (takes a task slot; default: an estimate)")
+    client("topics", "every known topic: on the broker or not, backlog, last compaction", topic=False)
+    tasks = client("tasks", "recent tasks, newest first", topic=False)
+    tasks.add_argument("--topic", help="only this topic's (none: every topic's)")
+    policies = client("policies", "show or change the topic's overrides of the thresholds and the strategy")
+    policies.add_argument("--set", action="append", metavar="KEY=VALUE",
+                          help="set one override (repeatable; a number, a name, or null to drop it), e.g. "
+                               "thresholdMessages=100000 strategy=event-time (none: show them)")
+    policies.add_argument("--delete", action="store_true", help="drop every override of the topic")
+    client("unload", "the topic moved away: cancel its task, keep its ledger, skip it in the monitor")
+    client("load", "the topic is back: the monitor considers it again")
+    delete = client("delete-topic", "the topic was deleted: stop its task, remove its ledgers and policies")
+    delete.add_argument("--yes", action="store_true", help="really delete (required)")
+    client("info", "the daemon's version, broker, ledger root and Spark master", topic=False)
     return parser
 
 
@@ -79,15 +119,6 @@ def _daemon(args: argparse.Namespace) -> DaemonClient:
     return DaemonClient(args.url, args.token or None)
 
 
-def _print_task(t: dict[str, Any]) -> None:
-    prog = t.get("progress") or {}
-    print(f"topic     {t.get('topic')}\nstatus    {t['status']}\nstate     {t.get('state')}\n"
-          f"task      {t.get('task_id')}\nstarted   {t.get('started_at')}\nfinished  {t.get('finished_at')}\n"
-          f"progress  {prog.get('records_read', 0)}/{prog.get('records_total', 0)} records")
-    if t.get("last_error"):
-        print(f"error     {t['last_error']}")
-
-
 def _wait(args: argparse.Namespace, daemon: DaemonClient, topic: str) -> int:
     width = 30
     while True:
@@ -96,16 +127,38 @@ def _wait(args: argparse.Namespace, daemon: DaemonClient, topic: str) -> int:
         done, total = prog.get("records_read", 0), max(prog.get("records_total", 0), 1)
         filled = min(width, int(width * done / total))
         sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{prog.get('records_total', 0)} "
-                         f"records  {status.get('state')}   ")
+                         f"records  {status.get('state') or '-'}   ")
         sys.stderr.flush()
         if status["status"] != "RUNNING":
             sys.stderr.write("\n")
-            if args.json:
-                print(json.dumps(status))
-            else:
-                _print_task(status)
+            print_body("status", status, args.json)
             return 0 if status["status"] == "SUCCESS" else 1
         time.sleep(0.5)
+
+
+def _override(text: str) -> tuple[str, Any]:
+    """``key=value`` of ``policies --set``: a JSON value (number, null, true) or else a plain string."""
+    key, eq, raw = text.partition("=")
+    if not eq or not key.strip():
+        raise UsageError(f"--set {text!r}: write KEY=VALUE, e.g. --set thresholdMessages=100000")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def _policies(args: argparse.Namespace, daemon: DaemonClient) -> Any:
+    if args.delete and args.set:
+        raise UsageError("policies: --delete drops every override; give --set or --delete, not both")
+    if args.delete:
+        return daemon.delete_policies(args.topic)
+    if not args.set:
+        return daemon.policies(args.topic)
+    changes = dict(_override(text) for text in args.set)
+    overrides = {k: v for k, v in daemon.policies(args.topic)["policies"].items() if v is not None}
+    overrides.update(changes)
+    return daemon.set_policies(args.topic, overrides)
 
 
 def _client(args: argparse.Namespace) -> int:
@@ -116,71 +169,28 @@ def _client(args: argparse.Namespace) -> int:
         body = daemon.trigger(topic, rebuild=cmd == "rebuild" or args.rebuild)
         if args.wait:
             return _wait(args, daemon, topic)
-    elif cmd == "status":
-        body = daemon.status(topic)
-    elif cmd == "cancel":
-        body = daemon.cancel(topic)
-    elif cmd == "horizon":
-        body = daemon.horizon(topic)
     elif cmd == "read":
         body = daemon.compacted(topic, args.partition, args.start, args.limit, encoding=args.encoding)
     elif cmd == "history":
         body = daemon.history(topic, args.limit, args.cursor)
-    elif cmd == "topics":
-        body = daemon.topics()
     elif cmd == "preview":
         if args.exact:  # the reply comes when the preview task ends: as long as a compaction's read
             daemon = DaemonClient(args.url, args.token or None, timeout=24 * 3600.0)
         body = daemon.preview(topic, exact=args.exact)
-    else:
-        body = daemon.tasks()
-    if args.json:
-        print(json.dumps(body))
-        return 0
-    _print_table(cmd, body)
+    elif cmd == "tasks":
+        body = daemon.tasks(args.topic)
+    elif cmd == "policies":
+        body = _policies(args, daemon)
+    elif cmd == "delete-topic":
+        if not args.yes:
+            raise UsageError(f"delete-topic removes every ledger and the policies of {topic}: add --yes to do it")
+        body = daemon.delete_topic(topic)
+    elif cmd in ("topics", "info"):
+        body = getattr(daemon, cmd)()
+    else:  # status, cancel, horizon, unload, load: one call with the topic
+        body = getattr(daemon, cmd)(topic)
+    print_body(cmd, body, args.json)
     return 0
-
-
-def _print_table(cmd: str, body: Any) -> None:
-    if cmd in ("compact", "rebuild", "status", "cancel"):
-        _print_task(body)
-    elif cmd == "horizon":
-        print(f"topic {body['topic']}  ledger {body['ledger_id']}")
-        print(f"{'PARTITION':>9}  {'OFFSET':>12}")
-        for p in body["partitions"]:
-            print(f"{p['partition']:>9}  {p['offset']:>12}")
-    elif cmd == "read":
-        print(f"{'PARTITION':>9}  {'OFFSET':>10}  {'KEY':<24}  VALUE")
-        for e in body["entries"]:
-            print(f"{e['partition']:>9}  {e['offset']:>10}  {e['key']!s:<24}  {e['value']}")
-        if body.get("next_start") is not None:
-            print(f"(more: --start {body['next_start']})")
-    elif cmd == "history":
-        print(f"{'FINISHED':<24}  {'STATE':<9}  {'REASON':<15}  {'READ':>9}  {'WRITTEN':>9}  {'TASK':<36}  DETAIL")
-        for r in body["runs"]:
-            detail = r["error"] or r["reason_detail"] or (f"by {r['caller']}" if r.get("caller") else "")
-            print(f"{r['finished_at']:<24}  {r['state']:<9}  {r['reason']:<15}  {r['records_read']:>9}  "
-                  f"{r['records_written']:>9}  {r['task_id']:<36}  {detail}")
-        if body.get("next") is not None:
-            print(f"(older runs: --cursor {body['next']})")
-    elif cmd == "preview":
-        kind = "exact" if body["exact"] else f"estimate from {body['sample_records']} tail records"
-        eta = "-" if body["estimated_seconds"] is None else f"{body['estimated_seconds']} s"
-        print(f"topic {body['topic']}  ({kind})\n"
-              f"records  kept {body['records_kept']:>12,}  removed {body['records_removed']:>12,}\n"
-              f"bytes    kept {body['bytes_kept']:>12,}  removed {body['bytes_removed']:>12,}\n"
-              f"dirty ratio {body['dirty_ratio']:.3f}  estimated duration {eta}")
-    elif cmd == "topics":
-        print(f"{'TOPIC':<32} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
-        for t in body["topics"]:
-            last = t["last_compaction"]
-            backlog = t["backlog"]["records"] if t.get("backlog") else "-"
-            print(f"{t['topic']:<32} {backlog!s:>10} {last['status']:<8} {last.get('state') or '-':<26} "
-                  f"{last.get('finished_at') or '-'}")
-    else:
-        print(f"{'TOPIC':<32} {'STATUS':<8} {'STATE':<26} {'TASK':<36} STARTED")
-        for t in body["tasks"]:
-            print(f"{t['topic']:<32} {t['status']:<8} {t['state']:<26} {t['task_id']:<36} {t['started_at']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,16 +212,28 @@ def main(argv: list[str] | None = None) -> int:
             from compactord.demo import run_demo
 
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-            return run_demo(args.ledger_root, args.ticks)
+            logging.getLogger("kafka").setLevel(logging.ERROR)  # its event-loop timing warnings are not the story
+            return run_demo(args.ledger_root, args.ticks, url=args.url, token=args.token)
         if args.command is None:
             parser.print_help()
             return 2
-        return _client(args)
+        code = _client(args)
+        sys.stdout.flush()  # here, so that a reader that went away is seen below, not at exit
+        return code
+    except UsageError as exc:
+        print(f"compactord: {exc}", file=sys.stderr)
+        return 2
     except CompactordError as exc:
         print(f"compactord: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader closed the output early (``compactord read T | head``): stop quietly. stdout goes to
+        # /dev/null so that the interpreter's flush at exit does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a process killed by it
 
 
 if __name__ == "__main__":

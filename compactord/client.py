@@ -51,7 +51,7 @@ from compactord.event_time import event_time_extractor
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import Entry
 
-__all__ = ["DEFAULT_URL", "CompactedReader", "DaemonClient"]
+__all__ = ["DEFAULT_URL", "CompactedReader", "DaemonClient", "with_scheme"]
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 
@@ -66,13 +66,14 @@ class DaemonClient:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60.0) -> None:
-        self.url = (url or os.environ.get("COMPACTORD_URL") or DEFAULT_URL).rstrip("/")
+        self.url = with_scheme(url or os.environ.get("COMPACTORD_URL") or DEFAULT_URL)
         self.token = token if token is not None else os.environ.get("COMPACTORD_TOKEN")
         self.timeout = timeout
 
-    def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        request = urllib.request.Request(url, method=method)
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method)
         # The daemon refuses a state-changing request that has neither a token nor this header (415).
         request.add_header("Content-Type", "application/json")
         if self.token:
@@ -86,9 +87,14 @@ class DaemonClient:
                 error, text = body.get("error"), f"{body.get('error')}: {body.get('message')}"
             except ValueError:
                 error, text = None, str(exc)
+            if exc.code == 401:
+                text += "; give the daemon's token with --token or COMPACTORD_TOKEN"
             raise DaemonRequestFailed(method, path, exc.code, error, text) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise DaemonUnreachable(self.url, getattr(exc, "reason", exc)) from None
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, OSError) and reason.strerror:
+                reason = reason.strerror  # "Connection refused", without "[Errno 111]"
+            raise DaemonUnreachable(self.url, reason) from None
 
     @staticmethod
     def topic_path(topic: str) -> str:
@@ -129,8 +135,38 @@ class DaemonClient:
             query["cursor"] = cursor
         return self.request("GET", f"{self.topic_path(topic)}/history", query)
 
-    def tasks(self) -> Any:
-        return self.request("GET", "/v1/tasks")
+    def tasks(self, topic: str | None = None) -> Any:
+        return self.request("GET", "/v1/tasks", {"topic": topic} if topic else None)
+
+    def info(self) -> Any:
+        return self.request("GET", "/v1/info")
+
+    def readiness(self) -> Any:
+        return self.request("GET", "/readyz")
+
+    def policies(self, topic: str) -> Any:
+        return self.request("GET", f"{self.topic_path(topic)}/policies")
+
+    def set_policies(self, topic: str, policies: dict[str, Any]) -> Any:
+        return self.request("PUT", f"{self.topic_path(topic)}/policies", body=policies)
+
+    def delete_policies(self, topic: str) -> Any:
+        return self.request("DELETE", f"{self.topic_path(topic)}/policies")
+
+    def unload(self, topic: str) -> Any:
+        return self.request("POST", f"{self.topic_path(topic)}/unload")
+
+    def load(self, topic: str) -> Any:
+        return self.request("POST", f"{self.topic_path(topic)}/load")
+
+    def delete_topic(self, topic: str) -> Any:
+        return self.request("DELETE", self.topic_path(topic))
+
+
+def with_scheme(url: str) -> str:
+    """``url`` without its trailing slash, ``http://`` put in front of a bare ``host:port``."""
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
 
 
 def _b64(value: str | None) -> bytes | None:

@@ -302,6 +302,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
     env = os.environ if env is None else env
     merged: dict[str, str] = {}
     spark_conf: dict[str, str] = {}
+    from_env: dict[str, str] = {}  # key -> the environment variable that set it
     for name, raw in props.items():
         if name.startswith("spark."):
             spark_conf[name] = raw
@@ -318,6 +319,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
         if name not in KEYS_BY_NAME:
             raise ConfigError(env_name, raw, "unknown key; see broker.conf.example for the keys compactord knows")
         merged[name] = raw
+        from_env[name] = env_name
     values: dict[str, Any] = {}
     explicit: set[str] = set()
     for key in KEYS:
@@ -328,7 +330,13 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
             explicit.add(key.name)
             if key.secret:
                 raw = _read_secret(key.name, raw)
-        values[key.attr] = key.parse(key.name, raw) if raw != "" else raw
+        try:
+            values[key.attr] = key.parse(key.name, raw) if raw != "" else raw
+        except ConfigError as exc:
+            if key.name not in from_env:
+                raise
+            # Name where the bad value came from: the file may hold a good one that the variable overrides.
+            raise ConfigError(from_env[key.name], exc.value, exc.message.partition(" is invalid: ")[2]) from None
     _resolve_factory_alias(values, explicit)
     _check_http(values)
     values["spark_conf"] = spark_conf

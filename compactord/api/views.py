@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
+from compactord import __version__
 from compactord.errors import CompactordError, InvalidArgument
 from compactord.model import Entry, LedgerManifest, iso_utc
 from compactord.task import CompactionTaskCtx, TaskState
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.daemon.core import Daemon, Readiness
     from compactord.daemon.history import RunPage, RunRecord
+    from compactord.daemon.monitor import Backlog
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "error_response",
     "history_json",
     "horizon_json",
+    "info_json",
     "optional_task_status",
     "page_json",
     "policies_json",
@@ -91,6 +94,13 @@ def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
 def readiness_json(readiness: Readiness) -> dict[str, Any]:
     return {"status": readiness.status, "compactions": readiness.compactions, "reads": readiness.reads,
             "problems": readiness.problems}
+
+
+def info_json(daemon: Daemon) -> dict[str, Any]:
+    settings = daemon.settings
+    return {"version": __version__,
+            "broker": {"bootstrap": settings.kafka_bootstrap_servers, "embedded": daemon.embedded_broker},
+            "ledger_root": str(daemon.store.root), "spark_master": settings.spark_master}
 
 
 # -- tasks and topics ---------------------------------------------------------------------------
@@ -194,9 +204,11 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
 def topics_json(daemon: Daemon) -> dict[str, Any]:
     """Every known topic with its backlog, last compaction and current task."""
     out = []
-    for topic, on_broker in daemon.known_topics().items():
+    known = daemon.known_topics()
+    backlogs = daemon.backlogs.backlogs(known)
+    for topic, on_broker in known.items():
         try:
-            out.append(_topic_json(daemon, topic, on_broker))
+            out.append(_topic_json(daemon, topic, on_broker, backlogs.get(topic)))
         except CompactordError as exc:  # one broken topic does not hide the others
             log.error("GET /v1/topics: topic %s: %s", topic, exc)
             out.append({"topic": topic, "on_broker": on_broker,
@@ -204,8 +216,7 @@ def topics_json(daemon: Daemon) -> dict[str, Any]:
     return {"topics": out}
 
 
-def _topic_json(daemon: Daemon, topic: str, on_broker: bool) -> dict[str, Any]:
-    backlog = daemon.monitor.backlogs.get(topic)
+def _topic_json(daemon: Daemon, topic: str, on_broker: bool, backlog: Backlog | None) -> dict[str, Any]:
     return {
         "topic": topic,
         "on_broker": on_broker,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactord.config import Settings
+from compactord.daemon.backlogs import BacklogCache
 from compactord.daemon.history import RunHistory, RunRecord
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
@@ -49,7 +50,8 @@ __all__ = ["Daemon", "Readiness"]
 
 log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
-BROKER_PING_EVERY_S = 5.0  # while it answers; every WATCH_EVERY_S while it does not
+BROKER_PING_EVERY_S = 5.0  # while it answers; while it does not, WATCH_EVERY_S doubling up to:
+BROKER_RETRY_MAX_S = 16.0
 JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
 HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl, the run history of each topic
@@ -126,11 +128,13 @@ class Daemon:
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics)
+        self.backlogs = BacklogCache(self.monitor, self.registry)
         self.fatal: str | None = None
+        self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self._broker_ok = False
         self._broker_error = "the broker has not been asked yet"
-        self._broker_lost = False  # it answered once and then did not
+        self._broker_lost = False  # it is down (logged once) since its last answer
         self._ping_since: float | None = None  # monotonic start of the ping under way
         self._ping_timeout_s = settings.kafka_request_timeout_ms / 1000
         self._root_problem = self._check_root()
@@ -162,6 +166,7 @@ class Daemon:
         log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
 
     def _check_broker(self) -> None:
+        """One ping; the log says each change of state once (down, then up again), not each failure."""
         self._ping_since = time.monotonic()
         try:
             self._broker_probe.ping()
@@ -169,17 +174,22 @@ class Daemon:
                 log.info("the broker answers again")
             self._broker_ok, self._broker_error, self._broker_lost = True, "", False
         except CompactordError as exc:
-            if self._broker_ok or exc.message != self._broker_error:
-                log.warning("broker unavailable: %s", exc)
-            self._broker_lost = self._broker_lost or self._broker_ok
+            if not self._broker_lost:
+                log.warning("broker unavailable (checked again in the background; requests that need it "
+                            "answer 503 broker_unavailable until it answers): %s", exc)
+            self._broker_lost = True
             self._broker_ok, self._broker_error = False, exc.message
         finally:
             self._ping_since = None
 
     def _probe_broker(self) -> None:
+        down_for = 0  # pings failed in a row: the next one waits longer, up to BROKER_RETRY_MAX_S
         while not self._stop.is_set():
             self._check_broker()
-            self._stop.wait(BROKER_PING_EVERY_S if self._broker_ok else WATCH_EVERY_S)
+            down_for = 0 if self._broker_ok else down_for + 1
+            wait = BROKER_PING_EVERY_S if self._broker_ok else \
+                min(WATCH_EVERY_S * 2 ** (down_for - 1), BROKER_RETRY_MAX_S)
+            self._stop.wait(wait)
 
     def broker_problem(self) -> str | None:
         """Why the broker counts as unreachable now, or None; from memory only (the probe's last answer,
@@ -262,6 +272,7 @@ class Daemon:
     def shutdown(self) -> None:
         """Cancel what can be cancelled, let a switching task finish, stop Spark."""
         log.info("shutting down")
+        started = time.monotonic()
         self._stop.set()
         self.monitor.stop()
         self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))
@@ -272,6 +283,7 @@ class Daemon:
             if self.fatal is None and self._owns_spark:
                 self.spark.stop()
             self.store.close()
+            log.info("stopped in %.1fs", time.monotonic() - started)
 
     # -- what the API asks ----------------------------------------------------------------------
 
@@ -325,6 +337,7 @@ class Daemon:
         self._apply_limits(topic, None)
         self.registry.forget(topic)
         self.monitor.forget(topic)
+        self.backlogs.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)
         log.info("topic %s deleted: ledgers, horizon, policies and run history removed", topic)
@@ -381,8 +394,13 @@ class Daemon:
         self.metrics.task_ended(ctx)
         if ctx.finished_at is not None and ctx.state.value == "Succeed":
             self._last_success[ctx.topic] = ctx.finished_at
-        # What reads check against (log starts, topic id) is fresh when a run has just looked.
-        threading.Thread(target=self.monitor.refresh_quietly, args=(ctx.topic,), name="refresh", daemon=True).start()
+        threading.Thread(target=self._refresh_after_task, args=(ctx.topic,), name="refresh", daemon=True).start()
+
+    def _refresh_after_task(self, topic: str) -> None:
+        # What reads check against (log starts, topic id) is fresh when a run has just looked; and the
+        # backlog metrics are the ones after the run, not before it (GET /v1/topics measures on its own).
+        if self.monitor.refresh_quietly(topic) is not None:
+            self.backlogs.measure(topic, for_listing=False)
 
     def _load_last_successes(self) -> None:
         for topic in self.store.topics():

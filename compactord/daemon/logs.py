@@ -32,5 +32,8 @@ def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("kafka", "py4j", "apscheduler"):
+    for noisy in ("py4j", "apscheduler"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # kafka-python logs every failed connection and retry (~2 lines a second while a broker is down); its
+    # errors reach compactord at one boundary (kafka/client.py) and are logged there, once per change.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.CRITICAL)

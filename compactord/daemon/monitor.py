@@ -32,7 +32,7 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.policies import PolicyStore
 from compactord.daemon.registry import TaskRegistry
-from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerCorrupt
+from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, LedgerCorrupt
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
 from compactord.ledger.store import LedgerStore
@@ -160,7 +160,8 @@ class BacklogMonitor:
             self._pass()
             self._metrics.monitor_runs.labels("ok").inc()
         except CompactordError as exc:
-            log.warning("backlog monitor pass failed: %s", exc)
+            # A broker that does not answer is logged by the daemon's broker probe, once per change.
+            (log.debug if isinstance(exc, BrokerUnavailable) else log.warning)("backlog monitor pass failed: %s", exc)
             self._metrics.monitor_runs.labels("error").inc()
         except Exception:
             log.exception("backlog monitor pass failed")
@@ -262,12 +263,7 @@ class BacklogMonitor:
         running_before = self._registry.live(topic) is not None
         known = self.refresh(topic)
         backlog = self.measure(topic)
-        self.backlogs[topic] = backlog
-        m = self._metrics
-        m.backlog_records.labels(topic).set(backlog.records)
-        m.backlog_bytes.labels(topic).set(backlog.bytes)
-        m.backlog_age.labels(topic).set(backlog.age_seconds)
-        m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
+        self.record_backlog(backlog)
         stale = running_before or self._registry.last(topic) is not last_before
         if stale or self._registry.live(topic) is not None or self._in_backoff(topic, failures):
             return
@@ -283,6 +279,16 @@ class BacklogMonitor:
             self._registry.trigger(topic, backlog=backlog.bytes, reason=reason)
         except CompactionAlreadyRunning:
             pass
+
+    def record_backlog(self, backlog: Backlog) -> None:
+        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics."""
+        topic = backlog.topic
+        self.backlogs[topic] = backlog
+        m = self._metrics
+        m.backlog_records.labels(topic).set(backlog.records)
+        m.backlog_bytes.labels(topic).set(backlog.bytes)
+        m.backlog_age.labels(topic).set(backlog.age_seconds)
+        m.dirty_ratio.labels(topic).set(backlog.dirty_ratio)
 
     def _view_triggers(self, topic: str, known: BrokerTopic) -> list[Reason]:
         """Reasons to compact that are not a backlog: the ledger is of a log that no longer exists, or the

@@ -89,14 +89,16 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
     broker = None
     try:
         if embedded_broker:
-            broker = EmbeddedBroker().start()
+            broker = EmbeddedBroker.on_default_port()
             settings = settings.with_overrides(kafka_bootstrap_servers=broker.bootstrap)
-            log.info("embedded broker on %s (memory storage: its topics vanish when it stops)", broker.bootstrap)
+            log.info("embedded broker at %s: produce there (bootstrap servers of any Kafka client); memory "
+                     "storage: its topics vanish when it stops", broker.bootstrap)
         _warnings(settings)
         try:
             daemon = Daemon(settings)
         except CompactordError as exc:
             return refuse_start(exc)
+        daemon.embedded_broker = broker is not None
         server = uvicorn.Server(uvicorn_config(daemon, settings.http_bind_address, settings.http_port))
         daemon.on_fatal = lambda: setattr(server, "should_exit", True)
         # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so

@@ -126,7 +126,9 @@ def plan_compaction(
         reasons.append("a rebuild was requested")
     if previous is not None and previous.strategy != strategy.settings:
         full = True
-        reasons.append(f"the strategy settings changed from {previous.strategy} to {strategy.settings}")
+        before, now = previous.strategy.rules(), strategy.settings.rules()
+        changed = ", ".join(f"{k} {before[k]} -> {now[k]}" for k in now if before.get(k) != now[k])
+        reasons.append(f"the strategy settings changed ({changed})")
     log_now = log_now or LogNow(previous.topic_id if previous else None)
     recreated = new_log_reason(previous, offsets, log_now) if previous is not None else None
     if recreated is not None:

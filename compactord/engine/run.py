@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 PROGRESS_POLL_S = 0.5
 
 
+def log_stopped(ctx: CompactionTaskCtx) -> None:
+    """The one line of a cancelled (or aborted) task: its state then and how long its work took to stop."""
+    if ctx.cancelled_in is None or ctx.cancelled_mono is None:
+        log.info("compaction of topic %s (task %s) stopped: %s", ctx.topic, ctx.task_id, ctx.error)
+        return
+    log.info("compaction of topic %s (task %s) cancelled in %s; stopped in %.1fs", ctx.topic, ctx.task_id,
+             ctx.cancelled_in.value, time.monotonic() - ctx.cancelled_mono)
+
+
 @dataclass(frozen=True, slots=True)
 class TailRead:
     """What the Kafka readers report they read (their progress files, summed)."""
@@ -114,10 +123,10 @@ class CompactionRun:
         except CompactionCancelled as exc:
             if not ctx.done:
                 ctx.fail(exc)
-            log.info("compaction of topic %s (task %s) cancelled", self.topic, ctx.task_id)
+            log_stopped(ctx)
         except Exception as exc:
-            if ctx.cancelled:
-                log.info("compaction of topic %s (task %s) stopped after cancel: %s", self.topic, ctx.task_id, exc)
+            if ctx.cancelled:  # the cancel broke the Spark job: its error is the cancel's, not a failure
+                log_stopped(ctx)
             else:
                 log.error("compaction of topic %s (task %s, reason %s) failed: %s", self.topic, ctx.task_id,
                           ctx.reason.kind, exc,

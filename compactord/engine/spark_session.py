@@ -37,12 +37,33 @@ _DEFAULT_CONF = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
+    # pyspark.daemon, without the traceback of each task a cancel kills (engine/pyspark_daemon.py)
+    "spark.python.daemon.module": "compactord.engine.pyspark_daemon",
 }
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
+STOP_WAITS_FOR_START_S = 2.0  # stop() waits this long for a start under way
 # How a full disk shows in a Java or Python stack trace of a failed job (ENOSPC, EDQUOT).
 _DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
+
+
+# Spark's loggers of the tasks of a job: a cancelled job's tasks die with an error each (the Python worker's
+# pipe closed under it), which they log with a stack trace as if it were a crash. The job's end reaches
+# compactord as an exception, which it logs once, with the task id: a cancel as one INFO line, a real
+# failure as one ERROR line with its cause (``_cause``).
+QUIET_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+                 "org.apache.spark.scheduler.TaskSchedulerImpl", "org.apache.spark.api.python.PythonRunner")
+
+
+def _quiet_task_loggers(spark: Any) -> None:
+    jvm = spark.sparkContext._jvm
+    try:
+        off = jvm.org.apache.logging.log4j.Level.OFF
+        for name in QUIET_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, off)
+    except Exception:  # another logging backend (a cluster's own log4j set-up): its levels stay as they are
+        log.debug("Spark's task loggers not quietened", exc_info=True)
 
 
 def _cause(text: str, exc: BaseException) -> str:
@@ -106,7 +127,11 @@ class SparkSessionManager:
                 spark = builder.getOrCreate()
             except Exception as exc:
                 raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
+            if self._stopped:  # stop() was called while it started, and did not wait
+                spark.stop()
+                raise SparkError("the Spark session was stopped while it started (the daemon is shutting down)")
             spark.sparkContext.setLogLevel("ERROR")
+            _quiet_task_loggers(spark)
             from compactord.engine.kafka_source import KafkaRangeDataSource
 
             spark.dataSource.register(KafkaRangeDataSource)
@@ -252,9 +277,15 @@ class SparkSessionManager:
         with self.job_group(group_id, description):
             return fn()
 
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
+    def stop(self, wait_start_s: float = STOP_WAITS_FOR_START_S) -> None:
+        """Stop the session. A start still under way (a JVM starting takes seconds, minutes on a loaded
+        machine) is not waited for longer than ``wait_start_s``: it stops the session it makes itself,
+        and the JVM of one still starting at exit is killed by PySpark's exit hook."""
+        self._stopped = True
+        if not self._lock.acquire(timeout=wait_start_s):
+            log.info("the Spark session is still starting: not waited for")
+            return
+        try:
             if self._spark is not None:
                 try:
                     self._spark.stop()
@@ -263,3 +294,5 @@ class SparkSessionManager:
                 finally:
                     self._spark = None
                     self.warmed = False
+        finally:
+            self._lock.release()

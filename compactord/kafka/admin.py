@@ -12,6 +12,7 @@ constant production still gets a fixed end.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from typing import Any
 from kafka import TopicPartition
 
 from compactord.config import Settings
-from compactord.errors import TopicNotFound
+from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
@@ -30,6 +31,8 @@ __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported fr
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC = 3
+CLOSE_WAIT_S = 1.0  # close() waits this long for a call under way
+PING_CONNECT_S = 2.0  # a TCP connection to a bootstrap address that takes longer counts as refused
 _CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms", "retention.ms")
 
 
@@ -45,8 +48,13 @@ class KafkaAdmin(BrokerMetadata):
         self._admin: Any = None
 
     def close(self) -> None:
-        with self._lock:
-            self._reset()
+        # A call under way (a broker that does not answer holds one for the request timeout) keeps its
+        # client; its thread is a daemon thread, and the process is stopping: do not wait for it.
+        if self._lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                self._reset()
+            finally:
+                self._lock.release()
 
     def _reset(self) -> None:
         admin, self._admin = self._admin, None
@@ -81,7 +89,10 @@ class KafkaAdmin(BrokerMetadata):
         return sorted(self._call(None, lambda admin, _c: admin.list_topics()))
 
     def ping(self) -> None:
-        """Raise ``BrokerUnavailable`` unless the broker answers a metadata request."""
+        """Raise ``BrokerUnavailable`` unless the broker answers a metadata request. A bootstrap address
+        that refuses the connection is known at once: the metadata request is not tried (kafka-python
+        would retry it for the bootstrap timeout)."""
+        reachable(self._bootstrap, timeout=min(PING_CONNECT_S, self._settings.kafka_request_timeout_ms / 1000))
         self.list_topics()
 
     def _describe(self, topic: str) -> dict[str, Any]:
@@ -222,6 +233,19 @@ class KafkaAdmin(BrokerMetadata):
                 log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
         return ends
 
+
+
+def reachable(bootstrap: str, timeout: float) -> None:
+    """:raises BrokerUnavailable: no address of ``bootstrap`` (``host:port,...``) accepts a TCP connection."""
+    problems = []
+    for address in filter(None, (a.strip() for a in bootstrap.split(","))):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout).close()
+            return
+        except (OSError, ValueError) as exc:
+            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    raise BrokerUnavailable(f"no broker address accepts a connection ({'; '.join(problems) or bootstrap})")
 
 
 def _int_or_none(value: str | None) -> int | None:

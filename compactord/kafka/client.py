@@ -11,11 +11,20 @@ from kafka import KafkaAdminClient, KafkaConsumer
 
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 
-__all__ = ["admin_client", "consumer", "translate_kafka_errors"]
+__all__ = ["admin_client", "consumer", "describe", "translate_kafka_errors"]
 
 # Fetch sizes for whole-topic reads: bigger fetches cost memory (measured: 64 MB buffers added ~80 MB
 # of RSS per reader and were not faster than 4-8 MB).
 READ_FETCH_BYTES = 8 * 1024 * 1024
+
+
+def describe(exc: BaseException) -> str:
+    """``Name: text`` of an exception, once: kafka-python's errors put their class name in their text
+    already ("KafkaTimeoutError: Unable to bootstrap")."""
+    name, text = type(exc).__name__, str(exc)
+    if not text:
+        return name
+    return text if text.startswith(name) else f"{name}: {text}"
 
 
 @contextlib.contextmanager
@@ -32,7 +41,7 @@ def translate_kafka_errors(bootstrap: str, topic: str | None = None) -> Iterator
     except (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.NodeNotReadyError,
             kerr.RequestTimedOutError, ConnectionError, TimeoutError) as exc:
         raise BrokerUnavailable(
-            f"the Kafka broker at {bootstrap} is unreachable ({type(exc).__name__}: {exc}); "
+            f"the Kafka broker at {bootstrap} is unreachable ({describe(exc)}); "
             "check kafkaBootstrapServers and that the broker is up"
         ) from exc
     except kerr.KafkaError as exc:

@@ -153,7 +153,7 @@ def test_compact_without_wait(shared_daemon: DaemonProcess, kafka: Any, env: dic
 def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, Any],
                              env: dict[str, str]) -> None:
     failed(run_cli("compact", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
-    failed(run_cli("horizon", "cli-no-such-topic", env=env), "404", "not_compacted")
+    failed(run_cli("horizon", "cli-no-such-topic", env=env), "404", "topic_not_found")
     failed(run_cli("read", compacted["topic"], "--partition", "9", env=env), "422", "partition 9")
     failed(run_cli("read", compacted["topic"], "--limit", "0", env=env), "422")
     failed(run_cli("status", "bad/name", env=env), "422", "invalid_topic_name")

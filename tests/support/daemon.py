@@ -55,6 +55,7 @@ class DaemonProcess:
     token: str | None = None
     workdir: Path | None = None  # its working directory (None: the test process's)
     env: dict[str, str] = field(default_factory=dict)  # added to every start's environment
+    args: tuple[str, ...] = ()  # added to ``run --config FILE`` (e.g. ``--embedded-broker``)
     process: subprocess.Popen[bytes] | None = None
     _http: httpx.Client | None = field(default=None, repr=False)
 
@@ -124,7 +125,7 @@ class DaemonProcess:
         environment.update(env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "compactord", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "compactord", "run", "--config", str(self.config), *self.args],
                 cwd=self.workdir, env=environment, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -34,8 +34,10 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
 
     @api.get("/v1/topics/{topic}/compaction", tags=["compaction"])
     def status(topic: str) -> dict[str, Any]:
-        """Status of the topic's last compaction: NOT_RUN, RUNNING, SUCCESS or ERROR."""
+        """Status of the topic's last compaction: NOT_RUN, RUNNING, SUCCESS or ERROR (404 for a name that
+        has no state here and that the broker lacks)."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)
         return topic_status(daemon, topic)
 
     @api.delete("/v1/topics/{topic}/compaction", tags=["compaction"])

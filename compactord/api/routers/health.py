@@ -1,4 +1,4 @@
-"""Liveness, readiness, Prometheus metrics, and the API's own docs.
+"""Liveness, readiness, Prometheus metrics, and the API's own docs (Swagger UI served from the package).
 
 The probes and /metrics are ``async def``: they run on the event loop, not in the thread pool that
 requests waiting on the broker can fill, and they read only what the daemon keeps in memory.
@@ -6,16 +6,17 @@ requests waiting on the broker can fill, and they read only what the daemon keep
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from compactord.api.views import readiness_json
+from compactord.api.schema import describe
+from compactord.api.views import problem_response, readiness_json
 from compactord.errors import NotReady, Unhealthy
-from compactord.model import MAX_TOPIC_LENGTH, TOPIC_PATTERN
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -23,30 +24,38 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def with_topic_pattern(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with Kafka's topic-name rule on every ``{topic}`` path parameter (the handlers check it
-    themselves, with the ``invalid_topic_name`` error; the schema says it, so that clients and fuzzers
-    know the real pattern)."""
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
-                if parameter.get("in") == "path" and parameter.get("name") == "topic":
-                    parameter.setdefault("schema", {}).update(pattern=TOPIC_PATTERN, maxLength=MAX_TOPIC_LENGTH)
-    return schema
+STATIC = Path(__file__).resolve().parent.parent / "static" / "swagger-ui"
+ASSETS_URL = "/static/swagger-ui"
+# The files /docs loads, by name: nothing else under STATIC is served (no path from a request is opened).
+_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon-32x32.png": "image/png"}
 
 
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
 
+    schema: dict[str, Any] = {}
+
     @api.get("/openapi.json", include_in_schema=False)
     def openapi(request: Request) -> JSONResponse:
-        return JSONResponse(with_topic_pattern(request.app.openapi()))
+        if not schema:
+            schema.update(describe(request.app.openapi()))
+        return JSONResponse(schema)
 
     @api.get("/docs", include_in_schema=False)
     def docs() -> Response:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="compactord API")
+        # Swagger UI from the package: /docs works where the daemon runs, without internet.
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="compactord API", swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{ASSETS_URL}/swagger-ui.css", swagger_favicon_url=f"{ASSETS_URL}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None})  # no badge from the online validator
 
-    @api.api_route("/healthz", methods=["GET", "HEAD"], tags=["health"])
+    @api.get(ASSETS_URL + "/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        media_type = _ASSETS.get(name)
+        if media_type is None:
+            return problem_response(404, "not_found", f"no asset {name}; the docs' assets are: {', '.join(_ASSETS)}")
+        return FileResponse(STATIC / name, media_type=media_type, headers={"Cache-Control": "max-age=86400"})
+
     async def healthz() -> JSONResponse:
         """Liveness: the process serves and its Spark session is up (once started)."""
         problem = daemon.liveness_problem()
@@ -54,7 +63,6 @@ def router(daemon: Daemon) -> APIRouter:
             raise Unhealthy(problem)
         return JSONResponse({"status": "ok"})
 
-    @api.api_route("/readyz", methods=["GET", "HEAD"], tags=["health"])
     async def readyz() -> JSONResponse:
         """Readiness: 200 while ledger reads can be served, with ``status`` "ready" (compactions can run:
         the broker answers, Spark is warm) or "degraded" (they cannot: ``problems`` says why); 503 only
@@ -63,6 +71,11 @@ def router(daemon: Daemon) -> APIRouter:
         if not readiness.reads:
             raise NotReady("; ".join(readiness.problems))
         return JSONResponse(readiness_json(readiness))
+
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
+        api.add_api_route(path, probe, methods=["GET"], tags=["health"])
+        # HEAD too (load balancers), as a route of its own outside the schema: one operation id per route.
+        api.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     @api.get("/metrics", tags=["health"])
     async def metrics() -> Response:

@@ -39,6 +39,7 @@ def router(daemon: Daemon) -> APIRouter:
     def load(topic: str) -> dict[str, Any]:
         """The topic is back on this broker: the monitor considers it again."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)
         daemon.policies.set_unloaded(topic, False)
         return unloaded_json(topic, False)
 

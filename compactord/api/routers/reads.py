@@ -1,5 +1,6 @@
 """Reads of the compacted ledger (the current one, or one pinned by id): the horizon, a page of entries,
-the last entry. Reads never call the broker: the log starts and identity come from the monitor."""
+the last entry. Reads of a ledger never call the broker: the log starts and identity come from the
+monitor (a name with no state here is looked up, for a 404 that says whether the broker has it)."""
 
 from __future__ import annotations
 
@@ -91,9 +92,12 @@ def _service_of(daemon: Daemon, topic: str, partition: int, ledger_id: int | Non
 
 
 def _service(daemon: Daemon, topic: str) -> TopicCompactionService:
-    """:raises NotCompacted: the topic has no state at all (nothing is kept for its name)."""
+    """:raises NotCompacted: the topic has no state at all (nothing is kept for its name). :raises
+    TopicNotFound: nor does the broker have it (not asked while it is known to be down)."""
     service = daemon.registry.existing_service(topic)
     if service is None:
+        if daemon.broker_problem() is None:
+            daemon.require_topic(topic)
         raise NotCompacted(topic)
     return service
 

@@ -27,6 +27,7 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
     def get_policies(topic: str) -> dict[str, Any]:
         """Per-topic overrides of the thresholds and the strategy, and what is in force."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)  # 404 topic_not_found, as for every other topic route
         return answer(topic)
 
     @api.put("/v1/topics/{topic}/policies", tags=["policies"])  # a topic held here needs no broker
@@ -43,7 +44,9 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
 
     @api.delete("/v1/topics/{topic}/policies", tags=["policies"])
     def delete_policies(topic: str) -> dict[str, Any]:
+        """Drop the topic's overrides: the broker-wide settings are in force again."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)
         daemon.set_policies(topic, None)
         return answer(topic)
 

@@ -10,6 +10,7 @@ that answer at the boundary that receives it (``tests.support.brokers.Answers``)
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,7 @@ def test_first_value_chooses_among_what_the_log_still_holds(kafka: Any, answered
 
 
 def test_an_empty_value_is_a_value_and_pulsar_s_rule_is_a_setting_that_rebuilds(
-    kafka: Any, make_factory: Any, tmp_path: Path
+    kafka: Any, make_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = kafka.topic()
     records = [("empty", ""), ("null", "x"), ("null", None), ("value", "v")]
@@ -204,9 +205,13 @@ def test_an_empty_value_is_a_value_and_pulsar_s_rule_is_a_setting_that_rebuilds(
     kafka_rule.close()
     pulsar_rule = make_factory(store=kafka_rule.factory.store, compaction_empty_value_is_tombstone=True)
     service = pulsar_rule.new_topic_compaction_service(topic)
-    ctx = compact(service)
+    with caplog.at_level(logging.WARNING, logger="compactord.engine.planning"):
+        ctx = compact(service)
     assert ctx.stats.full_rebuild  # the rule is part of the strategy settings: a change rebuilds
     assert view(service) == {b"value": b"v"}
+    # the log names what changed, not a Python repr of the settings
+    assert "the strategy settings changed (empty_value_is_tombstone False -> True)" in caplog.text
+    assert "StrategySettings(" not in caplog.text
 
 
 @pytest.mark.parametrize("strategy", ["first-value", "event-time", "tests.inprocess.engine.strategies:LongestValue"])

@@ -1,0 +1,127 @@
+"""The CLI without a daemon: its parser and help, its tables, and its errors (a daemon that is not
+there, one that answers 401), with error texts that say what to do. The CLI against a real daemon is
+in tests/daemon/test_cli.py and test_first_hour.py."""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import kafka.errors as kerr
+import pytest
+
+from compactord.cli import _parser, main
+from compactord.cli_tables import print_body
+from compactord.client import DaemonClient
+from compactord.config import settings_from_properties
+from compactord.embedded import free_port
+from compactord.errors import BrokerUnavailable, ConfigError
+from compactord.kafka.client import translate_kafka_errors
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_option_has_help_and_says_its_default() -> None:
+    for name, sub in _subparsers().items():
+        text = sub.format_help()
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+            if action.option_strings and action.default not in (None, argparse.SUPPRESS):
+                assert f"(default: {action.default})" in text or "default" in action.help, (name, action.dest)
+    read = _subparsers()["read"].format_help()
+    assert "the partition to read (default: 0)" in read and "(default: 20)" in read
+    assert "wait for the end, with a progress bar (default: False)" in _subparsers()["rebuild"].format_help()
+    assert {"policies", "unload", "load", "delete-topic", "info", "tasks"} <= set(_subparsers())
+
+
+def test_a_url_without_a_scheme_is_http() -> None:
+    assert DaemonClient("127.0.0.1:8642").url == "http://127.0.0.1:8642"
+    assert DaemonClient("https://h:1/").url == "https://h:1"
+
+
+def test_a_daemon_that_is_not_there_says_start_it_or_set_the_url(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"127.0.0.1:{free_port()}"
+    assert main(["--url", url, "topics"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert f"cannot reach compactord at http://{url}: Connection refused" in err
+    assert "start the daemon (compactord run)" in err and "--url (COMPACTORD_URL)" in err
+
+
+class _Unauthorized(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.dumps({"error": "unauthorized", "message": "a bearer token is required"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def unauthorized() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unauthorized)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_401_names_the_token_option_and_variable(unauthorized: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "t", "--url", unauthorized]) == 1
+    err = capsys.readouterr().err
+    assert "(401) unauthorized: a bearer token is required" in err
+    assert "--token" in err and "COMPACTORD_TOKEN" in err
+
+
+@pytest.mark.parametrize("argv", [["delete-topic", "t"], ["policies", "t", "--set", "thresholdMessages"],
+                                  ["policies", "t", "--set", "a=1", "--delete"]])
+def test_refused_command_lines_exit_2_before_asking_the_daemon(argv: list[str],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--url", f"127.0.0.1:{free_port()}"]) == 2  # nobody listens: not asked
+    err = capsys.readouterr().err
+    assert err.startswith("compactord: ") and "cannot reach" not in err
+
+
+def test_tables_never_print_none(capsys: pytest.CaptureFixture[str]) -> None:
+    status = {"topic": "t", "status": "NOT_RUN", "state": None, "task_id": None, "started_at": None,
+              "finished_at": None, "last_error": None, "progress": {"records_read": 0, "records_total": 0}}
+    print_body("status", status, as_json=False)
+    print_body("topics", {"topics": [{"topic": "t", "on_broker": False, "backlog": None,
+                                      "last_compaction": status}]}, as_json=False)
+    print_body("read", {"entries": [{"partition": 0, "offset": 3, "key": None, "value": None}],
+                        "next_start": None}, as_json=False)
+    out = capsys.readouterr().out
+    assert "None" not in out, out
+    assert out.splitlines()[8].split() == ["t", "no", "-", "NOT_RUN", "-", "-"]
+
+
+def test_a_kafka_error_is_named_once() -> None:
+    with pytest.raises(BrokerUnavailable) as raised, translate_kafka_errors("b:9092"):
+        raise kerr.KafkaTimeoutError("Unable to bootstrap from ['b:9092']")
+    assert raised.value.message.count("KafkaTimeoutError") == 1, raised.value.message
+
+
+def test_a_bad_value_from_the_environment_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as raised:
+        settings_from_properties({"httpPort": "9000"}, env={"COMPACTORD_CONF_httpPort": "abc"})
+    assert raised.value.key == "COMPACTORD_CONF_httpPort"
+    assert "COMPACTORD_CONF_httpPort='abc'" in str(raised.value)
+    with pytest.raises(ConfigError) as from_file:
+        settings_from_properties({"httpPort": "abc"}, env={})
+    assert from_file.value.key == "httpPort"
