@@ -230,9 +230,9 @@ class CountingReader(LedgerReader):
         super().__init__(*args)
         self.reads: list[RowGroup] = []
 
-    def read_row_group(self, group: RowGroup) -> pa.Table:
+    def read_row_group(self, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
         self.reads.append(group)
-        return super().read_row_group(group)
+        return super().read_row_group(group, columns)
 
 
 @pytest.fixture(scope="module")
