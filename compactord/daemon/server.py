@@ -45,16 +45,25 @@ SPARE_CONNECTIONS = 50
 
 
 class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, closing also a connection that sends no (complete) first request within
-    httpIdleTimeoutSeconds: uvicorn starts its keep-alive timer only after a first response, so a
-    connection that never sends a request would be held forever."""
+    """uvicorn's h11 protocol, closing also a connection whose next request's headers do not arrive within
+    httpIdleTimeoutSeconds of its start or of the last response: uvicorn's keep-alive timer starts only
+    after a first response and stops at the first byte of the next request, so a connection that never
+    sends a request, or sends headers that never end, would be held forever."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.loop.call_later(self.timeout_keep_alive, self._no_request)
+        self._headers_deadline(None)
 
-    def _no_request(self) -> None:
-        if self.cycle is None:
+    def on_response_complete(self) -> None:
+        done = self.cycle  # before a pipelined request's cycle replaces it
+        super().on_response_complete()
+        self._headers_deadline(done)
+
+    def _headers_deadline(self, last: object) -> None:
+        self.loop.call_later(self.timeout_keep_alive, self._no_request, last)
+
+    def _no_request(self, last: object) -> None:
+        if self.cycle is last:  # no request began since the deadline was set
             self.timeout_keep_alive_handler()
 
 

@@ -102,15 +102,14 @@ class LedgerReader:
         """Rows in the ledger, markers included."""
         return sum(g.num_rows for g in self.row_groups)
 
-    def read_row_group(self, group: RowGroup, columns: list[str] | None = None) -> pa.Table:
-        """Read one row group (only ``columns``, if given): the only place that decodes ledger data (a hook
-        for tests and metrics).
+    def read_row_group(self, group: RowGroup) -> pa.Table:
+        """Read one row group: the only place that decodes ledger data (a hook for tests and metrics).
 
         :raises LedgerCorrupt: the file cannot be read.
         """
         try:
             with pq.ParquetFile(group.file, metadata=self._metadata[group.file_index]) as pf:
-                return pf.read_row_group(group.index, columns=columns, use_threads=False)
+                return pf.read_row_group(group.index, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise LedgerCorrupt(
                 f"row group {group.index} of ledger file {group.file} cannot be read: {exc}",
@@ -151,7 +150,7 @@ class LedgerReader:
                 break
             if not group.may_hold(partition, start):
                 continue
-            table = self.read_row_group(group, _columns(include_markers))
+            table = self.read_row_group(group)
             mask = pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start))
             if not include_markers:
                 mask = pc.and_(mask, _live(table))
@@ -185,7 +184,7 @@ class LedgerReader:
                 break
             if not group.may_hold(partition):
                 continue
-            table = self.read_row_group(group, _columns(False))
+            table = self.read_row_group(group)
             mask = pc.and_(pc.equal(table["partition"], partition), _live(table))
             live = table.filter(mask)
             if live.num_rows:
@@ -197,7 +196,7 @@ class LedgerReader:
         for group in self.row_groups:
             if group.num_rows == 0:
                 continue
-            table = self.read_row_group(group, _columns(include_markers))
+            table = self.read_row_group(group)
             if not include_markers:
                 table = table.filter(_live(table))
             yield from _entries(table)
@@ -321,16 +320,6 @@ def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
     if stats is None or not stats.has_min_max:
         return -_INF, _INF
     return stats.min, stats.max
-
-
-# What a read decodes: the columns of ``Entry`` (an entry read without markers carries none of the
-# event-time columns: ``Entry.from_row`` leaves them None).
-_ENTRY_COLUMNS = ["partition", "offset", "timestamp", "key", "value", "headers", "marker"]
-_MARKER_COLUMNS = [*_ENTRY_COLUMNS, "event_time", "marker_at"]
-
-
-def _columns(include_markers: bool) -> list[str]:
-    return _MARKER_COLUMNS if include_markers else _ENTRY_COLUMNS
 
 
 def _entries(table: pa.Table) -> list[Entry]:

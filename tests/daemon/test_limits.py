@@ -142,6 +142,24 @@ def test_a_connection_that_sends_no_request_is_closed(daemon: DaemonProcess) -> 
         assert partial.recv(1) == b""
 
 
+def test_a_second_request_whose_headers_never_end_is_closed(daemon: DaemonProcess) -> None:
+    """The idle timeout also bounds the headers of a kept-alive connection's next request (uvicorn's own
+    keep-alive timer stops at its first byte)."""
+    with raw_connection(daemon) as sock:
+        sock.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+        sock.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the next one's headers never end
+        assert sock.recv(1) == b""  # closed by the server (the socket's own timeout is 60 s)
+
+
 # -- no state for topics that do not exist -------------------------------------------------------------
 
 def topic_series(daemon: DaemonProcess) -> set[str]:
