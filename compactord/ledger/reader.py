@@ -330,7 +330,10 @@ def _entries(table: pa.Table) -> list[Entry]:
     def column(name: str) -> list[Any]:
         return table.column(name).to_pylist() if name in names else [None] * table.num_rows
 
-    headers = [() if hs is None else tuple((h["key"], h["value"]) for h in hs) for hs in column("headers")]
+    if "headers" not in names or not pc.sum(pc.list_value_length(table["headers"])).as_py():
+        headers: list[tuple[tuple[str, bytes | None], ...]] = [()] * table.num_rows  # the usual case: none
+    else:
+        headers = [() if hs is None else tuple((h["key"], h["value"]) for h in hs) for hs in column("headers")]
     return [
         Entry(partition=p, offset=o, key=k, value=v, timestamp=t, headers=h, event_time=e, marker=bool(m),
               marker_at=a)
