@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -17,7 +18,7 @@ from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
-from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable
+from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable, ServerBusy
 
 __all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
 
@@ -50,6 +51,22 @@ class _H11Protocol(H11Protocol):
     after a first response and stops at the first byte of the next request, so a connection that never
     sends a request, or sends headers that never end, would be held forever."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn answers past its limit_concurrency in plain text: the same bound, with the API's JSON error.
+        limit, self.limit_concurrency = self.limit_concurrency, None
+        if limit is not None:
+            app = self.app
+
+            async def bounded(scope: Any, receive: Any, send: Any) -> None:
+                # This request's own task is counted already, hence ">" where uvicorn has ">=".
+                if len(self.connections) > limit or len(self.tasks) > limit:
+                    await _too_many_connections(scope, receive, send, limit)
+                else:
+                    await app(scope, receive, send)
+
+            self.app = bounded
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._headers_deadline(None)
@@ -67,6 +84,16 @@ class _H11Protocol(H11Protocol):
             self.timeout_keep_alive_handler()
 
 
+async def _too_many_connections(scope: Any, receive: Any, send: Any, limit: int) -> None:
+    from compactord.api.views import error_response
+
+    response = error_response(ServerBusy(
+        f"the server holds {limit} connections already (2 x httpMaxConnections + {SPARE_CONNECTIONS}); retry later"))
+    response.headers["Connection"] = "close"
+    response.headers["Retry-After"] = "1"
+    await response(scope, receive, send)
+
+
 def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
     """The one uvicorn configuration of the API (``serve`` and ``ThreadedServer``)."""
     from compactord.api.app import create_app
@@ -75,8 +102,8 @@ def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(daemon), host=host, port=port, log_level="warning", access_log=False, lifespan="off",
         http=_H11Protocol,
-        # The API answers 503 server_busy (JSON) past httpMaxConnections requests in flight; uvicorn's own
-        # bound (a plain-text 503) counts connections, idle ones and the probes' too, so it is set above it.
+        # The API queues, then answers 503 server_busy, past httpMaxConnections requests in flight; this bound
+        # counts connections, idle ones and the probes' too, so it is set above it (answered in JSON too).
         limit_concurrency=2 * settings.http_max_connections + SPARE_CONNECTIONS,
         timeout_keep_alive=settings.http_idle_timeout_seconds,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -135,6 +135,21 @@ def test_slow_bodies_get_408_and_requests_past_the_bound_get_503(daemon: DaemonP
     assert daemon.http.get("/v1/tasks").status_code == 200  # both slots are free again
 
 
+def test_past_the_connection_bound_the_answer_is_the_json_error(daemon: DaemonProcess) -> None:
+    """uvicorn's own bound on connections (2 x httpMaxConnections + 50; idle ones count) answers the API's
+    JSON error, not uvicorn's plain text."""
+    bound = 2 * MAX_IN_FLIGHT + 50
+    with contextlib.ExitStack() as stack:
+        idle = [stack.enter_context(raw_connection(daemon)) for _ in range(bound)]
+        extra = stack.enter_context(raw_connection(daemon))
+        extra.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status_code, body = read_answer(extra)
+        assert status_code == 503, body
+        assert b'"error":"server_busy"' in body and b"connections" in body
+        assert len(idle) == bound
+    assert daemon.http.get("/v1/tasks").status_code == 200
+
+
 def test_a_connection_that_sends_no_request_is_closed(daemon: DaemonProcess) -> None:
     with raw_connection(daemon) as silent, raw_connection(daemon) as partial:
         partial.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never end
