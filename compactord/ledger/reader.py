@@ -185,10 +185,9 @@ class LedgerReader:
             if not group.may_hold(partition):
                 continue
             table = self.read_row_group(group)
-            mask = pc.and_(pc.equal(table["partition"], partition), _live(table))
-            live = table.filter(mask)
-            if live.num_rows:
-                return _entries(live.slice(live.num_rows - 1))[0]
+            live = pc.indices_nonzero(pc.and_(pc.equal(table["partition"], partition), _live(table)))
+            if len(live):  # only the last live row becomes an entry: no copy of the others
+                return _entries(table.slice(live[-1].as_py(), 1))[0]
         return None
 
     def entries(self, include_markers: bool = False) -> Iterator[Entry]:
