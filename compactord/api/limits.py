@@ -32,10 +32,10 @@ QUEUE_WAIT_S = 1.0
 # threads of the pool (40 by default), leaving the rest to ledger reads.
 BROKER_SLOTS = 16
 # Ledger pages read and rendered at once (each holds at most httpReadMaxBytes of entries and a thread of
-# the pool). More would not serve faster (the rendering holds the GIL) but would hold more memory, and
-# would make the event loop, which answers the probes, wait longer for the GIL. Others wait their turn,
-# off the pool, for up to ``READ_SLOT_WAIT_S``.
-READ_SLOTS = 6
+# the pool). More would not serve faster (turning rows into JSON holds the GIL) but would hold more
+# memory, and would make the event loop, which answers the probes, wait behind more threads for the GIL.
+# Others wait their turn, off the pool, for up to ``READ_SLOT_WAIT_S``.
+READ_SLOTS = 3
 READ_SLOT_WAIT_S = 30.0
 
 
