@@ -29,8 +29,9 @@ def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
     max_bytes = daemon.settings.http_read_max_bytes
     # The pages are rendered to JSON here, in the pool's thread that read them (a ``JSONResponse``, not a
-    # dict that FastAPI would validate and encode on the event loop, which answers the probes).
-    read_slot = [Depends(read_slots())]
+    # dict that FastAPI would validate and encode on the event loop, which answers the probes). The read
+    # slot is given back before the answer is sent (scope="function"): a slow client holds none.
+    read_slot = [Depends(read_slots(), scope="function")]
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
     def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
