@@ -151,7 +151,8 @@ class LedgerReader:
             if not group.may_hold(partition, start):
                 continue
             table = self.read_row_group(group)
-            mask = pc.and_(pc.equal(table["partition"], partition), pc.greater_equal(table["offset"], start))
+            mask = pc.and_(pc.equal(table["partition"], _int32(partition)),
+                           pc.greater_equal(table["offset"], _int64(start)))
             if not include_markers:
                 mask = pc.and_(mask, _live(table))
             rows = table.filter(mask).slice(0, n - len(found))
@@ -185,7 +186,7 @@ class LedgerReader:
             if not group.may_hold(partition):
                 continue
             table = self.read_row_group(group)
-            live = pc.indices_nonzero(pc.and_(pc.equal(table["partition"], partition), _live(table)))
+            live = pc.indices_nonzero(pc.and_(pc.equal(table["partition"], _int32(partition)), _live(table)))
             if len(live):  # only the last live row becomes an entry: no copy of the others
                 return _entries(table.slice(live[-1].as_py(), 1))[0]
         return None
@@ -346,7 +347,7 @@ def _entries(table: pa.Table) -> list[Entry]:
 def _raw_sizes(table: pa.Table) -> list[int]:
     """Per row, the bytes of its key, value and header keys and values (``Entry.raw_bytes``)."""
     def length(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-        return pc.fill_null(pc.binary_length(column), 0)
+        return pc.fill_null(pc.binary_length(column), _ZERO)
 
     sizes = pc.add(length(table["key"]), length(table["value"])).to_pylist()
     headers = table["headers"].combine_chunks()
@@ -361,9 +362,23 @@ def _raw_sizes(table: pa.Table) -> list[int]:
     return sizes
 
 
+# Arrow scalars, never Python values, go to pyarrow.compute: a Python value makes it try to import pandas
+# at each call (a failed import is not cached), ~0.13 ms a call where the compute itself takes ~0.01 ms.
+_ZERO = pa.scalar(0, pa.int32())
+_FALSE = pa.scalar(False)
+
+
+def _int32(value: int) -> pa.Scalar:
+    return pa.scalar(value, pa.int32())
+
+
+def _int64(value: int) -> pa.Scalar:
+    return pa.scalar(value, pa.int64())
+
+
 def _live(table: pa.Table) -> pa.ChunkedArray:
     # A null marker (Spark's columns are all nullable) counts as false, as in ``Entry.from_row``.
-    return pc.invert(pc.fill_null(table["marker"], False))
+    return pc.invert(pc.fill_null(table["marker"], _FALSE))
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
