@@ -5,7 +5,8 @@ the content type (``auth.py``), the bounds on requests (``limits.py``) and one r
 (``routers/``); ``views.py`` builds the JSON. Routes are plain ``def`` functions: FastAPI runs them in
 its thread pool, so a slow broker or a cancel that waits never blocks the event loop. The probes are
 ``async def`` on the event loop, out of that pool; the routes that call the broker take one of
-``BROKER_SLOTS`` first (``limits.broker_slots``).
+``BROKER_SLOTS`` first (``limits.broker_slots``), the ledger reads one of ``READ_SLOTS`` (``limits.read_slots``),
+and render their JSON in their own thread.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import anyio
 from compactord.api.views import error_response
 from compactord.errors import BrokerUnavailable, CompactordError, RequestTimeout, RequestTooLarge, ServerBusy
 
-__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "RequestLimitsMiddleware", "broker_slots"]
+__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "read_slots"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -26,18 +26,35 @@ ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 # Not counted against httpMaxConnections: a probe or a scrape must get its answer when the API is busy.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+# How long a request past httpMaxConnections waits for one in flight to end before it is refused.
+QUEUE_WAIT_S = 1.0
 # Requests that call the broker at once (GET /v1/topics, a trigger, ...): a hung broker holds this many
 # threads of the pool (40 by default), leaving the rest to ledger reads.
 BROKER_SLOTS = 16
+# Ledger pages read and rendered at once (each holds at most httpReadMaxBytes of entries and a thread of
+# the pool). More would not serve faster (turning rows into JSON holds the GIL) but would hold more
+# memory, and would make the event loop, which answers the probes, wait behind more threads for the GIL.
+# Others wait their turn, off the pool, for up to ``READ_SLOT_WAIT_S``.
+READ_SLOTS = 3
+READ_SLOT_WAIT_S = 30.0
 
 
 class RequestLimitsMiddleware:
+    """At most ``max_in_flight`` requests at once (probes apart); a request past it waits up to
+    ``QUEUE_WAIT_S`` for one to end, with at most ``max_in_flight`` others waiting, before it is
+    answered 503 server_busy: a burst a little over the bound is served, not refused."""
+
     def __init__(self, app: ASGIApp, *, max_in_flight: int, max_body_bytes: int, body_timeout_s: float) -> None:
         self.app = app
         self.max_in_flight = max_in_flight
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
-        self.in_flight = 0  # only touched on the event loop: no lock
+        self.waiting = 0  # only touched on the event loop: no lock
+        self._slots: anyio.Semaphore | None = None  # made on the event loop, at the first request
+
+    @property
+    def in_flight(self) -> int:
+        return 0 if self._slots is None else self.max_in_flight - self._slots.value
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,16 +63,34 @@ class RequestLimitsMiddleware:
         if scope["path"] in PROBE_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.max_in_flight:
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.max_in_flight)
+        if not await self._wait_for_slot(self._slots):
             await _refuse(scope, receive, send, ServerBusy(
                 f"the API serves httpMaxConnections={self.max_in_flight} requests at once already; retry later"),
                 retry_after=1)
             return
-        self.in_flight += 1
         try:
             await self._limited(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self._slots.release()
+
+    async def _wait_for_slot(self, slots: anyio.Semaphore) -> bool:
+        try:
+            slots.acquire_nowait()
+            return True
+        except anyio.WouldBlock:
+            pass
+        if self.waiting >= self.max_in_flight:
+            return False
+        self.waiting += 1
+        try:
+            with anyio.move_on_after(QUEUE_WAIT_S):
+                await slots.acquire()
+                return True
+            return False
+        finally:
+            self.waiting -= 1
 
     async def _limited(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         too_large = RequestTooLarge(
@@ -160,3 +195,28 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
             slots.release()
 
     return broker_slot
+
+
+def read_slots(size: int = READ_SLOTS, wait_s: float = READ_SLOT_WAIT_S) -> Callable[[], AsyncIterator[None]]:
+    """A FastAPI dependency for the ledger reads: at most ``size`` of them read and render at once; the
+    others wait on the event loop (holding no thread) in arrival order, and one that waits ``wait_s``
+    in vain is answered 503 server_busy. Their number is bounded by httpMaxConnections."""
+    slots: anyio.Semaphore | None = None  # made on the event loop, at the first request
+
+    async def read_slot() -> AsyncIterator[None]:
+        nonlocal slots
+        if slots is None:
+            slots = anyio.Semaphore(size)
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await slots.acquire()
+            acquired = True
+        if not acquired:
+            raise ServerBusy(f"{size} ledger reads are under way and others wait already; none began within "
+                             f"{wait_s:g}s; retry later")
+        try:
+            yield
+        finally:
+            slots.release()
+
+    return read_slot

@@ -7,7 +7,7 @@ addresses and exception texts, which go to the log (the caller may hold no token
 
 from __future__ import annotations
 
-import base64
+import binascii
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -315,6 +315,10 @@ def page_json(topic: str, manifest: LedgerManifest, entries: list[Entry], encodi
     }
 
 
+def _base64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
 def _encode(data: bytes | None, encoding: str) -> str | None:
     if data is None:
         return None
@@ -325,7 +329,7 @@ def _encode(data: bytes | None, encoding: str) -> str | None:
             raise InvalidArgument(
                 "an entry holds bytes that are not UTF-8; read it with encoding=base64 (the default)"
             ) from None
-    return base64.b64encode(data).decode("ascii")
+    return _base64(data)
 
 
 def entry_json(entry: Entry, encoding: str, markers: bool = False) -> dict[str, Any]:
@@ -336,11 +340,12 @@ def entry_json(entry: Entry, encoding: str, markers: bool = False) -> dict[str, 
         "value": _encode(entry.value, encoding),
         "timestamp": entry.timestamp,
         # A null header value stays null (Kafka allows it), an empty one is "".
-        "headers": [{"key": k, "value": None if v is None else base64.b64encode(v).decode("ascii")}
-                    for k, v in entry.headers],
+        "headers": [{"key": k, "value": None if v is None else _base64(v)} for k, v in entry.headers]
+        if entry.headers else [],
     }
     if markers:  # what the compacted reader needs to apply the event-time strategy
-        data.update(event_time=entry.event_time, marker=entry.marker)
+        data["event_time"] = entry.event_time
+        data["marker"] = entry.marker
     return data
 
 

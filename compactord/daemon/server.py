@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -17,7 +18,7 @@ from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
-from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable
+from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable, ServerBusy
 
 __all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
 
@@ -40,22 +41,61 @@ def refuse_start(exc: CompactordError) -> int:
 # In-flight requests get the time to finish after SIGTERM, well within systemd's TimeoutStopSec=120
 # (deploy/systemd/compactord.service), which must also cover the cancel of tasks and Spark's stop.
 GRACEFUL_SHUTDOWN_S = 10
+# How long a thread holds the GIL while others wait for it (Python's default: 5 ms). The event loop that
+# answers the probes waits behind every busy thread (ledger reads, the driver's), once per event: 1 ms
+# keeps /healthz fast under load, for little switching cost.
+GIL_SWITCH_INTERVAL_S = 0.001
 # Connections beyond twice httpMaxConnections: room for probes, scrapers and idle kept-alive clients.
 SPARE_CONNECTIONS = 50
 
 
 class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, closing also a connection that sends no (complete) first request within
-    httpIdleTimeoutSeconds: uvicorn starts its keep-alive timer only after a first response, so a
-    connection that never sends a request would be held forever."""
+    """uvicorn's h11 protocol, closing also a connection whose next request's headers do not arrive within
+    httpIdleTimeoutSeconds of its start or of the last response: uvicorn's keep-alive timer starts only
+    after a first response and stops at the first byte of the next request, so a connection that never
+    sends a request, or sends headers that never end, would be held forever."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn answers past its limit_concurrency in plain text: the same bound, with the API's JSON error.
+        limit, self.limit_concurrency = self.limit_concurrency, None
+        if limit is not None:
+            app = self.app
+
+            async def bounded(scope: Any, receive: Any, send: Any) -> None:
+                # This request's own task is counted already, hence ">" where uvicorn has ">=".
+                if len(self.connections) > limit or len(self.tasks) > limit:
+                    await _too_many_connections(scope, receive, send, limit)
+                else:
+                    await app(scope, receive, send)
+
+            self.app = bounded
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.loop.call_later(self.timeout_keep_alive, self._no_request)
+        self._headers_deadline(None)
 
-    def _no_request(self) -> None:
-        if self.cycle is None:
+    def on_response_complete(self) -> None:
+        done = self.cycle  # before a pipelined request's cycle replaces it
+        super().on_response_complete()
+        self._headers_deadline(done)
+
+    def _headers_deadline(self, last: object) -> None:
+        self.loop.call_later(self.timeout_keep_alive, self._no_request, last)
+
+    def _no_request(self, last: object) -> None:
+        if self.cycle is last:  # no request began since the deadline was set
             self.timeout_keep_alive_handler()
+
+
+async def _too_many_connections(scope: Any, receive: Any, send: Any, limit: int) -> None:
+    from compactord.api.views import error_response
+
+    response = error_response(ServerBusy(
+        f"the server holds {limit} connections already (2 x httpMaxConnections + {SPARE_CONNECTIONS}); retry later"))
+    response.headers["Connection"] = "close"
+    response.headers["Retry-After"] = "1"
+    await response(scope, receive, send)
 
 
 def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
@@ -66,8 +106,8 @@ def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(daemon), host=host, port=port, log_level="warning", access_log=False, lifespan="off",
         http=_H11Protocol,
-        # The API answers 503 server_busy (JSON) past httpMaxConnections requests in flight; uvicorn's own
-        # bound (a plain-text 503) counts connections, idle ones and the probes' too, so it is set above it.
+        # The API queues, then answers 503 server_busy, past httpMaxConnections requests in flight; this bound
+        # counts connections, idle ones and the probes' too, so it is set above it (answered in JSON too).
         limit_concurrency=2 * settings.http_max_connections + SPARE_CONNECTIONS,
         timeout_keep_alive=settings.http_idle_timeout_seconds,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -104,6 +144,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so
         # that the orderly shutdown below runs and the exit code is 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         daemon.start()
         scheme = "https" if settings.http_tls_cert_file else "http"
         log.info("compactord API on %s://%s:%d (ledgers in %s)", scheme, settings.http_bind_address,

@@ -37,8 +37,10 @@ __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run
            "shuffle_partitions_for"]
 
 _COLUMNS = [f.name for f in RECORD_SCHEMA]
-# Row groups of ~64k rows keep the read API's pruning fine-grained on large ledgers.
+# Small row groups keep the read API's pruning fine-grained: a page of 1,000 entries decodes one or two
+# groups of at most _ROW_GROUP_ROWS rows (values that compress well make the byte bound reach far more).
 _ROW_GROUP_BYTES = 8 * 1024 * 1024
+_ROW_GROUP_ROWS = 8192
 # Rows per shuffle partition when the width is sized from the job's rows (~64 MiB of 130-byte records,
 # AQE's advisory partition size), and at least ~100k rows per partition to spread a job over the cores.
 ROWS_PER_SHUFFLE_PARTITION = 500_000
@@ -338,5 +340,6 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
         .write.mode("errorifexists")
         .option("compression", "snappy")
         .option("parquet.block.size", _ROW_GROUP_BYTES)
+        .option("parquet.block.row.count.limit", _ROW_GROUP_ROWS)
         .parquet(spec.output_path)
     )

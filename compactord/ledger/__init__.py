@@ -1,7 +1,8 @@
 """The ledger store: compacted ledgers as Parquet files under one root, and reads of them with pyarrow.
 
 ``store.LedgerStore`` owns the root (its lock, ids, manifests, the ``CURRENT`` pointer, orphans,
-durable topic deletion); ``quarantine`` moves aside ledgers found without their ``CURRENT``;
+durable topic deletion), with ``manifests`` (sealing, loading, verifying a ledger's manifest) and
+``removal`` (deletion, orphans); ``quarantine`` moves aside ledgers found without their ``CURRENT``;
 ``reader.LedgerReader`` reads one verified ledger; ``reader.LedgerHandle`` counts its readers so that
 a switch never deletes files from under a read.
 """

@@ -13,24 +13,19 @@ Layout::
     <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()
 
 ``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
-This module is the boundary where file-system errors become ``CompactordError`` subclasses.
+This module is the boundary where file-system errors become ``CompactordError`` subclasses; sealing,
+loading and verifying a ledger's manifest are in ``manifests.py``, deletion and orphans in ``removal.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from compactord.errors import (
     CompactordError,
@@ -39,13 +34,12 @@ from compactord.errors import (
     LedgerCorrupt,
     LedgerRootUnwritable,
 )
+from compactord.ledger import manifests, removal
 from compactord.ledger.files import (
-    _DISK_FULL,
     _LEDGER_RE,
     _TMP,
     CURRENT,
     MANIFEST,
-    _check_file,
     _disk_errors,
     _fsync,
     _names,
@@ -56,14 +50,14 @@ from compactord.ledger.files import (
 )
 from compactord.ledger.lock import RootLock
 from compactord.ledger.quarantine import lost_pointer, quarantine
-from compactord.model import RECORD_SCHEMA, LedgerManifest, validate_topic_name
+from compactord.ledger.removal import DELETING
+from compactord.model import LedgerManifest, validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
 
 log = logging.getLogger(__name__)
 
 DAEMON_DIR = "@compactord"
-DELETING = "DELETING"
 _LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
 _WRITE_PROBE = "write-probe"
 
@@ -263,49 +257,7 @@ class LedgerStore:
                 f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
                 f"ledger {ledger_id} of topic {topic!r}; they must match"
             )
-        with _disk_errors(f"finalizing ledger {ledger_id} of topic {topic!r}"):
-            path.mkdir(parents=True, exist_ok=True)
-            for child in path.iterdir():
-                if child.name == "_SUCCESS" or child.name.endswith(".crc"):
-                    child.unlink()
-            parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
-            if not parts:
-                # A ledger always has a file, so that readers and verify need no special case.
-                parts = [path / "part-00000-empty.parquet"]
-                pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
-            files = [self._describe_part(f"ledger {ledger_id} of topic {topic!r}", part) for part in parts]
-            manifest.markers = sum(f.pop("markers") for f in files)
-            manifest.files = files
-            manifest.bytes = sum(f["bytes"] for f in files)
-            manifest.records_kept = sum(f["rows"] for f in files) - manifest.markers
-            oldest = [f.pop("oldest_marker_at") for f in files]
-            manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
-            manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
-            _write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
-            _fsync(path.parent)
-        return manifest
-
-    @staticmethod
-    def _describe_part(where: str, part: Path) -> dict[str, Any]:
-        try:
-            pf = pq.ParquetFile(part)
-            missing = set(RECORD_SCHEMA.names) - set(pf.schema_arrow.names)
-            rows = pf.metadata.num_rows
-            # Only the one-bit column is decoded: cheap even for millions of rows.
-            flags = pf.read(columns=["marker", "marker_at"]) if rows else None
-            markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
-            oldest = pc.min(flags.column("marker_at")).as_py() if flags is not None and markers else None
-        except (pa.ArrowException, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-                raise
-            raise LedgerCorrupt(f"{where}: file {part.name} is not readable Parquet: {exc}") from exc
-        if missing:
-            raise LedgerCorrupt(f"{where}: file {part.name} lacks the record columns {sorted(missing)}")
-        crc = file_crc32c(part)
-        _fsync(part)
-        size = part.stat().st_size
-        return {"name": part.name, "bytes": size, "crc32c": crc, "rows": rows, "markers": markers,
-                "oldest_marker_at": oldest}
+        return manifests.finalize(path, manifest)
 
     def switch(self, topic: str, ledger_id: int) -> None:
         """Point ``CURRENT`` at a finalized ledger; a crash leaves the old or the new pointer, never a mix.
@@ -329,39 +281,14 @@ class LedgerStore:
 
         :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
         """
-        path = self.ledger_path(topic, ledger_id) / MANIFEST
-        try:
-            manifest = LedgerManifest.from_json(json.loads(path.read_bytes()))
-        except FileNotFoundError as exc:
-            raise LedgerCorrupt(f"manifest {path} of topic {topic!r} is missing", topic=topic) from exc
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise LedgerCorrupt(
-                f"manifest {path} of topic {topic!r} is unparseable: {exc!r}", topic=topic
-            ) from exc
-        if manifest.topic != topic or manifest.ledger_id != ledger_id:
-            raise LedgerCorrupt(
-                f"manifest {path} names topic {manifest.topic!r} ledger {manifest.ledger_id}; "
-                f"expected topic {topic!r} ledger {ledger_id}",
-                topic=topic,
-            )
-        return manifest
+        return manifests.load_manifest(self.ledger_path(topic, ledger_id), topic, ledger_id)
 
     def verify(self, topic: str, ledger_id: int) -> LedgerManifest:
         """Load the manifest and check every listed file's size and CRC-32C.
 
         :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
         """
-        manifest = self.load_manifest(topic, ledger_id)
-        path = self.ledger_path(topic, ledger_id)
-        where = f"ledger {ledger_id} of topic {topic!r} is corrupt"
-        if not manifest.files:
-            raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
-        for entry in manifest.files:
-            problem = _check_file(path, entry)
-            if problem is not None:
-                name = entry.get("name")
-                raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)
-        return manifest
+        return manifests.verify(self.ledger_path(topic, ledger_id), topic, ledger_id)
 
     def check_free_space(self, needed_bytes: int) -> None:
         """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
@@ -417,20 +344,7 @@ class LedgerStore:
         False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
         deletion goes on without it (logged), rather than being refused.
         """
-        topic_dir = self.topic_dir(topic)
-        try:
-            with _disk_errors(f"marking topic {topic!r} for deletion"):
-                if not topic_dir.is_dir():
-                    topic_dir.mkdir(parents=True, exist_ok=True)
-                    _fsync(self.root)
-                _write_atomic(topic_dir / DELETING, b"deletion asked; completed at the next start if interrupted\n")
-        except InsufficientDiskSpace as exc:
-            with contextlib.suppress(FileNotFoundError):
-                (topic_dir / (DELETING + _TMP)).unlink()
-            log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
-                        "files): %s", topic, exc)
-            return False
-        return True
+        return removal.mark_deleting(self.root, self.topic_dir(topic), topic)
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
@@ -445,14 +359,7 @@ class LedgerStore:
 
         The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
         """
-        topic_dir = self.topic_dir(topic)
-        for name in _names(topic_dir):
-            if name != DELETING:
-                _remove(topic_dir / name)
-        _remove(topic_dir / DELETING)
-        with contextlib.suppress(FileNotFoundError):
-            topic_dir.rmdir()
-            _fsync(self.root)
+        removal.delete_topic(self.root, self.topic_dir(topic))
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
@@ -466,19 +373,7 @@ class LedgerStore:
 
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
-        topic_dir = self.topic_dir(topic)
-        current = self.current_ledger_id(topic)
-        keep = ledger_dir_name(current) if current is not None else None
-        doomed = [topic_dir / n for n in _names(topic_dir) if n.endswith(_TMP) or n.startswith("ledger-")]
-        doomed = [p for p in doomed if p.name != keep]
-        if keep is None:
-            doomed = [p for p in doomed if not (p / MANIFEST).is_file()]
-        if keep is not None:
-            doomed += [topic_dir / keep / n for n in _names(topic_dir / keep) if n.endswith(_TMP)]
-        for path in sorted(doomed):
-            log.warning("removing orphan %s of topic %r (current: %s)", path, topic, keep)
-            _remove(path)
-        return sorted(doomed)
+        return removal.remove_orphans(self.topic_dir(topic), topic, self.current_ledger_id(topic))
 
     def _is_current(self, topic: str, path: Path) -> bool:
         current = self.current_ledger_id(topic)

@@ -135,11 +135,44 @@ def test_slow_bodies_get_408_and_requests_past_the_bound_get_503(daemon: DaemonP
     assert daemon.http.get("/v1/tasks").status_code == 200  # both slots are free again
 
 
+def test_past_the_connection_bound_the_answer_is_the_json_error(daemon: DaemonProcess) -> None:
+    """uvicorn's own bound on connections (2 x httpMaxConnections + 50; idle ones count) answers the API's
+    JSON error, not uvicorn's plain text."""
+    bound = 2 * MAX_IN_FLIGHT + 50
+    with contextlib.ExitStack() as stack:
+        idle = [stack.enter_context(raw_connection(daemon)) for _ in range(bound)]
+        extra = stack.enter_context(raw_connection(daemon))
+        extra.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status_code, body = read_answer(extra)
+        assert status_code == 503, body
+        assert b'"error":"server_busy"' in body and b"connections" in body
+        assert len(idle) == bound
+    assert daemon.http.get("/v1/tasks").status_code == 200
+
+
 def test_a_connection_that_sends_no_request_is_closed(daemon: DaemonProcess) -> None:
     with raw_connection(daemon) as silent, raw_connection(daemon) as partial:
         partial.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never end
         assert silent.recv(1) == b""  # closed by the server (the socket's own timeout is 60 s)
         assert partial.recv(1) == b""
+
+
+def test_a_second_request_whose_headers_never_end_is_closed(daemon: DaemonProcess) -> None:
+    """The idle timeout also bounds the headers of a kept-alive connection's next request (uvicorn's own
+    keep-alive timer stops at its first byte)."""
+    with raw_connection(daemon) as sock:
+        sock.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+        sock.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the next one's headers never end
+        assert sock.recv(1) == b""  # closed by the server (the socket's own timeout is 60 s)
 
 
 # -- no state for topics that do not exist -------------------------------------------------------------

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
 
+from compactord.api.limits import read_slots
 from compactord.api.views import entry_json, horizon_json, page_json
 from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted, TopicRecreated
 from compactord.model import LedgerManifest, Position
@@ -27,6 +29,10 @@ _PIN = Query(None, ge=0, le=2**63 - 1, description="read this ledger (410 ledger
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
     max_bytes = daemon.settings.http_read_max_bytes
+    # The pages are rendered to JSON here, in the pool's thread that read them (a ``JSONResponse``, not a
+    # dict that FastAPI would validate and encode on the event loop, which answers the probes). The read
+    # slot is given back before the answer is sent (scope="function"): a slow client holds none.
+    read_slot = [Depends(read_slots(), scope="function")]
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
     def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
@@ -38,7 +44,7 @@ def router(daemon: Daemon) -> APIRouter:
         _check_log(daemon, topic, manifest)
         return horizon_json(topic, manifest)
 
-    @api.get("/v1/topics/{topic}/compacted", tags=["ledger"])
+    @api.get("/v1/topics/{topic}/compacted", tags=["ledger"], dependencies=read_slot)
     def compacted(
         topic: str,
         partition: int = Query(..., ge=0, le=2**31 - 1),
@@ -47,7 +53,7 @@ def router(daemon: Daemon) -> APIRouter:
         encoding: Encoding = Query("base64"),
         include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
         ledger_id: int | None = _PIN,
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """Live entries of one partition with offset >= start, in order, from the current ledger (or the
         pinned one). Entries below the partition's log start (retention) are not readable. A page holds
         at most ``limit`` entries and httpReadMaxBytes of keys, values and headers (at least one entry);
@@ -61,12 +67,12 @@ def router(daemon: Daemon) -> APIRouter:
         _check_log(daemon, topic, manifest)
         more = (len(entries) == limit or page.truncated) and bool(entries) \
             and entries[-1].offset < manifest.horizon[partition]
-        return page_json(topic, manifest, entries, encoding, include_markers,
-                         next_start=entries[-1].offset + 1 if more else None)
+        return JSONResponse(page_json(topic, manifest, entries, encoding, include_markers,
+                                      next_start=entries[-1].offset + 1 if more else None))
 
-    @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"])
+    @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"], dependencies=read_slot)
     def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
-                       encoding: Encoding = Query("base64"), ledger_id: int | None = _PIN) -> dict[str, Any]:
+                       encoding: Encoding = Query("base64"), ledger_id: int | None = _PIN) -> JSONResponse:
         """The last live entry of a partition (404 for an empty partition, or one whose entries all
         lie below its log start)."""
         page = _service_of(daemon, topic, partition, ledger_id).read_last_compacted_page(partition, ledger_id)
@@ -75,7 +81,7 @@ def router(daemon: Daemon) -> APIRouter:
         log_start = daemon.monitor.log_starts(topic).get(partition, 0)
         if not page.entries or page.entries[0].offset < log_start:
             raise EntryNotFound(f"partition {partition} of topic {topic!r} has no compacted entry")
-        return entry_json(page.entries[0], encoding)
+        return JSONResponse(entry_json(page.entries[0], encoding))
 
     return api
 

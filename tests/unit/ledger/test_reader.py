@@ -165,6 +165,18 @@ def test_entries_are_built_like_entry_from_row(reader: LedgerReader) -> None:
     assert reader.read(0, 1, 1)[0].headers == ()
 
 
+def test_every_column_reaches_the_entry_like_entry_from_row(store: LedgerStore) -> None:
+    """Entries are converted column by column: each field, null or not, as ``Entry.from_row`` gives it."""
+    rows = [{**row(0, o, marker=o % 4 == 3), "event_time": None if o % 5 == 0 else 7000 + o,
+             "timestamp": None if o % 6 == 0 else 1000 + o, "key": None if o % 7 == 0 else b"k%d" % o,
+             "headers": [[], None, [{"key": "a", "value": None}, {"key": "b", "value": b""}]][o % 3]}
+            for o in range(40)]
+    mixed = build(store, "columns", rows, files=2, row_group_size=6)
+    assert list(mixed.entries(include_markers=True)) == [Entry.from_row(r) for r in rows]
+    assert mixed.read(0, 9, 5) == [Entry.from_row(r) for r in rows if r["offset"] >= 9 and not r["marker"]][:5]
+    assert mixed.last(0) == Entry.from_row(rows[38])
+
+
 @pytest.mark.parametrize(
     ("partition", "offset"), [(0, 299), (1, 1548), (2, None), (3, None), (4, 7), (5, None)]
 )

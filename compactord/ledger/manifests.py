@@ -1,0 +1,120 @@
+"""A ledger's ``manifest.json``: sealing a ledger Spark has written (checksums, counts, the manifest),
+loading the manifest, and verifying the files it lists. ``LedgerStore`` calls these with the ledger's
+directory; they are the boundary where a bad file becomes ``LedgerCorrupt``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactord.errors import LedgerCorrupt
+from compactord.ledger.files import (
+    _DISK_FULL,
+    MANIFEST,
+    _check_file,
+    _disk_errors,
+    _fsync,
+    _write_atomic,
+    file_crc32c,
+)
+from compactord.model import RECORD_SCHEMA, LedgerManifest
+
+__all__ = ["finalize", "load_manifest", "verify"]
+
+
+def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
+    """Seal the ledger in ``path`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is filled in place.
+
+    :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
+    :raises InsufficientDiskSpace: the disk is full.
+    """
+    where = f"ledger {manifest.ledger_id} of topic {manifest.topic!r}"
+    with _disk_errors(f"finalizing {where}"):
+        path.mkdir(parents=True, exist_ok=True)
+        for child in path.iterdir():
+            if child.name == "_SUCCESS" or child.name.endswith(".crc"):
+                child.unlink()
+        parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
+        if not parts:
+            # A ledger always has a file, so that readers and verify need no special case.
+            parts = [path / "part-00000-empty.parquet"]
+            pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
+        files = [_describe_part(where, part) for part in parts]
+        manifest.markers = sum(f.pop("markers") for f in files)
+        manifest.files = files
+        manifest.bytes = sum(f["bytes"] for f in files)
+        manifest.records_kept = sum(f["rows"] for f in files) - manifest.markers
+        oldest = [f.pop("oldest_marker_at") for f in files]
+        manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
+        manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
+        _write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
+        _fsync(path.parent)
+    return manifest
+
+
+def _describe_part(where: str, part: Path) -> dict[str, Any]:
+    try:
+        pf = pq.ParquetFile(part)
+        missing = set(RECORD_SCHEMA.names) - set(pf.schema_arrow.names)
+        rows = pf.metadata.num_rows
+        # Only the one-bit column is decoded: cheap even for millions of rows.
+        flags = pf.read(columns=["marker", "marker_at"]) if rows else None
+        markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
+        oldest = pc.min(flags.column("marker_at")).as_py() if flags is not None and markers else None
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            raise
+        raise LedgerCorrupt(f"{where}: file {part.name} is not readable Parquet: {exc}") from exc
+    if missing:
+        raise LedgerCorrupt(f"{where}: file {part.name} lacks the record columns {sorted(missing)}")
+    crc = file_crc32c(part)
+    _fsync(part)
+    size = part.stat().st_size
+    return {"name": part.name, "bytes": size, "crc32c": crc, "rows": rows, "markers": markers,
+            "oldest_marker_at": oldest}
+
+
+def load_manifest(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
+    """The manifest of the ledger in ``path``.
+
+    :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
+    """
+    file = path / MANIFEST
+    try:
+        manifest = LedgerManifest.from_json(json.loads(file.read_bytes()))
+    except FileNotFoundError as exc:
+        raise LedgerCorrupt(f"manifest {file} of topic {topic!r} is missing", topic=topic) from exc
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LedgerCorrupt(
+            f"manifest {file} of topic {topic!r} is unparseable: {exc!r}", topic=topic
+        ) from exc
+    if manifest.topic != topic or manifest.ledger_id != ledger_id:
+        raise LedgerCorrupt(
+            f"manifest {file} names topic {manifest.topic!r} ledger {manifest.ledger_id}; "
+            f"expected topic {topic!r} ledger {ledger_id}",
+            topic=topic,
+        )
+    return manifest
+
+
+def verify(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
+    """Load the manifest and check every listed file's size and CRC-32C.
+
+    :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
+    """
+    manifest = load_manifest(path, topic, ledger_id)
+    where = f"ledger {ledger_id} of topic {topic!r} is corrupt"
+    if not manifest.files:
+        raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
+    for entry in manifest.files:
+        problem = _check_file(path, entry)
+        if problem is not None:
+            name = entry.get("name")
+            raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)
+    return manifest
