@@ -262,7 +262,7 @@ class BacklogMonitor:
         last_before = self._registry.last(topic)
         running_before = self._registry.live(topic) is not None
         known = self.refresh(topic)
-        backlog = self.measure(topic)
+        backlog = self.measure(topic, known.offsets)
         self.record_backlog(backlog)
         stale = running_before or self._registry.last(topic) is not last_before
         if stale or self._registry.live(topic) is not None or self._in_backoff(topic, failures):
@@ -315,8 +315,9 @@ class BacklogMonitor:
         delay = min(self._settings.monitor_interval_seconds * 2 ** (failures - 1), MAX_BACKOFF_S)
         return time.time() < last.finished_at + delay
 
-    def measure(self, topic: str) -> Backlog:
-        """The topic's backlog since its horizon (the whole topic if it was never compacted)."""
+    def measure(self, topic: str, offsets: dict[int, PartitionOffsets] | None = None) -> Backlog:
+        """The topic's backlog since its horizon (the whole topic if it was never compacted); ``offsets``:
+        the broker's answer already in hand (else it is asked)."""
         service = self._registry.service(topic)
         try:
             manifest = service.ledger_info()
@@ -326,7 +327,7 @@ class BacklogMonitor:
         corrupt = corrupt or service.corrupt_ledger() is not None
         self._metrics.ledger_corrupt.labels(topic).set(1 if corrupt else 0)
         horizon = manifest.horizon if manifest is not None else {}
-        offsets = self._broker.offsets(topic)
+        offsets = self._broker.offsets(topic) if offsets is None else offsets
         starts = {p: max(horizon.get(p, -1) + 1, o.log_start) for p, o in offsets.items()}
         records = sum(max(0, o.end - starts[p]) for p, o in offsets.items())
         ledger_records = manifest.records_kept + manifest.markers if manifest is not None else 0
