@@ -176,6 +176,8 @@ def run_status(run: RunRecord) -> dict[str, Any]:
         "progress": {"records_read": run.records_read, "records_total": run.records_read},
         "full_rebuild": run.full_rebuild,
         "recreated": run.recreated,
+        "read_throttle": None,
+        "kind": "compaction",
         "warnings": [],
     }
 
@@ -186,11 +188,12 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     last = daemon.registry.last(topic)
     if last is not None:
         return task_status(last)
+    service = daemon.registry.existing_service(topic)
+    # Read first: a ledger that cannot be read (LedgerCorrupt) is the topic's status, whatever its history.
+    manifest = None if service is None else service.ledger_info()
     run = daemon.history.last(topic)
     if run is not None:
         return run_status(run)
-    service = daemon.registry.existing_service(topic)
-    manifest = None if service is None else service.ledger_info()
     none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
             "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
             "read_throttle": None, "kind": None, "warnings": []}
