@@ -51,9 +51,11 @@ _DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
 # Spark's loggers of the tasks of a job: a cancelled job's tasks die with an error each (the Python worker's
 # pipe closed under it), which they log with a stack trace as if it were a crash. The job's end reaches
 # compactord as an exception, which it logs once, with the task id: a cancel as one INFO line, a real
-# failure as one ERROR line with its cause (``_cause``).
+# failure as one ERROR line with its cause (``_cause``). The ledger writer's "Aborting job" carries the
+# same exception with its stack trace (a cancel during the write: final reads write as they read).
 QUIET_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
-                 "org.apache.spark.scheduler.TaskSchedulerImpl", "org.apache.spark.api.python.PythonRunner")
+                 "org.apache.spark.scheduler.TaskSchedulerImpl", "org.apache.spark.api.python.PythonRunner",
+                 "org.apache.spark.sql.execution.datasources.FileFormatWriter")
 
 
 def _quiet_task_loggers(spark: Any) -> None:
