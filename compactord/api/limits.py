@@ -182,11 +182,7 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
             raise BrokerUnavailable(problem)
         if slots is None:
             slots = anyio.Semaphore(size)
-        acquired = False
-        with anyio.move_on_after(wait_s):
-            await slots.acquire()
-            acquired = True
-        if not acquired:
+        if not await _acquire_within(slots, wait_s):
             raise BrokerUnavailable(
                 f"{size} requests to the broker are under way already and none ended within {wait_s:g}s")
         try:
@@ -195,6 +191,14 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
             slots.release()
 
     return broker_slot
+
+
+async def _acquire_within(slots: anyio.Semaphore, wait_s: float) -> bool:
+    """Take a slot of ``slots``, waiting at most ``wait_s``; False if none came free in time."""
+    with anyio.move_on_after(wait_s):
+        await slots.acquire()
+        return True
+    return False
 
 
 def read_slots(size: int = READ_SLOTS, wait_s: float = READ_SLOT_WAIT_S) -> Callable[[], AsyncIterator[None]]:
@@ -207,11 +211,7 @@ def read_slots(size: int = READ_SLOTS, wait_s: float = READ_SLOT_WAIT_S) -> Call
         nonlocal slots
         if slots is None:
             slots = anyio.Semaphore(size)
-        acquired = False
-        with anyio.move_on_after(wait_s):
-            await slots.acquire()
-            acquired = True
-        if not acquired:
+        if not await _acquire_within(slots, wait_s):
             raise ServerBusy(f"{size} ledger reads are under way and others wait already; none began within "
                              f"{wait_s:g}s; retry later")
         try:
