@@ -20,7 +20,7 @@ def settings(**props: str) -> Settings:
 
 
 def test_the_reader_client_key_defaults_to_auto_and_refuses_other_values() -> None:
-    assert settings().compaction_reader_client == "kafka-python"
+    assert settings().compaction_reader_client == "auto"
     assert settings(compactionReaderClient="kafka-python").compaction_reader_client == "kafka-python"
     with pytest.raises(ConfigError, match="compactionReaderClient.*auto, librdkafka, kafka-python"):
         settings(compactionReaderClient="java")
