@@ -166,7 +166,7 @@ def _floor_range(args: tuple[str, dict[str, Any], str, int, int, int, int]) -> i
         n = 0
         position = start
         while position < end:
-            for r in cons.poll(timeout_ms=500, max_records=batch_records).get(tp, ()):
+            for r in cons.poll(timeout_ms=500, max_records=max(1, min(batch_records, end - position))).get(tp, ()):
                 if r.offset >= end:
                     break
                 n += 1
@@ -189,7 +189,7 @@ def _floor_range_librdkafka(client: dict[str, Any], topic: str, partition: int, 
         n = 0
         position = start
         while position < end:
-            for m in cons.consume(num_messages=batch_records, timeout=0.5):
+            for m in cons.consume(num_messages=max(1, min(batch_records, end - position)), timeout=0.5):
                 if m.error() is not None:
                     raise RuntimeError(f"the librdkafka floor read failed: {m.error()}")
                 if m.offset() >= end:
@@ -362,21 +362,20 @@ def _fmt(xs: list[float]) -> str:
 
 def throttled_run(service: Any, factory: Any, cap: int) -> tuple[float, float, int]:
     """One full compaction at ``cap`` bytes/s: (read rate, reading seconds, bytes read). The reading
-    ends at the last change of the task's bytes read (sampled every 0.05 s)."""
+    runs from the first reading task's start to the moment the last one read its last record (both
+    reported by the tasks themselves)."""
     factory.set_topic_limits(TOPIC, max_read_bytes_per_second=cap)
     try:
         task = service.compact(rebuild=True)
-        seen, changed_at = 0, time.time()
         while not task.done:
-            if task.progress.bytes_read != seen:
-                seen, changed_at = task.progress.bytes_read, time.time()
             time.sleep(0.05)
         if task.state.value != "Succeed":
             raise RuntimeError(f"the throttled compaction ended {task.state.value}: {task.error}")
         task.worker_done.wait(60)
-        if task.progress.bytes_read != seen:
-            changed_at = task.finished_at or time.time()
-        seconds = changed_at - (task.progress.read_started_at or task.started_at or changed_at)
+        started, ended = task.progress.read_started_at, task.progress.read_ended_at
+        if started is None or ended is None:
+            raise RuntimeError("the throttled compaction's readers reported no reading time")
+        seconds = ended - started
         return task.stats.bytes_read / max(seconds, 1e-3), seconds, task.stats.bytes_read
     finally:
         factory.set_topic_limits(TOPIC)

@@ -141,7 +141,7 @@ class Settings:
         "compaction", "Days a run stays in its topic's run history.")
     compaction_reader_client: str = _key("compactionReaderClient", choice("auto", "librdkafka", "kafka-python"),
         "auto", "compaction", "The Kafka client that reads the topic inside Spark: librdkafka (confluent-kafka, "
-        "C: a topic read 1.7x faster here), kafka-python, or auto (librdkafka when confluent-kafka is "
+        "C: a topic read 6x faster here), kafka-python, or auto (librdkafka when confluent-kafka is "
         "installed, otherwise kafka-python). The driver's own broker calls always use kafka-python.")
     # Spark
     spark_master: str = _key("sparkMaster", text, "local[*]", "spark",

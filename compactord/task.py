@@ -141,6 +141,7 @@ class Progress:
     max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
     read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
     read_started_at: float | None = None  # when the first reading task started
+    read_ended_at: float | None = None  # when the last reading task that ended read its last record
     throttled_seconds: float = 0.0  # the reading tasks' waits for the budget, summed
 
     def timeout_allowance(self, limit: float) -> float:

@@ -140,7 +140,8 @@ def _read_throttle(ctx: CompactionTaskCtx) -> dict[str, Any] | None:
     if progress.max_read_bytes_per_second <= 0:
         return None
     start = progress.read_started_at or ctx.started_at or ctx.created_at
-    elapsed = max(1e-3, (ctx.finished_at or time.time()) - start)
+    end = progress.read_ended_at if ctx.done and progress.read_ended_at else ctx.finished_at or time.time()
+    elapsed = max(1e-3, end - start)
     tasks = progress.read_tasks
     return {
         "max_bytes_per_second": progress.max_read_bytes_per_second,

@@ -46,6 +46,9 @@ __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "rang
 
 FORMAT = "compactord_kafka"
 CANCEL_FILE = "CANCEL"
+# A throttled job's current share per reading task (bytes per second, text), written by the driver when
+# reading tasks end (``throttle.running_share``); the tasks read it with their cancel checks.
+RATE_FILE = "RATE"
 # Rows reduced together. Bounds a reader's memory (a window of tuples) while still cutting a topic
 # with few hot keys down to a small fraction of its rows.
 REDUCE_WINDOW = 200_000
@@ -165,7 +168,9 @@ class RangeReadTask:
         self._last_progress = 0.0
         self.rate = float(spec.get("read_bytes_per_second", 0))  # this task's share of the read budget
         self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
+        self._rate_seen: int | None = None  # the RATE file's mtime last read
         self.started_at = time.time()
+        self.read_ended_at: float | None = None  # when the last record of the range was read
 
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
@@ -198,7 +203,7 @@ class RangeReadTask:
         position = self.start
         ended_polls = 0
         while position < end:
-            polled = reader.poll(0.5)
+            polled = reader.poll(0.5, end - position)  # no more than the range holds: no wait at its end
             if polled:
                 if polled.offsets[-1] >= end:  # offsets grow within a partition: only the last poll
                     polled = polled.below(end)
@@ -225,6 +230,7 @@ class RangeReadTask:
                 yield from self._flush(keyed, nulls)
                 keyed, nulls = [], []
             self._progress(now)
+        self.read_ended_at = time.time()
         yield from self._flush(keyed, nulls, last=True)
 
     @staticmethod
@@ -298,11 +304,28 @@ class RangeReadTask:
             return
         self._last_progress = now
         self._check_cancel()
+        self._follow_rate()
         self._report(done=False)
 
     def _check_cancel(self) -> None:
         if self.progress_dir is not None and (self.progress_dir / CANCEL_FILE).exists():
             raise RuntimeError(f"compaction cancelled while reading partition {self.partition}")
+
+    def _follow_rate(self) -> None:
+        """A throttled task takes the share the driver wrote last (more, once other tasks have ended)."""
+        if self.throttle is None or self.progress_dir is None:
+            return
+        path = self.progress_dir / RATE_FILE
+        try:
+            seen = path.stat().st_mtime_ns
+            if seen == self._rate_seen:
+                return
+            self._rate_seen = seen
+            rate = float(path.read_text())
+        except (OSError, ValueError):
+            return  # none yet, or being replaced: the next check reads it
+        if rate > 0:
+            self.throttle.set_rate(rate)
 
     def _report(self, done: bool) -> None:
         if self.progress_dir is None:
@@ -312,6 +335,7 @@ class RangeReadTask:
         try:
             report = {"records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
                       "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
+                      "read_ended_at": self.read_ended_at,
                       "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0}
             tmp.write_text(json.dumps(report))
             os.replace(tmp, path)

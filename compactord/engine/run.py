@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -21,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compactord.engine.job import job_spec, run_compaction_job
-from compactord.engine.kafka_source import CANCEL_FILE
+from compactord.engine.kafka_source import CANCEL_FILE, RATE_FILE
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
-from compactord.engine.throttle import per_task_rate
+from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets, RecordFingerprint
@@ -57,6 +58,8 @@ class TailRead:
     last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
     started_at: float | None = None  # when the first reading task started (epoch seconds)
     throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
+    ended: int = 0  # reading tasks that have ended
+    ended_at: float | None = None  # when the last of those read its last record (epoch seconds)
 
 
 class CompactionRun:
@@ -247,7 +250,8 @@ class CompactionRun:
             read_bytes_per_second=per_task_rate(budget, len(plan.ranges), spark.cores),
         )
         stop = threading.Event()
-        poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop), daemon=True)
+        share = (budget, len(plan.ranges), spark.cores)
+        poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop, share), daemon=True)
         poller.start()
         try:
             if count is not None:
@@ -261,19 +265,35 @@ class CompactionRun:
             poller.join()
         return read_progress(progress_dir)
 
-    def _poll_progress(self, plan: CompactionPlan, progress_dir: Path, stop: threading.Event) -> None:
+    def _poll_progress(self, plan: CompactionPlan, progress_dir: Path, stop: threading.Event,
+                       share: tuple[int, int, int]) -> None:
+        """Follow the readers' progress; in a throttled run, hand the share of the tasks that ended to
+        those still reading (``throttle.running_share``)."""
+        budget, ranges, cores = share
+        written = per_task_rate(budget, ranges, cores)
         while not stop.wait(PROGRESS_POLL_S):
             tail = read_progress(progress_dir)
-            self.ctx.progress.records_read = plan.ledger_rows + tail.records
-            self.ctx.progress.bytes_read = tail.bytes
-            self.ctx.progress.read_started_at = tail.started_at
-            self.ctx.progress.throttled_seconds = tail.throttled_seconds
+            self._follow(plan, tail)
+            rate = running_share(budget, ranges, cores, tail.ended)
+            if budget > 0 and rate != written:
+                written = rate
+                tmp = progress_dir / f"{RATE_FILE}.tmp"
+                try:
+                    tmp.write_text(repr(rate))
+                    os.replace(tmp, progress_dir / RATE_FILE)
+                except OSError:
+                    pass  # the progress dir is gone: the job ended
+
+    def _follow(self, plan: CompactionPlan, tail: TailRead) -> None:
+        progress = self.ctx.progress
+        progress.records_read = plan.ledger_rows + tail.records
+        progress.bytes_read = tail.bytes
+        progress.read_started_at, progress.read_ended_at = tail.started_at, tail.ended_at
+        progress.throttled_seconds = tail.throttled_seconds
 
     def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
         ctx = self.ctx
-        ctx.progress.records_read = plan.ledger_rows + tail.records
-        ctx.progress.bytes_read = tail.bytes
-        ctx.progress.read_started_at, ctx.progress.throttled_seconds = tail.started_at, tail.throttled_seconds
+        self._follow(plan, tail)
         manifest = LedgerManifest(
             ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
             files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
@@ -329,9 +349,10 @@ class CompactionRun:
 
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
-    records = size = 0
+    records = size = ended = 0
     throttled = 0.0
     started: list[float] = []
+    ended_at: list[float] = []
     last: dict[int, RecordFingerprint] = {}
     try:
         paths = list(progress_dir.glob("*.json"))
@@ -347,9 +368,13 @@ def read_progress(progress_dir: Path) -> TailRead:
         throttled += float(data.get("throttled_seconds", 0.0))
         if data.get("started_at") is not None:
             started.append(float(data["started_at"]))
+        if data.get("done"):
+            ended += 1
+            if data.get("read_ended_at") is not None:
+                ended_at.append(float(data["read_ended_at"]))
         if data.get("last") is not None:
             found = RecordFingerprint.from_json(data["last"])
             partition = int(data["partition"])
             if partition not in last or found.offset > last[partition].offset:
                 last[partition] = found
-    return TailRead(records, size, last, min(started, default=None), throttled)
+    return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None))

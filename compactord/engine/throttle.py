@@ -4,7 +4,10 @@
 A compaction's budget is shared evenly among the reading tasks that run at once (``per_task_rate``):
 Spark runs at most one task per core, so the sum over the running tasks stays within the budget. Each
 task's bucket starts empty and holds at most ``BURST_SECONDS`` of its rate, so that a task never reads
-faster than its share, even at its start. The client's prefetch is sized to the budget too
+faster than its share, even at its start. When fewer tasks are left than cores (partitions of unequal
+sizes end at different times), the driver hands the ended tasks' share to those still reading
+(``running_share``, written to the job's progress folder; the tasks pick it up with their cancel
+checks), so that the job reads at its budget to the end. The client's prefetch is sized to the budget too
 (``fetch_bytes``), so that the cap is on what is fetched from the brokers, not only on what is consumed.
 
 Both reader backends call ``consume`` with the bytes of each batch they read.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["BURST_SECONDS", "MIN_FETCH_BYTES", "ReadThrottle", "fetch_bytes", "per_task_rate"]
+__all__ = ["BURST_SECONDS", "MIN_FETCH_BYTES", "ReadThrottle", "fetch_bytes", "per_task_rate", "running_share"]
 
 BURST_SECONDS = 1.0
 # A sleep is cut into slices this long, so that a cancel stops a throttled reader quickly.
@@ -30,6 +33,12 @@ def per_task_rate(budget: int, ranges: int, cores: int) -> float:
     if budget <= 0:
         return 0.0
     return budget / max(1, min(ranges, cores))
+
+
+def running_share(budget: int, ranges: int, cores: int, ended: int) -> float:
+    """The share of each task still reading once ``ended`` of the ``ranges`` reading tasks have ended:
+    the budget over the tasks that can run now (all that are left, when fewer than the cores)."""
+    return per_task_rate(budget, max(1, ranges - ended), cores)
 
 
 def fetch_bytes(rate: float, default: int) -> int:
@@ -59,6 +68,14 @@ class ReadThrottle:
         self._tokens = 0.0
         self._at = clock()
         self.slept = 0.0  # seconds spent waiting for tokens
+
+    def set_rate(self, rate: float) -> None:
+        """Go on at ``rate`` from now (the tokens gathered so far at the old rate stay)."""
+        if rate <= 0:
+            raise ValueError(f"rate must be positive (bytes per second), got: {rate}")
+        self._refill()
+        self.rate = float(rate)
+        self.capacity = self.rate * BURST_SECONDS
 
     def consume(self, nbytes: int) -> None:
         """Take ``nbytes`` from the bucket, waiting (in slices) until it has refilled enough."""

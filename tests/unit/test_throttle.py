@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compactord.engine.throttle import MIN_FETCH_BYTES, ReadThrottle, fetch_bytes, per_task_rate
+from compactord.engine.throttle import MIN_FETCH_BYTES, ReadThrottle, fetch_bytes, per_task_rate, running_share
 
 
 class FakeClock:
@@ -54,3 +54,25 @@ def test_the_budget_is_shared_by_the_tasks_that_read_at_once() -> None:
     assert fetch_bytes(1 << 20, 8 << 20) == 1 << 20
     with pytest.raises(ValueError, match="positive"):
         ReadThrottle(0)
+
+
+def test_the_share_of_ended_tasks_goes_to_those_still_reading() -> None:
+    assert running_share(1000, 8, 2, ended=0) == 500
+    assert running_share(1000, 8, 2, ended=6) == 500  # two left, two cores
+    assert running_share(1000, 8, 2, ended=7) == 1000  # the last one reads at the whole budget
+    assert running_share(1000, 4, 4, ended=1) == pytest.approx(1000 / 3)
+    assert running_share(1000, 4, 4, ended=4) == 1000  # none left: never a division by zero
+    assert running_share(0, 4, 4, ended=3) == 0
+
+
+def test_a_new_rate_applies_from_now_on() -> None:
+    clock = FakeClock()
+    bucket = ReadThrottle(1000, clock=clock, sleep=clock.sleep)
+    bucket.consume(2000)
+    assert clock.now == pytest.approx(2.0, abs=0.01)
+    bucket.set_rate(4000)
+    bucket.consume(8000)  # 2 s at the new rate
+    assert clock.now == pytest.approx(4.0, abs=0.01)
+    assert bucket.capacity == 4000
+    with pytest.raises(ValueError, match="positive"):
+        bucket.set_rate(0)

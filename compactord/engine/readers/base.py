@@ -43,8 +43,9 @@ class RangeReader(ABC):
     """
 
     @abstractmethod
-    def poll(self, timeout_s: float) -> Polled | None:
-        """The next records (at most the batch size), or None when none came within ``timeout_s``.
+    def poll(self, timeout_s: float, max_records: int | None = None) -> Polled | None:
+        """The next records (at most the batch size and ``max_records``), or None when none came within
+        ``timeout_s``. A poll returns before its timeout once it has ``max_records``.
 
         :raises RuntimeError: the broker refused the read (offset out of range, unknown partition, auth).
         """

@@ -7,16 +7,19 @@ on any machine, however loaded. The tight figure is ``bench/compaction.py --thro
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 
 from compactord.api.views import task_status
+from compactord.engine.kafka_source import RATE_FILE
 from tests.support.service import succeeded
 
 CAP = 800_000  # bytes per second, for the whole compaction
 VALUE = b"x" * 1000
-RECORDS = [(f"k{i}", VALUE, i % 2) for i in range(4000)]  # ~4 MB in 2 partitions: >= 5 s at the cap
+# ~4 MB in 2 partitions of unequal sizes (3:1): >= 5 s at the cap; partition 1 ends first
+RECORDS = [(f"k{i}", VALUE, int(i % 4 == 0)) for i in range(4000)]
 
 
 @pytest.mark.slow
@@ -24,11 +27,15 @@ def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory):
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, RECORDS)
     expected = sum(len(k) + len(v) for k, v, _ in RECORDS)
-    ctx = make_factory(compaction_max_read_bytes_per_second=CAP).new_topic_compaction_service(topic).compact()
+    factory = make_factory(compaction_max_read_bytes_per_second=CAP)
+    ctx = factory.new_topic_compaction_service(topic).compact()
     read_done_at = None
+    shares = set()  # what the driver gave each reading task, as the tasks ended
     while not ctx.done:  # the first moment the readers are seen to have read everything (or later)
         if read_done_at is None and ctx.progress.bytes_read >= expected:
             read_done_at = time.time()
+        with contextlib.suppress(OSError, ValueError):
+            shares.add(float((factory.store.progress_dir(ctx.task_id) / RATE_FILE).read_text()))
         time.sleep(0.1)
     succeeded(ctx)
     assert ctx.stats.bytes_read == expected
@@ -41,3 +48,6 @@ def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory):
     assert status["reading_tasks"] == 2 and status["per_task_bytes_per_second"] == CAP // 2  # local[2]
     assert status["throttled_seconds"] > 0  # the buckets made the readers wait
     assert status["bytes_read"] == expected
+    # The smaller partition ended first: the driver handed its share to the task still reading.
+    assert shares == {float(CAP)}
+    assert started < ctx.progress.read_ended_at <= ctx.finished_at
