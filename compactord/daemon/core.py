@@ -132,6 +132,7 @@ class Daemon:
         self.fatal: str | None = None
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
+        self.on_warm: Any = None  # set by the server runner: called once Spark is warm
         self._broker_ok = False
         self._broker_error = "the broker has not been asked yet"
         self._broker_lost = False  # it is down (logged once) since its last answer
@@ -162,6 +163,8 @@ class Daemon:
             if not self._stop.is_set():
                 self._die("the Spark session could not start", exc)
             return
+        if self.on_warm is not None:
+            self.on_warm()
         self.monitor.start()
         log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
 
