@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from compactord.engine.throttle import MIN_FETCH_BYTES, ReadThrottle, fetch_bytes, per_task_rate, running_share
+from compactord.engine.throttle import (
+    MIN_FETCH_BYTES,
+    ReadThrottle,
+    fetch_bytes,
+    per_task_rate,
+    running_share,
+)
 
 
 class FakeClock:
