@@ -18,6 +18,7 @@ process; the Spark JVM is a child). Figures, not assertions: timings here depend
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -29,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -38,6 +40,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compactord.embedded import EmbeddedBroker, free_port
 
 PARTITIONS = 4
+
+
+@contextlib.contextmanager
+def daemon_process(work: Path, bootstrap: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A daemon (``compactord run`` as a subprocess, its own ledger root and log under ``work``) on a free
+    loopback port, ready for compactions: (its process, its base URL). Stopped on exit, with its Spark JVM
+    (its own process group) if it does not end within a minute."""
+    port = free_port()
+    conf = work / "broker.conf"
+    conf.write_text("\n".join([
+        f"kafkaBootstrapServers={bootstrap}", f"compactedLedgerRoot={work / 'ledgers'}",
+        f"httpPort={port}", "sparkMaster=local[2]", "compactionTopicsPattern=(?!)",
+        "brokerServiceCompactionThresholdInBytes=0",
+    ]) + "\n")
+    base = f"http://127.0.0.1:{port}"
+    with open(work / "daemon.log", "wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "compactord", "run", "--config", str(conf)],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with httpx.Client(base_url=base, timeout=60) as client:
+                deadline = time.monotonic() + 300
+                while True:
+                    try:
+                        if client.get("/readyz").json().get("compactions"):
+                            break
+                    except (httpx.HTTPError, ValueError):
+                        pass
+                    if time.monotonic() > deadline or daemon.poll() is not None:
+                        raise SystemExit(f"the daemon did not become ready; see {work / 'daemon.log'}")
+                    time.sleep(0.5)
+            yield daemon, base
+        finally:
+            daemon.terminate()
+            try:
+                daemon.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its Spark JVM
 
 
 def rss_mb(pid: int) -> float:
@@ -100,30 +139,9 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="compactord-load-"))
     broker = EmbeddedBroker(log_path=work / "tansu.log").start()
-    port = free_port()
-    conf = work / "broker.conf"
-    conf.write_text("\n".join([
-        f"kafkaBootstrapServers={broker.bootstrap}", f"compactedLedgerRoot={work / 'ledgers'}",
-        f"httpPort={port}", "sparkMaster=local[2]", "compactionTopicsPattern=(?!)",
-        "brokerServiceCompactionThresholdInBytes=0",
-    ]) + "\n")
-    log = open(work / "daemon.log", "wb")  # noqa: SIM115 (closed below)
-    daemon = subprocess.Popen([sys.executable, "-m", "compactord", "run", "--config", str(conf)],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     json_headers = {"Content-Type": "application/json"}
     try:
-        with httpx.Client(base_url=base, timeout=60) as client:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if client.get("/readyz").json().get("compactions"):
-                        break
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise SystemExit(f"the daemon did not become ready; see {work / 'daemon.log'}")
-                time.sleep(0.5)
+        with daemon_process(work, broker.bootstrap) as (daemon, base), httpx.Client(base_url=base, timeout=60) as client:
             from kafka.admin import KafkaAdminClient, NewTopic
 
             admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
@@ -191,12 +209,6 @@ def main() -> int:
         print(f"daemon_rss_mb before={rss_before:.0f} peak={rss_peak[0]:.0f} after={rss_after:.0f}")
         return 0
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its Spark JVM
-        log.close()
         broker.stop()
 
 

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,10 +31,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compaction import Workload, produce  # noqa: E402 (bench/compaction.py: the same record generator)
-from load import rss_mb, wait_compacted  # noqa: E402
+from compaction import Workload, produce
+from load import daemon_process, rss_mb, wait_compacted
 
-from compactord.embedded import EmbeddedBroker, free_port  # noqa: E402
+from compactord.embedded import EmbeddedBroker
 
 PARTITIONS = 4
 PAGE = 1000
@@ -92,31 +89,11 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="compactord-read-api-"))
     broker = EmbeddedBroker(log_path=work / "tansu.log").start()
-    port = free_port()
-    conf = work / "broker.conf"
-    conf.write_text("\n".join([
-        f"kafkaBootstrapServers={broker.bootstrap}", f"compactedLedgerRoot={work / 'ledgers'}",
-        f"httpPort={port}", "sparkMaster=local[2]", "compactionTopicsPattern=(?!)",
-        "brokerServiceCompactionThresholdInBytes=0",
-    ]) + "\n")
-    log = open(work / "daemon.log", "wb")  # noqa: SIM115 (closed below)
-    daemon = subprocess.Popen([sys.executable, "-m", "compactord", "run", "--config", str(conf)],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     results: dict[str, dict[str, tuple[float, float]]] = {}
     print(f"work directory (ledgers, logs; kept): {work}", flush=True)
     try:
-        with httpx.Client(base_url=base, timeout=120) as client, mp.get_context("spawn").Pool(args.producers) as pool:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if client.get("/readyz").json().get("compactions"):
-                        break
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise SystemExit(f"the daemon did not become ready; see {work / 'daemon.log'}")
-                time.sleep(0.5)
+        with daemon_process(work, broker.bootstrap) as (daemon, base), \
+                httpx.Client(base_url=base, timeout=120) as client, mp.get_context("spawn").Pool(args.producers) as pool:
             from kafka.admin import KafkaAdminClient, NewTopic
 
             for name, keys in variants:
@@ -140,12 +117,6 @@ def main() -> int:
         print(f"read_p99_ms={max(f['page'][1] for f in results.values()):.1f}")
         return 0
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its Spark JVM
-        log.close()
         broker.stop()
 
 

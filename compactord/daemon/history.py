@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from compactord.errors import InvalidArgument
-from compactord.ledger.files import _disk_errors, _fsync, _remove, _write_atomic
+from compactord.ledger.files import disk_errors, fsync_path, remove_path, write_atomic
 from compactord.model import validate_topic_name
 from compactord.task import CompactionTaskCtx, TaskState
 
@@ -153,13 +153,13 @@ class RunHistory:
         :raises InsufficientDiskSpace: the disk is full. :raises OSError: it cannot be written.
         """
         path = self.path(record.topic)
-        with self._lock, _disk_errors(f"recording run {record.task_id} of topic {record.topic!r}"):
+        with self._lock, disk_errors(f"recording run {record.task_id} of topic {record.topic!r}"):
             state = self._state(record.topic, path)
             stored = replace(record, seq=state.last_seq + 1)
             line = json.dumps(stored.to_json(), separators=(",", ":")).encode() + b"\n"
             if not self.folder.is_dir():
                 self.folder.mkdir(parents=True, exist_ok=True)
-                _fsync(self.folder.parent)
+                fsync_path(self.folder.parent)
             created = not path.exists()
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -171,7 +171,7 @@ class RunHistory:
             finally:
                 os.close(fd)
             if created:
-                _fsync(self.folder)
+                fsync_path(self.folder)
             state.count += 1
             state.last_seq = stored.seq
             self._last[record.topic] = stored
@@ -187,7 +187,7 @@ class RunHistory:
         with self._lock:
             self._files.pop(topic, None)
             self._last.pop(topic, None)
-            _remove(path)
+            remove_path(path)
 
     def _needs_rewrite(self, state: _FileState) -> bool:
         over = state.count > self.max_runs + max(1, self.max_runs // 10)
@@ -196,7 +196,7 @@ class RunHistory:
 
     def _rewrite(self, topic: str, path: Path) -> None:
         kept = self._bounded(self._read(path))
-        _write_atomic(path, b"".join(json.dumps(r.to_json(), separators=(",", ":")).encode() + b"\n" for r in kept))
+        write_atomic(path, b"".join(json.dumps(r.to_json(), separators=(",", ":")).encode() + b"\n" for r in kept))
         state = self._files[topic]
         state.count = len(kept)
         state.oldest_finished = kept[0].finished_at if kept else None

@@ -15,14 +15,15 @@ import crc32c
 
 from compactord.errors import InsufficientDiskSpace
 
-__all__ = ["file_crc32c", "ledger_dir_name"]
+__all__ = ["CURRENT", "DISK_FULL", "LEDGER_RE", "MANIFEST", "TMP_SUFFIX", "check_file", "disk_errors", "file_crc32c",
+           "fsync_path", "ledger_dir_name", "list_names", "remove_path", "write_atomic"]
 
 CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
-_LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
-_TMP = ".tmp"
+LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
+TMP_SUFFIX = ".tmp"
 _CHUNK = 1 << 20
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def ledger_dir_name(ledger_id: int) -> str:
@@ -39,7 +40,7 @@ def file_crc32c(path: Path) -> int:
     return value
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     # Works for directories too: a rename or a new entry is durable only once its directory is fsynced.
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -48,36 +49,36 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Write ``path`` so that a crash at any instant leaves either the old or the new content."""
-    tmp = path.with_name(path.name + _TMP)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync(path.parent)
+    fsync_path(path.parent)
 
 
 @contextlib.contextmanager
-def _disk_errors(what: str) -> Iterator[None]:
+def disk_errors(what: str) -> Iterator[None]:
     """Translate a full disk into ``InsufficientDiskSpace``; other OS errors pass unchanged."""
     try:
         yield
     except OSError as exc:
-        if exc.errno in _DISK_FULL:
+        if exc.errno in DISK_FULL:
             raise InsufficientDiskSpace(f"{what}: no space left on the device ({exc})") from exc
         raise
 
 
-def _names(directory: Path) -> list[str]:
+def list_names(directory: Path) -> list[str]:
     try:
         return os.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return []
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     """Remove a file or a directory tree and make the removal durable; missing is fine."""
     try:
         if path.is_dir() and not path.is_symlink():
@@ -87,10 +88,10 @@ def _remove(path: Path) -> None:
     except FileNotFoundError:
         return
     with contextlib.suppress(FileNotFoundError):
-        _fsync(path.parent)
+        fsync_path(path.parent)
 
 
-def _check_file(ledger_dir: Path, entry: dict[str, Any]) -> str | None:
+def check_file(ledger_dir: Path, entry: dict[str, Any]) -> str | None:
     """What is wrong with one file a manifest lists, or None."""
     name = entry.get("name")
     if not isinstance(name, str) or Path(name).name != name or name.startswith("."):

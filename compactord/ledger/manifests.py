@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 
 from compactord.errors import LedgerCorrupt
 from compactord.ledger.files import (
-    _DISK_FULL,
+    DISK_FULL,
     MANIFEST,
-    _check_file,
-    _disk_errors,
-    _fsync,
-    _write_atomic,
+    check_file,
+    disk_errors,
     file_crc32c,
+    fsync_path,
+    write_atomic,
 )
 from compactord.model import RECORD_SCHEMA, LedgerManifest
 
@@ -35,7 +35,7 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
     :raises InsufficientDiskSpace: the disk is full.
     """
     where = f"ledger {manifest.ledger_id} of topic {manifest.topic!r}"
-    with _disk_errors(f"finalizing {where}"):
+    with disk_errors(f"finalizing {where}"):
         path.mkdir(parents=True, exist_ok=True)
         for child in path.iterdir():
             if child.name == "_SUCCESS" or child.name.endswith(".crc"):
@@ -53,8 +53,8 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
         oldest = [f.pop("oldest_marker_at") for f in files]
         manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
         manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
-        _write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
-        _fsync(path.parent)
+        write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
+        fsync_path(path.parent)
     return manifest
 
 
@@ -68,13 +68,13 @@ def _describe_part(where: str, part: Path) -> dict[str, Any]:
         markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
         oldest = pc.min(flags.column("marker_at")).as_py() if flags is not None and markers else None
     except (pa.ArrowException, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
             raise
         raise LedgerCorrupt(f"{where}: file {part.name} is not readable Parquet: {exc}") from exc
     if missing:
         raise LedgerCorrupt(f"{where}: file {part.name} lacks the record columns {sorted(missing)}")
     crc = file_crc32c(part)
-    _fsync(part)
+    fsync_path(part)
     size = part.stat().st_size
     return {"name": part.name, "bytes": size, "crc32c": crc, "rows": rows, "markers": markers,
             "oldest_marker_at": oldest}
@@ -113,7 +113,7 @@ def verify(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
     if not manifest.files:
         raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
     for entry in manifest.files:
-        problem = _check_file(path, entry)
+        problem = check_file(path, entry)
         if problem is not None:
             name = entry.get("name")
             raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from compactord.ledger.files import _LEDGER_RE, CURRENT, MANIFEST, _disk_errors, _fsync, _names
+from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, disk_errors, fsync_path, list_names
 
 __all__ = ["lost_pointer", "quarantine"]
 
@@ -26,7 +26,7 @@ def lost_pointer(topic_dir: Path) -> bool:
     (whose ledger has no manifest yet)."""
     if (topic_dir / CURRENT).exists():
         return False
-    return any(_LEDGER_RE.fullmatch(n) and (topic_dir / n / MANIFEST).is_file() for n in _names(topic_dir))
+    return any(LEDGER_RE.fullmatch(n) and (topic_dir / n / MANIFEST).is_file() for n in list_names(topic_dir))
 
 
 def quarantine(topic: str, topic_dir: Path, base: Path) -> Path:
@@ -41,14 +41,14 @@ def quarantine(topic: str, topic_dir: Path, base: Path) -> Path:
     while target.exists():
         n += 1
         target = base / f"{topic}-{stamp}-{n}"
-    with _disk_errors(f"quarantining the ledgers of topic {topic!r}"):
+    with disk_errors(f"quarantining the ledgers of topic {topic!r}"):
         target.mkdir(parents=True)
-        _fsync(base)
-        moved = sorted(name for name in _names(topic_dir) if name.startswith("ledger-"))
+        fsync_path(base)
+        moved = sorted(name for name in list_names(topic_dir) if name.startswith("ledger-"))
         for name in moved:
             os.rename(topic_dir / name, target / name)
-        _fsync(target)
-        _fsync(topic_dir)
+        fsync_path(target)
+        fsync_path(topic_dir)
     log.warning("topic %r has finalized ledgers %s but no %s: moved them to %s (not served; not removed)",
                 topic, moved, CURRENT, target)
     return target

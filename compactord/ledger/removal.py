@@ -11,14 +11,14 @@ from pathlib import Path
 
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.files import (
-    _TMP,
     MANIFEST,
-    _disk_errors,
-    _fsync,
-    _names,
-    _remove,
-    _write_atomic,
+    TMP_SUFFIX,
+    disk_errors,
+    fsync_path,
     ledger_dir_name,
+    list_names,
+    remove_path,
+    write_atomic,
 )
 
 __all__ = ["DELETING", "delete_topic", "mark_deleting", "remove_orphans"]
@@ -31,15 +31,15 @@ DELETING = "DELETING"
 def mark_deleting(root: Path, topic_dir: Path, topic: str) -> bool:
     """Write ``topic_dir``'s deletion mark durably; False if the disk is too full to hold it (logged)."""
     try:
-        with _disk_errors(f"marking topic {topic!r} for deletion"):
+        with disk_errors(f"marking topic {topic!r} for deletion"):
             if not topic_dir.is_dir():
                 topic_dir.mkdir(parents=True, exist_ok=True)
-                _fsync(root)
+                fsync_path(root)
             mark = b"deletion asked; completed at the next start if interrupted\n"
-            _write_atomic(topic_dir / DELETING, mark)
+            write_atomic(topic_dir / DELETING, mark)
     except InsufficientDiskSpace as exc:
         with contextlib.suppress(FileNotFoundError):
-            (topic_dir / (DELETING + _TMP)).unlink()
+            (topic_dir / (DELETING + TMP_SUFFIX)).unlink()
         log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
                     "files): %s", topic, exc)
         return False
@@ -48,26 +48,26 @@ def mark_deleting(root: Path, topic_dir: Path, topic: str) -> bool:
 
 def delete_topic(root: Path, topic_dir: Path) -> None:
     """Remove ``topic_dir`` and everything in it, its deletion mark last (missing is fine)."""
-    for name in _names(topic_dir):
+    for name in list_names(topic_dir):
         if name != DELETING:
-            _remove(topic_dir / name)
-    _remove(topic_dir / DELETING)
+            remove_path(topic_dir / name)
+    remove_path(topic_dir / DELETING)
     with contextlib.suppress(FileNotFoundError):
         topic_dir.rmdir()
-        _fsync(root)
+        fsync_path(root)
 
 
 def remove_orphans(topic_dir: Path, topic: str, current: int | None) -> list[Path]:
     """Remove the ledgers of ``topic_dir`` other than ``current`` and leftover temporary files; return
     them. Without a current ledger, a finalized one (with a manifest) is kept (``open()`` quarantines it)."""
     keep = ledger_dir_name(current) if current is not None else None
-    doomed = [topic_dir / n for n in _names(topic_dir) if n.endswith(_TMP) or n.startswith("ledger-")]
+    doomed = [topic_dir / n for n in list_names(topic_dir) if n.endswith(TMP_SUFFIX) or n.startswith("ledger-")]
     doomed = [p for p in doomed if p.name != keep]
     if keep is None:
         doomed = [p for p in doomed if not (p / MANIFEST).is_file()]
     if keep is not None:
-        doomed += [topic_dir / keep / n for n in _names(topic_dir / keep) if n.endswith(_TMP)]
+        doomed += [topic_dir / keep / n for n in list_names(topic_dir / keep) if n.endswith(TMP_SUFFIX)]
     for path in sorted(doomed):
         log.warning("removing orphan %s of topic %r (current: %s)", path, topic, keep)
-        _remove(path)
+        remove_path(path)
     return sorted(doomed)

@@ -36,17 +36,17 @@ from compactord.errors import (
 )
 from compactord.ledger import manifests, removal
 from compactord.ledger.files import (
-    _LEDGER_RE,
-    _TMP,
     CURRENT,
+    LEDGER_RE,
     MANIFEST,
-    _disk_errors,
-    _fsync,
-    _names,
-    _remove,
-    _write_atomic,
+    TMP_SUFFIX,
+    disk_errors,
     file_crc32c,
+    fsync_path,
     ledger_dir_name,
+    list_names,
+    remove_path,
+    write_atomic,
 )
 from compactord.ledger.lock import RootLock
 from compactord.ledger.quarantine import lost_pointer, quarantine
@@ -98,14 +98,14 @@ class LedgerStore:
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
                 probe = self._daemon_dir / _WRITE_PROBE
-                _write_atomic(probe, b"compactord checks that the ledger root can be written\n")
-                _remove(probe)
+                write_atomic(probe, b"compactord checks that the ledger root can be written\n")
+                remove_path(probe)
             with contextlib.suppress(FileNotFoundError):
-                (self._daemon_dir / (_SEQ + _TMP)).unlink()
+                (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
-            for task in _names(self._daemon_dir / _PROGRESS):
+            for task in list_names(self._daemon_dir / _PROGRESS):
                 log.warning("removing progress files of interrupted task %s", task)
-                _remove(self._daemon_dir / _PROGRESS / task)
+                remove_path(self._daemon_dir / _PROGRESS / task)
             # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
             for topic in self.topics():
                 if self.deletion_pending(topic):
@@ -203,7 +203,7 @@ class LedgerStore:
             return None
         except OSError as exc:
             raise LedgerCorrupt(f"pointer {path} of topic {topic!r} cannot be read: {exc}") from exc
-        match = _LEDGER_RE.fullmatch(text.rstrip("\n"))
+        match = LEDGER_RE.fullmatch(text.rstrip("\n"))
         if match is None:
             raise LedgerCorrupt(
                 f"pointer {path} of topic {topic!r} holds {text[:80]!r}; expected one line 'ledger-<id>'",
@@ -223,7 +223,7 @@ class LedgerStore:
         """
         topic_dir = self.topic_dir(topic)
         seq_path = self._daemon_dir / _SEQ
-        with self._seq_lock, _disk_errors(f"allocating a ledger of topic {topic!r}"):
+        with self._seq_lock, disk_errors(f"allocating a ledger of topic {topic!r}"):
             try:
                 text = seq_path.read_text(encoding="ascii", errors="replace")
             except FileNotFoundError:
@@ -231,13 +231,13 @@ class LedgerStore:
             if not text.strip().isdigit():
                 raise LedgerCorrupt(f"ledger id counter {seq_path} holds {text[:40]!r}; expected an integer")
             # Should the counter ever be lost, still never hand out an id this topic has used.
-            used = [int(m.group(1)) for m in map(_LEDGER_RE.fullmatch, _names(topic_dir)) if m]
+            used = [int(m.group(1)) for m in map(LEDGER_RE.fullmatch, list_names(topic_dir)) if m]
             next_id = max([int(text), *used]) + 1
             self._daemon_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(seq_path, f"{next_id}\n".encode())
+            write_atomic(seq_path, f"{next_id}\n".encode())
             if not topic_dir.is_dir():
                 topic_dir.mkdir(parents=True, exist_ok=True)
-                _fsync(self.root)
+                fsync_path(self.root)
         return next_id, topic_dir / ledger_dir_name(next_id)
 
     def finalize_ledger(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerManifest:
@@ -271,8 +271,8 @@ class LedgerStore:
                 f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} at {path}: "
                 "only a finalized ledger can become current"
             )
-        with _disk_errors(f"switching topic {topic!r} to ledger {ledger_id}"):
-            _write_atomic(path.parent / CURRENT, f"{ledger_dir_name(ledger_id)}\n".encode())
+        with disk_errors(f"switching topic {topic!r} to ledger {ledger_id}"):
+            write_atomic(path.parent / CURRENT, f"{ledger_dir_name(ledger_id)}\n".encode())
 
     # -- reading a ledger's manifest -------------------------------------------------------------
 
@@ -317,7 +317,7 @@ class LedgerStore:
                 f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
                 "before deleting it, or delete the topic"
             )
-        _remove(path)
+        remove_path(path)
 
     def discard(self, path: Path) -> None:
         """Remove a partial ledger directory (missing is fine).
@@ -335,7 +335,7 @@ class LedgerStore:
             )
         if self._is_current(parts[0], resolved):
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
-        _remove(resolved)
+        remove_path(resolved)
 
     def mark_deleting(self, topic: str) -> bool:
         """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
@@ -348,7 +348,7 @@ class LedgerStore:
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
-        _remove(self.topic_dir(topic) / DELETING)
+        remove_path(self.topic_dir(topic) / DELETING)
 
     def deletion_pending(self, topic: str) -> bool:
         """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
@@ -363,7 +363,7 @@ class LedgerStore:
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
-        return sorted(_names(self._daemon_dir / _QUARANTINE))
+        return sorted(list_names(self._daemon_dir / _QUARANTINE))
 
     def remove_orphans(self, topic: str) -> list[Path]:
         """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.

@@ -4,8 +4,6 @@ transaction marker, no offset reset, event times from headers when some records 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +27,6 @@ def spec(kafka: Any, topic: str, client: str, tmp_path: Path, **overrides: Any) 
 def read_rows(task: RangeReadTask) -> list[dict[str, Any]]:
     table = pa.Table.from_batches(list(task.run()))
     return sorted(table.to_pylist(), key=lambda r: r["offset"])
-
-
-@pytest.fixture
-def tx_producer(kafka) -> Iterator[Any]:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}",
-                             linger_ms=5)
-    producer.init_transactions()
-    try:
-        yield producer
-    finally:
-        producer.close()
 
 
 def test_each_client_name_opens_its_backend(kafka):

@@ -18,19 +18,6 @@ from compactord.engine.strategies import load_strategy
 from tests.support.service import compact, entries, view
 
 
-@pytest.fixture
-def tx_producer(kafka) -> Iterator[Any]:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}",
-                             linger_ms=5)
-    producer.init_transactions()
-    try:
-        yield producer
-    finally:
-        producer.close()
-
-
 def transaction(producer: Any, topic: str, records: list[tuple[str, str | None]], *,
                 commit: bool = True) -> None:
     producer.begin_transaction()
