@@ -84,14 +84,14 @@ def test_an_io_error_while_switching_fails_the_task_and_keeps_the_ledger(
     before = snapshot(service)
     kafka.produce(topic, [("a", "3")])
 
-    real = store_module._write_atomic
+    real = store_module.write_atomic
 
     def failing(path: Path, data: bytes) -> None:
         if path.name == CURRENT:
             raise OSError(errno.EIO, "Input/output error", str(path))
         real(path, data)
 
-    monkeypatch.setattr(store_module, "_write_atomic", failing)
+    monkeypatch.setattr(store_module, "write_atomic", failing)
     ctx = registry.trigger(topic)
     assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
     assert ctx.worker_done.wait(TASK_TIMEOUT_S)
