@@ -136,6 +136,7 @@ class BacklogMonitor:
         self._pattern = re.compile(settings.topics_pattern)
         self._scheduler = BackgroundScheduler(daemon=True, timezone="UTC")
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self.backlogs: dict[str, Backlog] = {}
         self.missing: set[str] = set()
         self.last_run: float | None = None
@@ -143,11 +144,20 @@ class BacklogMonitor:
         self._configs_unknown_logged: set[str] = set()
 
     def start(self) -> None:
-        self._scheduler.add_job(self.run_once, "interval", seconds=self._settings.monitor_interval_seconds,
+        self._scheduler.add_job(self._start_pass, "interval", seconds=self._settings.monitor_interval_seconds,
                                 id="backlog-monitor", max_instances=1, coalesce=True)
         self._scheduler.start()
 
+    def _start_pass(self) -> None:
+        """A pass runs in a daemon thread of its own, not in the scheduler's pool: the pool's threads are
+        joined when the process exits, and a pass stuck in a broker call (kafka-python's bootstrap can
+        wait without a bound when its network thread is closed under it) kept a stopped process alive."""
+        if not self._stopping.is_set():
+            threading.Thread(target=self.run_once, name="backlog-monitor-pass", daemon=True).start()
+
     def stop(self) -> None:
+        """No new pass starts; a pass under way ends before its next topic."""
+        self._stopping.set()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
 
@@ -215,12 +225,20 @@ class BacklogMonitor:
         broker_topics = set(self._broker.list_topics())
         self._note_missing(broker_topics)
         for topic in sorted(broker_topics & set(self._store.topics())):
+            if self._stopping.is_set():
+                return
             if not self._pattern.fullmatch(topic):  # matching topics are refreshed by _consider
-                self.refresh_quietly(topic)
+                try:
+                    self.refresh(topic)
+                except CompactordError as exc:
+                    self._unless_down(exc)
+                    log.debug("topic %s not refreshed: %s", topic, exc)
         uncleanable = 0
         failing: set[str] = set()
         monitored: list[str] = []
         for topic in sorted(broker_topics):
+            if self._stopping.is_set():
+                return
             if not self._pattern.fullmatch(topic):
                 continue
             monitored.append(topic)
@@ -234,10 +252,22 @@ class BacklogMonitor:
             try:
                 self._consider(topic, failures)
             except CompactordError as exc:
+                self._unless_down(exc)
                 log.warning("backlog of topic %s not measured: %s", topic, exc)
         self._metrics.uncleanable.set(uncleanable)
         self._set_cleanliness(monitored, failing)
         self._registry.kick()
+
+    def _unless_down(self, exc: CompactordError) -> None:
+        """Re-raise ``exc`` when no broker answers at all: the pass ends there instead of waiting out a
+        timeout per topic (the daemon's broker probe logs the outage, once). A broker unreachable for one
+        topic only (its partitions' leader is down) does not stop the others."""
+        if not isinstance(exc, BrokerUnavailable):
+            return
+        try:
+            self._broker.ping()
+        except CompactordError:
+            raise exc from None
 
     def _set_cleanliness(self, monitored: list[str], failing: set[str]) -> None:
         """The gauges over every monitored topic (Kafka's cleaner's): the largest compaction delay and

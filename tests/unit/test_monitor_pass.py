@@ -1,0 +1,108 @@
+"""A backlog monitor's pass against a broker that stops answering, through the broker seam
+(``BrokerMetadata``): the pass ends at the first topic when no broker answers at all, goes on past a
+topic whose leader alone is unreachable, and a stopped monitor ends its pass before the next topic.
+
+Without these, a pass over N topics with the broker down waited out a bootstrap timeout per topic
+(~10 s each), and a test process whose daemon had stopped kept running such a pass after its tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from compactord.config import Settings
+from compactord.daemon.metrics import Metrics
+from compactord.daemon.monitor import BacklogMonitor
+from compactord.daemon.policies import PolicyStore
+from compactord.daemon.registry import TaskRegistry
+from compactord.errors import BrokerUnavailable
+from compactord.interfaces import BrokerMetadata
+from compactord.ledger.store import LedgerStore
+
+TOPICS = [f"topic-{i}" for i in range(5)]
+
+
+class UnreachableBroker(BrokerMetadata):
+    """Lists its topics, then cannot be reached for any of them; ``ping`` says whether any broker answers."""
+
+    def __init__(self, answers_ping: bool, on_ask: Callable[[], None] = lambda: None) -> None:
+        self.answers_ping = answers_ping
+        self.on_ask = on_ask
+        self.asked: list[str] = []
+
+    def _unreachable(self, topic: str) -> Any:
+        self.asked.append(topic)
+        self.on_ask()
+        raise BrokerUnavailable("the Kafka broker at 127.0.0.1:9 is unreachable (test)")
+
+    def list_topics(self) -> list[str]:
+        return list(TOPICS)
+
+    def ping(self) -> None:
+        if not self.answers_ping:
+            raise BrokerUnavailable("no broker address accepts a connection (test)")
+
+    def partitions(self, topic: str) -> list[int]:
+        return self._unreachable(topic)
+
+    def topic_id(self, topic: str) -> str | None:
+        return self._unreachable(topic)
+
+    def offsets(self, topic: str) -> Any:
+        return self._unreachable(topic)
+
+    def first_records(self, topic: str, at: Mapping[int, int]) -> Any:
+        return self._unreachable(topic)
+
+    def topic_configs(self, topic: str) -> Any:
+        return self._unreachable(topic)
+
+    def close(self) -> None:
+        pass
+
+
+class NoCompactions:
+    def new_topic_compaction_service(self, topic: str) -> Any:
+        raise AssertionError(f"nothing may be compacted here ({topic})")
+
+
+def monitor_on(broker: BrokerMetadata, root: Path) -> tuple[BacklogMonitor, LedgerStore]:
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", compacted_ledger_root=str(root))
+    store = LedgerStore(root)
+    store.open()
+    registry = TaskRegistry(NoCompactions(), 1, 60.0)  # type: ignore[arg-type]
+    return BacklogMonitor(settings, broker, store, registry, PolicyStore(store, ["publishing-order"]),
+                          Metrics()), store
+
+
+def test_a_pass_ends_at_the_first_topic_when_no_broker_answers(tmp_path):
+    broker = UnreachableBroker(answers_ping=False)
+    monitor, store = monitor_on(broker, tmp_path)
+    try:
+        monitor.run_once()
+    finally:
+        store.close()
+    assert broker.asked == ["topic-0"]
+    assert monitor.last_run is not None
+
+
+def test_a_topic_whose_leader_is_unreachable_does_not_stop_the_others(tmp_path):
+    broker = UnreachableBroker(answers_ping=True)
+    monitor, store = monitor_on(broker, tmp_path)
+    try:
+        monitor.run_once()
+    finally:
+        store.close()
+    assert sorted(set(broker.asked)) == TOPICS
+
+
+def test_a_stopped_monitor_ends_its_pass_before_the_next_topic(tmp_path):
+    monitor: BacklogMonitor | None = None
+    broker = UnreachableBroker(answers_ping=True, on_ask=lambda: monitor.stop() if monitor else None)
+    monitor, store = monitor_on(broker, tmp_path)
+    try:
+        monitor.run_once()
+    finally:
+        store.close()
+    assert set(broker.asked) == {"topic-0"}
