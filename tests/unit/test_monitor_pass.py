@@ -67,42 +67,36 @@ class NoCompactions:
         raise AssertionError(f"nothing may be compacted here ({topic})")
 
 
-def monitor_on(broker: BrokerMetadata, root: Path) -> tuple[BacklogMonitor, LedgerStore]:
+def one_pass(broker: UnreachableBroker, root: Path, stop_on_first_ask: bool = False) -> BacklogMonitor:
+    """A monitor on ``broker`` and a fresh ledger root runs one pass (stopped during it, if asked)."""
     settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", compacted_ledger_root=str(root))
     store = LedgerStore(root)
     store.open()
     registry = TaskRegistry(NoCompactions(), 1, 60.0)  # type: ignore[arg-type]
-    return BacklogMonitor(settings, broker, store, registry, PolicyStore(store, ["publishing-order"]),
-                          Metrics()), store
-
-
-def test_a_pass_ends_at_the_first_topic_when_no_broker_answers(tmp_path):
-    broker = UnreachableBroker(answers_ping=False)
-    monitor, store = monitor_on(broker, tmp_path)
+    monitor = BacklogMonitor(settings, broker, store, registry, PolicyStore(store, ["publishing-order"]), Metrics())
+    if stop_on_first_ask:
+        broker.on_ask = monitor.stop
     try:
         monitor.run_once()
     finally:
         store.close()
+    return monitor
+
+
+def test_a_pass_ends_at_the_first_topic_when_no_broker_answers(tmp_path):
+    broker = UnreachableBroker(answers_ping=False)
+    monitor = one_pass(broker, tmp_path)
     assert broker.asked == ["topic-0"]
     assert monitor.last_run is not None
 
 
 def test_a_topic_whose_leader_is_unreachable_does_not_stop_the_others(tmp_path):
     broker = UnreachableBroker(answers_ping=True)
-    monitor, store = monitor_on(broker, tmp_path)
-    try:
-        monitor.run_once()
-    finally:
-        store.close()
+    one_pass(broker, tmp_path)
     assert sorted(set(broker.asked)) == TOPICS
 
 
 def test_a_stopped_monitor_ends_its_pass_before_the_next_topic(tmp_path):
-    monitor: BacklogMonitor | None = None
-    broker = UnreachableBroker(answers_ping=True, on_ask=lambda: monitor.stop() if monitor else None)
-    monitor, store = monitor_on(broker, tmp_path)
-    try:
-        monitor.run_once()
-    finally:
-        store.close()
+    broker = UnreachableBroker(answers_ping=True)
+    one_pass(broker, tmp_path, stop_on_first_ask=True)
     assert set(broker.asked) == {"topic-0"}
