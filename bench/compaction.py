@@ -182,7 +182,7 @@ def _floor_range_librdkafka(client: dict[str, Any], topic: str, partition: int, 
 
     from compactord.engine.readers.librdkafka import range_consumer
 
-    cons = range_consumer(client, batch_records)
+    cons = range_consumer(client)
     try:
         cons.assign([TopicPartition(topic, partition, start)])
         tp = TopicPartition(topic, partition)

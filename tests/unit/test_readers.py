@@ -87,8 +87,8 @@ def test_librdkafka_accepts_the_mapped_sasl_ssl_settings(tmp_path: Path) -> None
                    check=True, capture_output=True)
     props = dict(_SECURITY, kafkaSecurityProtocol="SASL_SSL", kafkaSslCafile=str(cert),
                  kafkaSslCertfile=str(cert), kafkaSslKeyfile=str(key), kafkaBootstrapServers="127.0.0.1:1")
-    consumer = range_consumer(settings(**props).kafka_client_config(), 1000)
+    consumer = range_consumer(settings(**props).kafka_client_config())
     consumer.close()
     props["kafkaSslPassword"] = "wrong"
     with pytest.raises(Exception, match="(?i)ssl|key"):
-        range_consumer(settings(**props).kafka_client_config(), 1000).close()
+        range_consumer(settings(**props).kafka_client_config()).close()

@@ -42,6 +42,8 @@ class RangeReader(ABC):
     reset (a start the log no longer holds raises from ``poll``), CRCs checked.
     """
 
+    _batch: int  # the records a poll returns at most (the backend sets it)
+
     @abstractmethod
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled | None:
         """The next records (at most the batch size and ``max_records``), or None when none came within
@@ -49,6 +51,10 @@ class RangeReader(ABC):
 
         :raises RuntimeError: the broker refused the read (offset out of range, unknown partition, auth).
         """
+
+    def _wanted(self, max_records: int | None) -> int:
+        """The records one poll asks for: the batch size, or ``max_records`` when smaller (at least one)."""
+        return self._batch if max_records is None else max(1, min(self._batch, max_records))
 
     @abstractmethod
     def position(self) -> int | None:

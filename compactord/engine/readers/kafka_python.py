@@ -46,8 +46,8 @@ class KafkaPythonRangeReader(RangeReader):
             raise
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled | None:
-        wanted = self._batch if max_records is None else max(1, min(self._batch, max_records))
-        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=wanted).get(self._tp)
+        records = self._consumer.poll(timeout_ms=int(timeout_s * 1000),
+                                      max_records=self._wanted(max_records)).get(self._tp)
         if not records:
             return None
         return Polled(list(map(_OFFSET, records)), list(map(_TIMESTAMP, records)), list(map(_KEY, records)),

@@ -69,7 +69,7 @@ def librdkafka_config(client_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def range_consumer(client_config: Mapping[str, Any], batch_records: int, rate: float = 0) -> Consumer:
+def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consumer:
     """The consumer a reading task uses (also the benchmark's floor): no group membership (``assign``
     only; librdkafka's Python binding requires a ``group.id`` all the same, which nothing joins or commits
     to), read_committed, no offset reset (``error``: a start the log no longer holds fails), CRCs checked,
@@ -107,7 +107,7 @@ class LibrdkafkaRangeReader(RangeReader):
         self._topic, self._partition = topic, partition
         self._tp = TopicPartition(topic, partition)
         self._start = start
-        self._consumer = range_consumer(client_config, batch_records, rate)
+        self._consumer = range_consumer(client_config, rate)
         try:
             self._consumer.assign([TopicPartition(topic, partition, start)])
         except BaseException:
@@ -117,8 +117,7 @@ class LibrdkafkaRangeReader(RangeReader):
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled | None:
         # ``consume`` returns once it has ``num_messages`` or the timeout passed: asking for no more than
         # the range holds keeps the last poll of a range from waiting out the timeout.
-        wanted = self._batch if max_records is None else max(1, min(self._batch, max_records))
-        messages = self._consumer.consume(num_messages=wanted, timeout=timeout_s)
+        messages = self._consumer.consume(num_messages=self._wanted(max_records), timeout=timeout_s)
         if not messages:
             return None
         if any(map(_ERROR, messages)):
