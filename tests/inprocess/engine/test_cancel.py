@@ -157,7 +157,10 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     factory = make_factory()
     service = factory.new_topic_compaction_service(topic)
 
-    # 1. A cancel while the Spark job runs on the warm session.
+    # 1. A cancel while the Spark job runs on the warm session. The librdkafka reader reads this topic
+    # in well under a second, so this run's reading is held to ~3 s by the read throttle: the cancel
+    # lands mid-read on any machine.
+    factory.set_topic_limits(topic, max_read_bytes_per_second=BIG_RECORDS * BIG_VALUE // 3)
     ctx = service.compact()
     # The job really runs: readers have reported records and Spark shows an active job of the group.
     wait_for(lambda: ctx.progress.records_read > 0 and spark_jobs(spark_manager, ctx.task_id)[1], 120,
@@ -185,7 +188,8 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     assert_cleaned_up(factory.store, topic, ctx, [])
     assert service.ledger_info() is None
 
-    # 2. The same session runs the next compaction normally.
+    # 2. The same session runs the next compaction normally (unthrottled).
+    factory.set_topic_limits(topic)
     started = time.monotonic()
     done = compact(service)
     print(f"full compaction of the same topic afterwards: {time.monotonic() - started:.1f}s")
