@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from compactord.config import Settings
 from compactord.engine.kafka_source import FORMAT, OffsetRange
 from compactord.engine.readers import resolve_client
-from compactord.engine.strategies import EventTimeOrder, ResolvedStrategy, fold, plan_for
+from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
@@ -150,17 +150,38 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
                     log_start: Mapping[int, int]) -> bool:
     """Whether the readers' own reduction is the job's answer, so that Spark need not group the rows.
 
-    It is when there is no previous ledger to merge (a full rebuild), the strategy is an order (its
-    reducer keeps each key's best record: exactly the winner, a key living in one partition), each
-    partition is read by a single task from at or above its log start (nothing is dropped after the
-    reduction), and no range is so large that holding its winners to the end costs too much memory
-    (``FINAL_READ_MAX_RECORDS``).
+    It is when the strategy is an order (its reducer keeps each key's best record: exactly the winner, a
+    key living in one partition), each partition is read by a single task from at or above its log start
+    (nothing is dropped after the reduction), and no range is so large that holding its winners to the
+    end costs too much memory (``FINAL_READ_MAX_RECORDS``). An incremental run merges each partition's
+    previous ledger rows in its reading task (``merge.merge_into_ledger``): ``log_start`` must then name
+    every partition of the topic (a task is planned for each, also one without new records), and a
+    plug-in order under event time (its deletion markers) is left to the grouping job, whose rows carry
+    the marker columns the plug-in's ``order_key`` may look at.
     """
-    if ledger_files or not ranges or not isinstance(strategy, OrderedCompactionStrategy):
+    if not ranges or not isinstance(strategy, OrderedCompactionStrategy):
         return False
     partitions = [r.partition for r in ranges]
+    if ledger_files:
+        plan = plan_for(strategy)
+        if not set(partitions) <= set(log_start) or (
+                plan.keeps_deletion_markers and plan.reducer not in BUILTIN_REDUCERS.values()):
+            return False
     return len(set(partitions)) == len(partitions) and all(
         r.size <= FINAL_READ_MAX_RECORDS and r.start >= log_start.get(r.partition, 0) for r in ranges)
+
+
+def _read_ranges(spec: CompactionJobSpec) -> list[OffsetRange]:
+    """The reading tasks' ranges. Final reads write a file per reading task: in partition order, so that
+    the files' names sort as their rows do (the ledger is sorted across its files); an incremental one
+    has a task for every partition, which carries over the ledger rows of one without new records."""
+    if not spec.final_reads:
+        return list(spec.ranges)
+    ranges = list(spec.ranges)
+    if spec.ledger_files:
+        read = {r.partition for r in ranges}
+        ranges += [OffsetRange(p, 0, 0) for p in spec.log_start if p not in read]
+    return sorted(ranges, key=lambda r: r.partition)
 
 
 def _reader_spec(spec: CompactionJobSpec) -> str:
@@ -168,11 +189,10 @@ def _reader_spec(spec: CompactionJobSpec) -> str:
         {
             "client": dict(spec.client_config),
             "topic": spec.topic,
-            # Final reads write a file per reading task: in partition order, so that the files' names
-            # sort as their rows do (the ledger is sorted across its files).
-            "ranges": [[r.partition, r.start, r.end]
-                       for r in (sorted(spec.ranges, key=lambda r: r.partition) if spec.final_reads else spec.ranges)],
+            "ranges": [[r.partition, r.start, r.end] for r in _read_ranges(spec)],
             "final": spec.final_reads,
+            "ledger_files": list(spec.ledger_files) if spec.final_reads else [],
+            "log_start": {str(p): s for p, s in spec.log_start.items()},
             "strategy": spec.strategy_ref,
             "event_time_source": spec.event_time_source,
             "retain_null_key": spec.retain_null_key,
@@ -232,7 +252,7 @@ def _records(spark: Any, spec: CompactionJobSpec) -> Any:
     from pyspark.sql import functions as F
 
     records = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
-    if spec.ledger_files:
+    if spec.ledger_files and not spec.final_reads:  # final reads merge the ledger in the reading tasks
         records = records.unionByName(spark.read.schema(RECORD_DDL).parquet(*spec.ledger_files))
     if any(spec.log_start.values()):
         starts = F.create_map(*[F.lit(x) for p, s in spec.log_start.items() for x in (p, s)])

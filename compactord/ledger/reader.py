@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
-from compactord.model import Entry, LedgerManifest
+from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "partition_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +303,27 @@ class LedgerHandle:
             # A reader must not fail because the old ledger could not be removed: the next start's
             # orphan removal deletes it.
             log.exception("cleanup of retired ledger %s failed", self._reader.path)
+
+
+def partition_rows(files: Sequence[str | Path], partition: int, start: int = 0) -> pa.Table:
+    """The rows of ``partition`` with an offset >= ``start`` in the ledger files ``files``, in offset order
+    (markers included), read from only the row groups whose statistics may hold them.
+
+    For a reading task that merges its partition's tail into the previous ledger (the files were
+    verified by the run's planning; a file that went bad since fails the task).
+    """
+    tables = []
+    for path in files:
+        with pq.ParquetFile(path) as pf:
+            groups = [g.index for g in _row_groups(Path(path), 0, pf.metadata) if g.may_hold(partition, start)]
+            if groups:
+                tables.append(pf.read_row_groups(groups, use_threads=False))
+    if not tables:
+        return RECORD_SCHEMA.empty_table()
+    table = pa.concat_tables(tables).cast(RECORD_SCHEMA)
+    table = table.filter(pc.and_(pc.equal(table["partition"], _int32(partition)),
+                                 pc.greater_equal(table["offset"], _int64(start))))
+    return table.sort_by("offset")
 
 
 def _row_groups(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
 
 __all__ = [
+    "BUILTIN_REDUCERS",
     "BUILTIN_STRATEGIES",
     "EventTimeOrder",
     "FirstValue",
@@ -54,7 +55,7 @@ BUILTIN_STRATEGIES: dict[str, type[CompactionStrategy]] = {
     EventTimeOrder.name: EventTimeOrder,
     FirstValue.name: FirstValue,
 }
-_BUILTIN_REDUCERS: dict[type[CompactionStrategy], Reducer] = {
+BUILTIN_REDUCERS: dict[type[CompactionStrategy], Reducer] = {
     PublishingOrder: reduce_last_offset,
     EventTimeOrder: reduce_event_time,
     FirstValue: reduce_first_value,
@@ -170,7 +171,7 @@ def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
         # An SQL order counts only where it was declared with (or below) the order_key it mirrors.
         sql = strategy.sql_order if sql_at is not None and order_at is not None and issubclass(sql_at, order_at) \
             else None
-        builtin = _BUILTIN_REDUCERS.get(order_at) if order_at in (PublishingOrder, EventTimeOrder) else None
+        builtin = BUILTIN_REDUCERS.get(order_at) if order_at in (PublishingOrder, EventTimeOrder) else None
         return StrategyPlan(builtin or _reduce_custom_order(strategy), sql, False, markers,
                             needs_losers=order_at is not PublishingOrder)
     if _declared_by(cls, "should_keep_left") is FirstValue:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from compactord.engine.kafka_source import OffsetRange
 from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFound
 from compactord.model import Position
 from compactord.task import TaskState
@@ -240,6 +241,88 @@ def _file_keys(service: Any) -> list[list[tuple[int, int]]]:
     return out
 
 
+def _ledger_rows(service: Any) -> list[dict[str, Any]]:
+    """Every row of the current ledger, markers included, in file order."""
+    import pyarrow.parquet as pq
+
+    manifest = service.ledger_info()
+    path = service.factory.store.ledger_path(service.topic, manifest.ledger_id)
+    return [row for f in sorted(manifest.files, key=lambda f: f["name"])
+            for row in pq.read_table(path / f["name"]).to_pylist()]
+
+
+@pytest.mark.parametrize("strategy", ["publishing-order", "event-time"])
+def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, make_factory, spark_manager,
+                                                                     monkeypatch, strategy):
+    """An incremental run of whole partitions merges each one's ledger rows into its tail's winners in its
+    reading task: no exchange, and row for row (markers and their first ``marker_at`` included) the
+    ledger the grouping job writes from the same records. Covered: updated, deleted, new and untouched
+    keys, retained null-key records, a partition without new records, and under event time a late record
+    older than the key's deletion marker, one older than its value, and one newer."""
+    from compactord.engine import job
+    from compactord.engine.strategies import ResolvedStrategy
+
+    topic = kafka.topic(partitions=3)
+    et = [("et", b"%d" % 1000)]
+    first = [(f"k{i}", f"v{i}", i % 3, None, [("et", b"%d" % (1000 + i))]) for i in range(30)]
+    first += [(None, f"n{i}", i % 3, None, et) for i in range(3)]
+    first += [("k3", None, 0, None, [("et", b"2000")]), ("k4", None, 1, None, [("et", b"2000")])]  # deletions
+    second = [("k0", "late", 0, None, [("et", b"500")]),  # older than its value: loses under event time
+              ("k3", "too-late", 0, None, [("et", b"1500")]),  # older than its deletion
+              ("k6", "newer", 0, None, [("et", b"9000")]),
+              ("k7", None, 1, None, [("et", b"9000")]),  # a new deletion
+              ("new", "n", 1, None, [("et", b"9000")]), (None, "n-late", 0, None, et)]  # partition 2: nothing
+    settings = {"compaction_strategy": strategy, "compaction_event_time_source": "header:et",
+                "topic_compaction_retain_null_key": True}
+    kafka.produce(topic, first)
+    final = make_factory(**settings).new_topic_compaction_service(topic)
+    grouping = make_factory(root=final.factory.store.root.parent / "grouping", **settings) \
+        .new_topic_compaction_service(topic)
+
+    def run(service: Any, grouped: bool) -> tuple[list[dict[str, Any]], bool]:
+        if grouped:
+            monkeypatch.setattr(job, "FINAL_READ_MAX_RECORDS", 0)  # the grouping job, for comparison
+        try:
+            ctx = compact(service)
+        finally:
+            monkeypatch.undo()
+        return _ledger_rows(service), ctx.stats.full_rebuild
+
+    (before, _), (grouped_before, _) = run(final, False), run(grouping, True)
+    kafka.produce(topic, second)
+    (merged, merged_full), (grouped, grouped_full) = run(final, False), run(grouping, True)
+    assert not merged_full and not grouped_full
+    assert len(_file_keys(final)) == 3 and len(_file_keys(grouping)) == 1  # a file per reading task: merged there
+
+    def marker_times(rows: list[dict[str, Any]], old: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # An old marker keeps the time it first entered a ledger; a new one has its run's start.
+        first_at = {r["offset"]: r["marker_at"] for r in old if r["marker"]}
+        return [{**r, "marker_at": ("kept" if first_at.get(r["offset"]) == r["marker_at"] else "new")
+                 if r["marker"] else r["marker_at"]} for r in rows]
+
+    assert [(r["partition"], r["offset"]) for r in merged] == sorted((r["partition"], r["offset"]) for r in merged)
+    assert marker_times(merged, before) == marker_times(grouped, grouped_before)
+    values = {r["key"]: r["value"] for r in merged if not r["marker"] and r["key"] is not None}
+    if strategy == "event-time":
+        assert values[b"k0"] == b"v0" and b"k3" not in values and {r["key"] for r in merged if r["marker"]} == \
+            {b"k3", b"k4", b"k7"}
+    else:
+        assert values[b"k0"] == b"late" and values[b"k3"] == b"too-late" and b"k7" not in values
+    assert values[b"k6"] == b"newer" and values[b"new"] == b"n" and values[b"k2"] == b"v2"  # k2: partition 2
+    assert sorted(r["value"] for r in merged if r["key"] is None) == [b"n-late", b"n0", b"n1", b"n2"]
+
+    # The incremental plan is final: no exchange, no aggregation.
+    resolved = ResolvedStrategy.resolve(strategy, "header:et", True)
+    manifest = final.ledger_info()
+    ledger = final.factory.store.ledger_path(topic, manifest.ledger_id)
+    spec = job.job_spec(final.factory.settings, resolved, topic=topic, ranges=[OffsetRange(0, 40, 41)],
+                        ledger_files=[str(ledger / f["name"]) for f in manifest.files], output_path="unused",
+                        log_start={0: 0, 1: 0, 2: 0}, progress_dir="", widths=job.JobWidths(2, 1))
+    assert spec.final_reads
+    plan = job.build_winners(spark_manager.spark, spec, resolved.strategy)._jdf.queryExecution().executedPlan()
+    assert "Exchange" not in plan.toString() and "Aggregate" not in plan.toString(), plan.toString()
+
+
 def test_a_ledger_of_several_files_is_sorted_across_them(kafka, make_factory, monkeypatch):
     """Sized down so that 1,200 records need several shuffle partitions and output files: the range
     sort must leave the files in (partition, offset) order, as the read API's bisection assumes."""
@@ -298,15 +381,18 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     ranges = [OffsetRange(p, 0, 210) for p in range(3)]
 
     def plan_of(**kwargs: Any) -> tuple[bool, Any]:
+        kwargs.setdefault("log_start", {})
         spec = job.job_spec(factory.settings, strategy, topic=topic, ranges=ranges, output_path=str(tmp_path),
-                            log_start={}, progress_dir="", widths=job.JobWidths(2, 1), **kwargs)
+                            progress_dir="", widths=job.JobWidths(2, 1), **kwargs)
         return spec.final_reads, spec
 
     final, spec = plan_of(ledger_files=[])
     assert final
     plan = job.build_winners(spark_manager.spark, spec, strategy.strategy)._jdf.queryExecution().executedPlan()
     assert "Exchange" not in plan.toString() and "Aggregate" not in plan.toString(), plan.toString()
-    assert not plan_of(ledger_files=["x.parquet"])[0]  # a ledger to merge: the job groups
+    # A ledger to merge: in the reading tasks when every partition is named (a task for each), else grouped.
+    assert plan_of(ledger_files=["x.parquet"], log_start={0: 0, 1: 0, 2: 0})[0]
+    assert not plan_of(ledger_files=["x.parquet"])[0]
 
     service = factory.new_topic_compaction_service(topic)
     compact(service)
