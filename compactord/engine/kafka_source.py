@@ -39,12 +39,14 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from compactord.engine.deletions import DeletionRules
 from compactord.engine.merge import merge_into_ledger, records_to_batch
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.readers.kafka_python import range_consumer
 from compactord.engine.throttle import ReadThrottle
+from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.reader import partition_rows
-from compactord.model import RECORD_DDL, RecordFingerprint
+from compactord.model import RECORD_DDL, RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "plan_ranges", "range_consumer"]
 
@@ -150,6 +152,10 @@ class RangeReadTask:
         # winners at the end (``merge.merge_into_ledger``), and the log start that bounds its rows.
         self.ledger_files: list[str] = list(spec.get("ledger_files") or [])
         self.log_start = int(spec.get("log_start", {}).get(str(partition), 0))
+        # Final reads of a compaction (not a preview): the task applies the deletion rules and writes its
+        # partition's part file into this folder, and hands no row to Spark.
+        self.write_to: str | None = spec.get("write_to")
+        self.rules = DeletionRules.from_json(spec["deletion_rules"]) if self.write_to else None
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         self._windows = 0
@@ -283,8 +289,8 @@ class RangeReadTask:
             return
         # Final reads: survivors are in offset order (reducers return sorted indexes), window after
         # window; the reducer over all of them picks each key's winner among every record of the
-        # partition. The rows leave in offset order, null-key rows merged in, so that the job writes
-        # them as they come, without a sort.
+        # partition. The rows leave in offset order, null-key rows merged in, so that they are written
+        # as they come, without a sort.
         self._windows += 1 if keyed else 0
         self._held.extend(kept)
         self._held_nulls.extend(nulls)
@@ -295,13 +301,26 @@ class RangeReadTask:
         if self._held_nulls:
             kept = list(heapq.merge(kept, self._held_nulls, key=_ROW_OFFSET))
             self._held_nulls = []
+        yield from self._finish(kept)
+
+    def _finish(self, rows: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+        """Final reads: the partition's winners in offset order, with its previous ledger rows merged in
+        (an incremental run), handed to Spark; or, when the task writes (``write_to``), put through the
+        deletion rules and written as the partition's part file, no row handed over."""
+        if not self.ledger_files and self.write_to is None:
+            yield from self._batches(rows)
+            return
         if self.ledger_files:
             self._check_cancel()
-            merged = merge_into_ledger(kept, partition_rows(self.ledger_files, self.partition, self.log_start),
-                                       self.reduce)
-            yield from merged.to_batches(max_chunksize=self.batch_records)
+            table = merge_into_ledger(rows, partition_rows(self.ledger_files, self.partition, self.log_start),
+                                      self.reduce)
+        else:
+            table = pa.Table.from_batches(list(self._batches(rows)), RECORD_SCHEMA)
+        if self.write_to is None or self.rules is None:
+            yield from table.to_batches(max_chunksize=self.batch_records)
             return
-        yield from self._batches(kept)
+        self._check_cancel()
+        write_part(self.rules.apply_arrow(table), Path(self.write_to), part_name(self.partition))
 
     def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         for i in range(0, len(kept), self.batch_records):

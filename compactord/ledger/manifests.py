@@ -23,6 +23,7 @@ from compactord.ledger.files import (
     fsync_path,
     write_atomic,
 )
+from compactord.ledger.parts import is_partial_part
 from compactord.model import RECORD_SCHEMA, LedgerManifest
 
 __all__ = ["finalize", "load_manifest", "verify"]
@@ -30,6 +31,7 @@ __all__ = ["finalize", "load_manifest", "verify"]
 
 def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
     """Seal the ledger in ``path`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is filled in place.
+    Spark's marker files and a dead task attempt's partial part are removed.
 
     :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
     :raises InsufficientDiskSpace: the disk is full.
@@ -38,7 +40,7 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
     with disk_errors(f"finalizing {where}"):
         path.mkdir(parents=True, exist_ok=True)
         for child in path.iterdir():
-            if child.name == "_SUCCESS" or child.name.endswith(".crc"):
+            if child.name == "_SUCCESS" or child.name.endswith(".crc") or is_partial_part(child.name):
                 child.unlink()
         parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
         if not parts:

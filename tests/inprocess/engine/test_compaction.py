@@ -8,6 +8,7 @@ import pytest
 
 from compactord.engine.kafka_source import OffsetRange
 from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFound
+from compactord.ledger.parts import part_name
 from compactord.model import Position
 from compactord.task import TaskState
 from tests.support.probes import Hold
@@ -292,7 +293,9 @@ def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, mak
     kafka.produce(topic, second)
     (merged, merged_full), (grouped, grouped_full) = run(final, False), run(grouping, True)
     assert not merged_full and not grouped_full
-    assert len(_file_keys(final)) == 3 and len(_file_keys(grouping)) == 1  # a file per reading task: merged there
+    # A file per reading task, written by it: the merge was there.
+    assert [f["name"] for f in final.ledger_info().files] == [part_name(p) for p in range(3)]
+    assert len(_file_keys(grouping)) == 1
 
     def marker_times(rows: list[dict[str, Any]], old: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # An old marker keeps the time it first entered a ledger; a new one has its run's start.
@@ -398,6 +401,8 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     compact(service)
     files = _file_keys(service)
     assert len(files) == 3  # one per reading task, each a partition, in partition order
+    # Written by the reading tasks themselves (``ledger.parts``), not by Spark's writer.
+    assert [f["name"] for f in service.ledger_info().files] == [part_name(p) for p in range(3)]
     assert [row for f in files for row in f] == sorted(row for f in files for row in f)
     final_entries = [entries(service, p) for p in range(3)]
     assert view(service, 3) == last_value_model(records)

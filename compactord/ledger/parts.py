@@ -1,0 +1,51 @@
+"""A ledger's Parquet part files: their row-group sizing (one rule for Spark's writer and for reading
+tasks that write their partition's file themselves), and writing one from Arrow.
+
+Small row groups keep the read API's pruning fine-grained: a page of 1,000 entries decodes one or two
+groups of at most ``ROW_GROUP_ROWS`` rows (values that compress well make the byte bound reach far more).
+Files are named so that they sort as their rows do: the ledger is sorted by (partition, offset) across
+its files, which the read API's bisection assumes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from compactord.ledger.files import TMP_SUFFIX
+
+__all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "is_partial_part", "part_name", "write_part"]
+
+ROW_GROUP_BYTES = 8 * 1024 * 1024
+ROW_GROUP_ROWS = 8192
+_PARTIAL = ".part-"
+
+
+def part_name(partition: int) -> str:
+    """The file of a Kafka partition's rows, written by the task that read the partition."""
+    return f"part-{partition:010d}.snappy.parquet"
+
+
+def is_partial_part(name: str) -> bool:
+    """A part file a task attempt was still writing when it died (``write_part``'s temporary file)."""
+    return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)
+
+
+def write_part(table: pa.Table, directory: Path, name: str) -> None:
+    """Write ``table`` (rows in (partition, offset) order) as the part file ``name`` of the ledger being
+    written in ``directory``, nothing for no rows. A hidden temporary file is written and renamed, so that
+    a failed or retried task attempt never leaves a partial part under a part's name; the ledger is
+    checksummed and fsynced when the run seals it (``manifests.finalize``)."""
+    if not table.num_rows:
+        return
+    rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes)))
+    tmp = Path(directory) / f".{name}.{os.getpid()}{TMP_SUFFIX}"
+    try:
+        pq.write_table(table, tmp, row_group_size=rows, compression="snappy")
+        os.replace(tmp, Path(directory) / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

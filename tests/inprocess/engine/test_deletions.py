@@ -1,0 +1,69 @@
+"""The deletion rules, written for Spark SQL and for Arrow (``engine/deletions.py``), give the same rows on
+every kind of winner: a value, a tombstone, a marker young and old, a null key, an old key by timestamp or
+by event time, a missing timestamp; with markers kept or not, with key expiry or not."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from compactord.engine.deletions import DeletionRules
+from compactord.model import RECORD_DDL, RECORD_SCHEMA
+
+NOW = 1_000_000
+
+
+def winners() -> pa.Table:
+    rows: list[dict[str, Any]] = []
+
+    def add(key: bytes | None, value: bytes | None, timestamp: int | None, event_time: int | None = None,
+            marker: bool = False, marker_at: int | None = None) -> None:
+        rows.append({"partition": 0, "offset": len(rows), "timestamp": timestamp, "key": key, "value": value,
+                     "headers": [{"key": "h", "value": b"x"}] if len(rows) % 3 == 0 else [],
+                     "event_time": event_time, "marker": marker, "marker_at": marker_at})
+
+    add(b"live", b"v", NOW - 10)
+    add(b"old", b"v", NOW - 5_000, NOW - 10)  # old by timestamp, young by event time
+    add(b"old-event", b"v", NOW - 10, NOW - 5_000)  # young by timestamp, old by event time
+    add(b"no-time", b"v", None)
+    add(b"tombstone", None, NOW - 10)
+    add(b"young-marker", None, NOW - 10, NOW - 10, marker=True, marker_at=NOW - 100)
+    add(b"old-marker", None, NOW - 10, NOW - 10, marker=True, marker_at=NOW - 50_000)
+    add(b"", b"empty-key", NOW - 10)
+    add(None, b"null-key", NOW - 5_000)
+    add(None, None, NOW - 10)
+    add(b"empty-value", b"", NOW - 10)
+    return pa.Table.from_pylist(rows, RECORD_SCHEMA)
+
+
+RULES = [DeletionRules(NOW, 20_000, keeps_markers=markers, key_ttl_ms=ttl, ttl_by_event_time=by_event)
+         for markers, ttl, by_event in itertools.product((False, True), (0, 1_000), (False, True))
+         if ttl or not by_event]
+
+
+@pytest.mark.parametrize("rules", RULES, ids=lambda r: f"markers={r.keeps_markers},ttl={r.key_ttl_ms},"
+                                                      f"by_event={r.ttl_by_event_time}")
+def test_spark_and_arrow_apply_the_same_rules(spark_manager, rules: DeletionRules) -> None:
+    table = winners()
+    frame = spark_manager.spark.createDataFrame(table.to_pylist(), RECORD_DDL)
+    by_spark = sorted((row.asDict(recursive=True) for row in rules.apply_sql(frame).collect()),
+                      key=lambda r: r["offset"])
+    by_arrow = rules.apply_arrow(table)
+    assert by_arrow.schema == RECORD_SCHEMA
+    assert by_arrow.to_pylist() == by_spark
+    kept = {r["key"] for r in by_spark if not r["marker"]}
+    markers = {r["key"] for r in by_spark if r["marker"]}
+    assert {b"live", b"", None, b"empty-value"} <= kept and b"tombstone" not in kept
+    assert b"old-marker" not in markers and b"young-marker" not in kept
+    assert markers == ({b"tombstone", b"young-marker"} if rules.keeps_markers else set()) | (
+        {b"old" if not rules.ttl_by_event_time else b"old-event"} if rules.keeps_markers and rules.key_ttl_ms else set())
+    assert (b"old" in kept) == (rules.key_ttl_ms == 0 or rules.ttl_by_event_time)
+    assert (b"old-event" in kept) == (rules.key_ttl_ms == 0 or not rules.ttl_by_event_time)
+    assert b"no-time" in kept
+    if rules.keeps_markers:
+        marker = next(r for r in by_spark if r["key"] == b"tombstone")
+        assert marker["marker"] and marker["value"] is None and marker["marker_at"] == NOW
+        assert next(r for r in by_spark if r["key"] == b"young-marker")["marker_at"] == NOW - 100

@@ -1,0 +1,74 @@
+"""The ledger's part files as reading tasks write them (``ledger.parts``), and what sealing a ledger does
+with a part a dead task attempt left half-written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from compactord.ledger import parts
+from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, part_name, write_part
+from compactord.ledger.store import LedgerStore
+from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
+
+
+def table(n: int, value_bytes: int = 10, partition: int = 0) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"partition": partition, "offset": i, "timestamp": i, "key": b"k%d" % i, "value": b"v" * value_bytes,
+          "headers": [], "event_time": i, "marker": False, "marker_at": None} for i in range(n)],
+        RECORD_SCHEMA)
+
+
+def test_part_names_sort_as_their_partitions() -> None:
+    names = [part_name(p) for p in (0, 2, 10, 123, 2**31 - 1)]
+    assert names == sorted(names) and all(n.startswith("part-") and n.endswith(".parquet") for n in names)
+
+
+def test_row_groups_are_bounded_by_rows_and_by_bytes(tmp_path: Path) -> None:
+    write_part(table(20_000), tmp_path, "small.parquet")
+    groups = pq.ParquetFile(tmp_path / "small.parquet").metadata
+    assert groups.num_rows == 20_000 and groups.num_row_groups == 3
+    assert max(groups.row_group(i).num_rows for i in range(3)) == ROW_GROUP_ROWS
+    # 200 rows of 100 KB: the 8 MiB bound makes groups of ~80 rows, with statistics for the read API.
+    write_part(table(200, value_bytes=100_000), tmp_path, "big.parquet")
+    big = pq.ParquetFile(tmp_path / "big.parquet").metadata
+    assert big.num_row_groups >= 3 and max(big.row_group(i).num_rows for i in range(big.num_row_groups)) < 100
+    stats = big.row_group(1).column(1).statistics
+    assert stats.has_min_max and stats.min > 0
+    assert pq.read_table(tmp_path / "big.parquet").equals(table(200, value_bytes=100_000))
+
+
+def test_no_rows_write_no_file(tmp_path: Path) -> None:
+    write_part(table(0), tmp_path, part_name(0))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_leaves_nothing_under_any_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_then_fail(t: pa.Table, where: Path, **kwargs: object) -> None:
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(parts.pq, "write_table", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        write_part(table(5), tmp_path, part_name(3))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) -> None:
+    with LedgerStore(tmp_path / "root") as store:
+        ledger_id, path = store.allocate_ledger("t")
+        path.mkdir()
+        write_part(table(10), path, part_name(0))
+        partial = path / f".{part_name(1)}.4242.tmp"
+        partial.write_bytes(b"PAR1 cut short")
+        assert is_partial_part(partial.name) and not is_partial_part(part_name(1))
+        manifest = LedgerManifest(ledger_id=ledger_id, topic="t", horizon={0: 9},
+                                  strategy=StrategySettings("publishing-order", "timestamp", False), files=[],
+                                  records_read=10)
+        sealed = store.finalize_ledger("t", ledger_id, manifest)
+        assert [f["name"] for f in sealed.files] == [part_name(0)] and sealed.records_kept == 10
+        assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0)]
+        store.verify("t", ledger_id)
