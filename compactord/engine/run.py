@@ -165,7 +165,7 @@ class CompactionRun:
             with contextlib.suppress(LedgerCorrupt):
                 corrupt_id = self.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
         return plan_compaction(
-            self.topic, offsets=offsets, previous=previous, log_now=self._log_now(previous),
+            self.topic, offsets=offsets, previous=previous, log_now=self._log_now(previous, offsets),
             first_offsets=self._first_offsets(handle, offsets),
             previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
@@ -188,7 +188,7 @@ class CompactionRun:
             handle.release()
         return {p: entries[0].offset for p, entries in found.items() if entries}
 
-    def _log_now(self, previous: LedgerManifest | None) -> LogNow:
+    def _log_now(self, previous: LedgerManifest | None, offsets: dict[int, PartitionOffsets]) -> LogNow:
         """The log's identity now: its topic id, and the records at the previous ledger's fingerprints
         (one small fetch per partition; skipped for a rebuild, which needs no comparison)."""
         broker = self.factory.broker
@@ -196,7 +196,7 @@ class CompactionRun:
         if previous is None or self.ctx.rebuild or not previous.fingerprints:
             return LogNow(topic_id)
         at = {p: f.offset for p, f in previous.fingerprints.items()}
-        return LogNow(topic_id, broker.first_records(self.topic, at))
+        return LogNow(topic_id, broker.first_records(self.topic, at, offsets))
 
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:

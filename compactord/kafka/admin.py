@@ -147,10 +147,12 @@ class KafkaAdmin(BrokerMetadata):
 
     # -- offsets ----------------------------------------------------------------------------------
 
-    def first_records(self, topic: str, at: Mapping[int, int]) -> dict[int, RecordFingerprint | None]:
+    def first_records(self, topic: str, at: Mapping[int, int],
+                      offsets: Mapping[int, PartitionOffsets] | None = None) -> dict[int, RecordFingerprint | None]:
         if not at:
             return {}
-        offsets = self.offsets(topic)
+        if offsets is None:
+            offsets = self.offsets(topic)
 
         def fetch(_admin: Any, cons: Any) -> dict[int, RecordFingerprint | None]:
             found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
