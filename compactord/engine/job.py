@@ -12,10 +12,13 @@
   the job's ``now_ms`` (its timestamp; its event time under ``event-time``) is treated as a winning
   deletion: dropped, or under ``event-time`` kept as a marker like any deletion.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
-- Final reads (``reads_are_final``): on a full rebuild where each Kafka partition is read by one task, an
-  ordered strategy's reader keeps exactly each key's winner (a key lives in one partition), so the job
-  neither shuffles nor groups: each reading task sorts its winners and writes its own file. With every key
-  distinct, that grouping was most of the job's cost.
+- Final reads (``reads_are_final``): where each Kafka partition is read by one task, an ordered strategy's
+  reader keeps exactly each key's winner (a key lives in one partition), so the job neither shuffles nor
+  groups. An incremental run merges the partition's previous ledger rows in the same task
+  (``merge.merge_into_ledger``). Each task then applies the deletion rules in Arrow and writes its
+  partition's part file itself (``ledger.parts``): no row crosses into the JVM. With every key distinct,
+  the grouping and then the JVM's share of the write were most of the job's cost.
+- The deletion rules (tombstones, markers, expiry) are ``deletions.DeletionRules``, in SQL and in Arrow.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ __all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "is_partial_part", "part_name", 
 ROW_GROUP_BYTES = 8 * 1024 * 1024
 ROW_GROUP_ROWS = 8192
 _PARTIAL = ".part-"
+# Dictionary pages only for the columns that repeat: on keys and values that rarely do, building a dictionary
+# and falling back cost time and bytes (250,000 distinct keys: 0.18 s and 5.8 MB with it, 0.10 s and 5.4 MB).
+_DICTIONARY = ["partition", "marker"]
 
 
 def part_name(partition: int) -> str:
@@ -44,7 +47,7 @@ def write_part(table: pa.Table, directory: Path, name: str) -> None:
     rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes)))
     tmp = Path(directory) / f".{name}.{os.getpid()}{TMP_SUFFIX}"
     try:
-        pq.write_table(table, tmp, row_group_size=rows, compression="snappy")
+        pq.write_table(table, tmp, row_group_size=rows, compression="snappy", use_dictionary=_DICTIONARY)
         os.replace(tmp, Path(directory) / name)
     except BaseException:
         tmp.unlink(missing_ok=True)
