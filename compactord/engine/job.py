@@ -37,6 +37,7 @@ from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS
+from compactord.ledger.reader import max_partition_rows
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
@@ -50,6 +51,9 @@ MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
 # The largest range whose reader may hold its partition's winners to the end (final reads): with every key
 # distinct that is every row, ~400 bytes each as Python tuples (~200 MB per reading task at this bound).
 FINAL_READ_MAX_RECORDS = 500_000
+# The most previous-ledger rows of one partition that its reading task may merge (held in Arrow, ~130 bytes
+# a row at ~100-byte values, and copied a few times while merging): past it, the grouping job, which spills.
+FINAL_READ_MAX_LEDGER_ROWS = 2_000_000
 
 
 class JobWidths(NamedTuple):
@@ -141,7 +145,8 @@ def job_spec(
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
         reader_client=resolve_client(settings.compaction_reader_client),
-        final_reads=reads_are_final(strategy.strategy, ranges, ledger_files, log_start),
+        final_reads=reads_are_final(strategy.strategy, ranges, ledger_files, log_start,
+                                    max_partition_rows(ledger_files) if ledger_files else 0),
         key_ttl_ms=key_ttl_ms,
         ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
         read_bytes_per_second=read_bytes_per_second,
@@ -149,7 +154,7 @@ def job_spec(
 
 
 def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange], ledger_files: Sequence[str],
-                    log_start: Mapping[int, int]) -> bool:
+                    log_start: Mapping[int, int], ledger_partition_rows: int = 0) -> bool:
     """Whether the readers' own reduction is the job's answer, so that Spark need not group the rows.
 
     It is when the strategy is an order (its reducer keeps each key's best record: exactly the winner, a
@@ -157,7 +162,9 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
     (nothing is dropped after the reduction), and no range is so large that holding its winners to the
     end costs too much memory (``FINAL_READ_MAX_RECORDS``). An incremental run merges each partition's
     previous ledger rows in its reading task (``merge.merge_into_ledger``): ``log_start`` must then name
-    every partition of the topic (a task is planned for each, also one without new records), and a
+    every partition of the topic (a task is planned for each, also one without new records), no partition
+    may have more ledger rows than a task should hold (``ledger_partition_rows``, at most
+    ``FINAL_READ_MAX_LEDGER_ROWS``: ``ledger.reader.max_partition_rows``), and a
     plug-in order under event time (its deletion markers) is left to the grouping job, whose rows carry
     the marker columns the plug-in's ``order_key`` may look at.
     """
@@ -166,7 +173,7 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
     partitions = [r.partition for r in ranges]
     if ledger_files:
         plan = plan_for(strategy)
-        if not set(partitions) <= set(log_start) or (
+        if not set(partitions) <= set(log_start) or ledger_partition_rows > FINAL_READ_MAX_LEDGER_ROWS or (
                 plan.keeps_deletion_markers and plan.reducer not in BUILTIN_REDUCERS.values()):
             return False
     return len(set(partitions)) == len(partitions) and all(

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
 from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "partition_rows"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "max_partition_rows", "partition_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +324,22 @@ def partition_rows(files: Sequence[str | Path], partition: int, start: int = 0) 
     table = table.filter(pc.and_(pc.equal(table["partition"], _int32(partition)),
                                  pc.greater_equal(table["offset"], _int64(start))))
     return table.sort_by("offset")
+
+
+def max_partition_rows(files: Sequence[str | Path]) -> int:
+    """At most how many rows of any one partition the ledger files ``files`` hold, from their footers'
+    row-group statistics alone: a group that spans partitions counts for each, one without statistics for
+    all. (What a reading task that merges a partition's ledger rows may have to hold.)"""
+    per: dict[int, int] = {}
+    everywhere = 0
+    for path in files:
+        for g in _row_groups(Path(path), 0, pq.read_metadata(path)):
+            if math.isinf(g.partition_min) or math.isinf(g.partition_max):
+                everywhere += g.num_rows
+                continue
+            for p in range(int(g.partition_min), int(g.partition_max) + 1):
+                per[p] = per.get(p, 0) + g.num_rows
+    return max(per.values(), default=0) + everywhere
 
 
 def _row_groups(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:

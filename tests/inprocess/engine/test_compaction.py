@@ -393,9 +393,13 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     assert final
     plan = job.build_winners(spark_manager.spark, spec, strategy.strategy)._jdf.queryExecution().executedPlan()
     assert "Exchange" not in plan.toString() and "Aggregate" not in plan.toString(), plan.toString()
-    # A ledger to merge: in the reading tasks when every partition is named (a task for each), else grouped.
-    assert plan_of(ledger_files=["x.parquet"], log_start={0: 0, 1: 0, 2: 0})[0]
-    assert not plan_of(ledger_files=["x.parquet"])[0]
+    # A ledger to merge: in the reading tasks when every partition is named (a task for each) and none has
+    # more ledger rows than a task should hold; else grouped.
+    every = {0: 0, 1: 0, 2: 0}
+    assert job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], every, job.FINAL_READ_MAX_LEDGER_ROWS)
+    assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], every,
+                                   job.FINAL_READ_MAX_LEDGER_ROWS + 1)
+    assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], {})
 
     service = factory.new_topic_compaction_service(topic)
     compact(service)

@@ -11,6 +11,7 @@ import pytest
 
 from compactord.ledger import parts
 from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, part_name, write_part
+from compactord.ledger.reader import max_partition_rows
 from compactord.ledger.store import LedgerStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 
@@ -39,6 +40,17 @@ def test_row_groups_are_bounded_by_rows_and_by_bytes(tmp_path: Path) -> None:
     stats = big.row_group(1).column(1).statistics
     assert stats.has_min_max and stats.min > 0
     assert pq.read_table(tmp_path / "big.parquet").equals(table(200, value_bytes=100_000))
+
+
+def test_max_partition_rows_bounds_a_partition_from_the_footers(tmp_path: Path) -> None:
+    write_part(table(20_000, partition=0), tmp_path, part_name(0))
+    write_part(table(100, partition=1), tmp_path, part_name(1))
+    mixed = pa.concat_tables([table(30, partition=1), table(50, partition=2)])
+    pq.write_table(mixed, tmp_path / "mixed.parquet")  # one group over partitions 1 and 2
+    files = [tmp_path / part_name(0), tmp_path / part_name(1), tmp_path / "mixed.parquet"]
+    assert max_partition_rows(files) == 20_000
+    assert max_partition_rows(files[1:]) == 180  # partition 1: 100 + the shared group's 80
+    assert max_partition_rows([]) == 0
 
 
 def test_no_rows_write_no_file(tmp_path: Path) -> None:
