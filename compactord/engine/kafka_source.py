@@ -15,7 +15,10 @@ records produced during the run are left for the next one.
   rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
   cost of a compaction is per-row Python work in Spark. With ``final`` (the job's ``reads_are_final``:
   this task reads its whole partition), the windows' survivors are held and reduced once more at the
-  end, so that exactly each key's winner leaves the task and Spark need not group.
+  end, so that exactly each key's winner leaves the task and Spark need not group. An incremental run
+  merges the partition's previous ledger rows there (``merge.merge_into_ledger``); a compaction's task
+  (``write_to``) then applies the deletion rules and writes the partition's part file itself, handing no
+  row to Spark (a preview's hands its rows over, for Spark to count).
 - A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
   for fetches of about one second of its share.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
