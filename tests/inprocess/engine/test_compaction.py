@@ -314,6 +314,14 @@ def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, mak
     assert values[b"k6"] == b"newer" and values[b"new"] == b"n" and values[b"k2"] == b"v2"  # k2: partition 2
     assert sorted(r["value"] for r in merged if r["key"] is None) == [b"n-late", b"n0", b"n1", b"n2"]
 
+    # A ledger the reading tasks wrote (pyarrow) is read by Spark as well: the grouping job's next run on it
+    # gives what it gives on a ledger of its own writing.
+    third = [("k0", "third", 0, None, [("et", b"9500")]), ("k2", None, 2, None, [("et", b"9500")])]
+    kafka.produce(topic, third)
+    (after_tasks, _), (after_spark, _) = run(final, True), run(grouping, True)
+    assert marker_times(after_tasks, merged) == marker_times(after_spark, grouped)
+    assert {r["key"]: r["value"] for r in after_tasks if not r["marker"]}[b"k0"] == b"third"
+
     # The incremental plan is final: no exchange, no aggregation.
     resolved = ResolvedStrategy.resolve(strategy, "header:et", True)
     manifest = final.ledger_info()
