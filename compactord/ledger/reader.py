@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
 from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "max_partition_rows", "partition_rows"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "max_partition_rows",
+           "partition_rows"]
 
 log = logging.getLogger(__name__)
 
