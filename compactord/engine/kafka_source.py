@@ -17,7 +17,7 @@ records produced during the run are left for the next one.
   this task reads its whole partition), the windows' survivors are held and reduced once more at the
   end, so that exactly each key's winner leaves the task and Spark need not group. An incremental run
   merges the partition's previous ledger rows there (``merge.merge_into_ledger``); a compaction's task
-  (``write_to``) then applies the deletion rules and writes the partition's part file itself, handing no
+  (``write``) then applies the deletion rules and writes the partition's part file itself, handing no
   row to Spark (a preview's hands its rows over, for Spark to count).
 - A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
   for fetches of about one second of its share.
@@ -155,10 +155,10 @@ class RangeReadTask:
         # winners at the end (``merge.merge_into_ledger``), and the log start that bounds its rows.
         self.ledger_files: list[str] = list(spec.get("ledger_files") or [])
         self.log_start = int(spec.get("log_start", {}).get(str(partition), 0))
-        # Final reads of a compaction (not a preview): the task applies the deletion rules and writes its
+        # Final reads of a compaction (not a preview): the task applies these deletion rules and writes its
         # partition's part file into this folder, and hands no row to Spark.
-        self.write_to: str | None = spec.get("write_to")
-        self.rules = DeletionRules.from_json(spec["deletion_rules"]) if self.write_to else None
+        self.write: tuple[Path, DeletionRules] | None = (
+            (Path(spec["write_to"]), DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         self._windows = 0
@@ -175,7 +175,6 @@ class RangeReadTask:
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
             if self.ledger_files:  # a partition without new records: its ledger rows, deletion rules to come
-                self._check_cancel()
                 yield from self._flush([], [], last=True)
             else:
                 self._report(done=True)
@@ -308,9 +307,9 @@ class RangeReadTask:
 
     def _finish(self, rows: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         """Final reads: the partition's winners in offset order, with its previous ledger rows merged in
-        (an incremental run), handed to Spark; or, when the task writes (``write_to``), put through the
+        (an incremental run), handed to Spark; or, when the task writes (``write``), put through the
         deletion rules and written as the partition's part file, no row handed over."""
-        if not self.ledger_files and self.write_to is None:
+        if not self.ledger_files and self.write is None:
             yield from self._batches(rows)
             return
         if self.ledger_files:
@@ -319,11 +318,12 @@ class RangeReadTask:
                                       self.reduce)
         else:
             table = pa.Table.from_batches(list(self._batches(rows)), RECORD_SCHEMA)
-        if self.write_to is None or self.rules is None:
+        if self.write is None:
             yield from table.to_batches(max_chunksize=self.batch_records)
             return
         self._check_cancel()
-        write_part(self.rules.apply_arrow(table), Path(self.write_to), part_name(self.partition))
+        folder, rules = self.write
+        write_part(rules.apply_arrow(table), folder, part_name(self.partition))
 
     def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         for i in range(0, len(kept), self.batch_records):
