@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,7 +37,7 @@ from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS
-from compactord.ledger.reader import max_partition_rows
+from compactord.ledger.reader import ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
@@ -105,6 +105,9 @@ class CompactionJobSpec:
     key_ttl_ms: int = 0  # 0: keys never expire
     ttl_by_event_time: bool = False  # a key's age is its winner's event time (else its timestamp)
     read_bytes_per_second: float = 0  # one reading task's share of the read budget (0: unlimited)
+    # Final reads of an incremental run: per partition, the previous ledger's files and row groups its
+    # reading task merges (``ledger.reader.partition_groups``; the footers are read once, here).
+    ledger_groups: Mapping[int, Sequence[tuple[str, Sequence[int]]]] = field(default_factory=dict)
 
 
 def job_spec(
@@ -127,6 +130,8 @@ def job_spec(
 
     ``now_ms`` (default: now) is the instant tombstone retention and key expiry are measured at: the
     task's start, so that a run's result does not depend on when Spark reaches the step."""
+    groups = ledger_row_groups(ledger_files) if ledger_files else []
+    final = reads_are_final(strategy.strategy, ranges, ledger_files, log_start, max_partition_rows(groups))
     return CompactionJobSpec(
         topic=topic,
         client_config=settings.kafka_client_config() if client_config is None else client_config,
@@ -145,11 +150,12 @@ def job_spec(
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
         reader_client=resolve_client(settings.compaction_reader_client),
-        final_reads=reads_are_final(strategy.strategy, ranges, ledger_files, log_start,
-                                    max_partition_rows(ledger_files) if ledger_files else 0),
+        final_reads=final,
         key_ttl_ms=key_ttl_ms,
         ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
         read_bytes_per_second=read_bytes_per_second,
+        ledger_groups={p: partition_groups(groups, p, start) for p, start in log_start.items()}
+        if final and ledger_files else {},
     )
 
 
@@ -202,7 +208,8 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "topic": spec.topic,
             "ranges": [[r.partition, r.start, r.end] for r in _read_ranges(spec)],
             "final": spec.final_reads,
-            "ledger_files": list(spec.ledger_files) if spec.final_reads else [],
+            "ledger_groups": {str(p): [[path, list(indexes)] for path, indexes in groups]
+                              for p, groups in spec.ledger_groups.items()},
             "log_start": {str(p): s for p, s in spec.log_start.items()},
             "strategy": spec.strategy_ref,
             "event_time_source": spec.event_time_source,

@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.engine.deletions import DeletionRules
-from compactord.engine.merge import merge_into_ledger, records_to_batch
+from compactord.engine.merge import columns_to_batch, merge_into_ledger, records_to_batch
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
+from compactord.engine.readers.base import RecordFields
 from compactord.engine.readers.kafka_python import range_consumer
+from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.throttle import ReadThrottle
 from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.reader import partition_rows
@@ -151,14 +153,21 @@ class RangeReadTask:
         self.batch_records = int(spec["batch_records"])
         self.client = spec.get("reader_client", AUTO)
         self.final = bool(spec.get("final", False))
-        # Final reads of an incremental run: the previous ledger's files, merged into this partition's
-        # winners at the end (``merge.merge_into_ledger``), and the log start that bounds its rows.
-        self.ledger_files: list[str] = list(spec.get("ledger_files") or [])
+        # Final reads of an incremental run: the previous ledger's files and row groups that may hold this
+        # partition's rows (the driver read the footers), merged into its winners at the end
+        # (``merge.merge_into_ledger``), and the log start that bounds its rows.
+        self.ledger_groups: list[tuple[str, list[int]]] = [
+            (path, indexes) for path, indexes in spec.get("ledger_groups", {}).get(str(partition), [])]
         self.log_start = int(spec.get("log_start", {}).get(str(partition), 0))
         # Final reads of a compaction (not a preview): the task applies these deletion rules and writes its
         # partition's part file into this folder, and hands no row to Spark.
         self.write: tuple[Path, DeletionRules] | None = (
             (Path(spec["write_to"]), DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
+        # publishing-order: each key's last record so far, as the backend's own record object; rows are
+        # built only for the records still here when the window ends (``_add_latest``).
+        self._latest: dict[bytes, Any] | None = {} if self.reduce is reduce_last_offset else None
+        self._latest_added = 0  # records put into ``_latest`` since it was last emptied
+        self._fields: RecordFields | None = None  # how the backend's records give their fields
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         self._windows = 0
@@ -174,7 +183,7 @@ class RangeReadTask:
 
     def run(self) -> Iterator[pa.RecordBatch]:
         if self.end <= self.start:
-            if self.ledger_files:  # a partition without new records: its ledger rows, deletion rules to come
+            if self.ledger_groups:  # a partition without new records: its ledger rows, deletion rules to come
                 yield from self._flush([], [], last=True)
             else:
                 self._report(done=True)
@@ -208,7 +217,7 @@ class RangeReadTask:
         while position < end:
             polled = reader.poll(0.5, end - position)  # no more than the range holds: no wait at its end
             if polled:
-                if polled.offsets[-1] >= end:  # offsets grow within a partition: only the last poll
+                if polled.last_offset >= end:  # offsets grow within a partition: only the last poll
                     polled = polled.below(end)
                 if polled:
                     self._add(polled, keyed, nulls)
@@ -229,7 +238,7 @@ class RangeReadTask:
                     f"reading {topic}[{partition}] made no progress at offset {position} for "
                     f"{stall_limit:.0f}s (range {self.start}-{end}); is the broker up?"
                 )
-            if len(keyed) + len(nulls) >= REDUCE_WINDOW:
+            if self._window_full(keyed, nulls):
                 yield from self._flush(keyed, nulls)
                 keyed, nulls = [], []
             self._progress(now)
@@ -242,26 +251,33 @@ class RangeReadTask:
         highwater = reader.high_watermark()
         return highwater is not None and highwater <= position
 
+    def _window_full(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> bool:
+        """Time to reduce the rows read so far (and, unless ``final``, hand the survivors to Spark)."""
+        if self._latest is None:
+            return len(keyed) + len(nulls) >= REDUCE_WINDOW
+        # The last records by key are the reduction itself, kept as the read goes: a final read holds
+        # them to the end (as it would hold every window's survivors).
+        return not self.final and len(self._latest) + len(nulls) >= REDUCE_WINDOW
+
     def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
-        """Turn one poll's records into rows: the one record path of both backends.
+        """Take one poll's records: the one record path of both backends.
 
         Per-record work here is what a compaction costs beyond the client's own decoding, so it runs in
-        C (``map``, ``zip``) rather than as a Python loop over the records; what is left is mostly
-        allocating the row tuples.
+        C (``map``, ``zip``, ``dict.update``) rather than as a Python loop over the records.
         """
-        n = len(polled)
-        offsets, timestamps, keys, values, headers = (polled.offsets, polled.timestamps, polled.keys,
-                                                      polled.values, polled.headers)
-        self.last = RecordFingerprint.of(offsets[-1], timestamps[-1], keys[-1], values[-1])
-        if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
-            values = [None if v == b"" else v for v in values]
-        self.records += n
-        nbytes = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values)))
+        self._fields = polled.fields
+        tail = polled.of(polled.records[-1:])
+        self.last = RecordFingerprint.of(tail.offsets[0], tail.timestamps[0], tail.keys[0], tail.values[0])
+        self.records += len(polled)
+        nbytes = polled.nbytes()
         self.bytes += nbytes
         if self.throttle is not None:
             self.throttle.consume(nbytes)
-        rows = zip(repeat(self.partition, n), offsets, timestamps, keys, values, headers,
-                   self._event_times(timestamps, headers))
+        if self._latest is not None:
+            self._add_latest(polled, nulls)
+            return
+        keys = polled.keys
+        rows = self._rows(polled)
         if None not in keys:
             keyed.extend(rows)
         elif self.retain_null_key:
@@ -269,6 +285,45 @@ class RangeReadTask:
                 (keyed if row[3] is not None else nulls).append(row)
         else:
             keyed.extend(row for row in rows if row[3] is not None)
+
+    def _add_latest(self, polled: Polled, nulls: list[tuple[Any, ...]]) -> None:
+        """publishing-order: a record replaces its key's earlier one in ``_latest``. Only the keys are read
+        from every record; a row is built for each record that is still its key's last when the window ends:
+        measured on 250,000 records of 2,500 keys, ~0.2 CPU-s less per task than a row for every record."""
+        keys, records = polled.keys, polled.records
+        if None in keys:
+            if self.retain_null_key:
+                nulls.extend(self._rows(polled.of([r for r, k in zip(records, keys) if k is None])))
+            keyed = [k is not None for k in keys]
+            keys, records = list(compress(keys, keyed)), list(compress(records, keyed))
+        self._latest.update(zip(keys, records))  # type: ignore[union-attr]
+        self._latest_added += len(keys)
+
+    def _columns(self, polled: Polled) -> tuple[list[Any], ...]:
+        """The records' columns ``(offset, timestamp, key, value, headers, event_time)``."""
+        timestamps, headers, values = polled.timestamps, polled.headers, polled.values
+        if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
+            values = [None if v == b"" else v for v in values]
+        return polled.offsets, timestamps, polled.keys, values, headers, self._event_times(timestamps, headers)
+
+    def _rows(self, polled: Polled) -> Iterator[tuple[Any, ...]]:
+        """The records as rows ``(partition, offset, timestamp, key, value, headers, event_time)``."""
+        return zip(repeat(self.partition, len(polled)), *self._columns(polled))
+
+    def _latest_table(self, nulls: list[tuple[Any, ...]]) -> pa.Table:
+        """Each key's last record so far and the null-key rows, in offset order, straight from the records'
+        columns into Arrow (no row tuples); the window starts again."""
+        tables = [pa.Table.from_batches(list(self._batches(nulls)), RECORD_SCHEMA)] if nulls else []
+        if self._latest and self._fields is not None:
+            records = list(self._latest.values())
+            if len(records) < self._latest_added:  # a key came again: its record moved past others
+                records.sort(key=self._fields.offset)
+            batch = columns_to_batch(self.partition, *self._columns(Polled(records, self._fields)))
+            tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
+        self._latest, self._latest_added = {}, 0
+        if not tables:
+            return RECORD_SCHEMA.empty_table()
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables).sort_by("offset")
 
     def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
         if self.event_time_source == "timestamp":
@@ -284,6 +339,13 @@ class RangeReadTask:
 
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
                last: bool = False) -> Iterator[pa.RecordBatch]:
+        if self._latest is not None:
+            table = self._latest_table(nulls)
+            if self.final:
+                yield from self._finish(table)
+            else:
+                yield from table.to_batches(max_chunksize=self.batch_records)
+            return
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         if not self.final:
             kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
@@ -303,21 +365,17 @@ class RangeReadTask:
         if self._held_nulls:
             kept = list(heapq.merge(kept, self._held_nulls, key=_ROW_OFFSET))
             self._held_nulls = []
-        yield from self._finish(kept)
+        yield from self._finish(pa.Table.from_batches(list(self._batches(kept)), RECORD_SCHEMA))
 
-    def _finish(self, rows: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
+    def _finish(self, winners: pa.Table) -> Iterator[pa.RecordBatch]:
         """Final reads: the partition's winners in offset order, with its previous ledger rows merged in
         (an incremental run), handed to Spark; or, when the task writes (``write``), put through the
         deletion rules and written as the partition's part file, no row handed over."""
-        if not self.ledger_files and self.write is None:
-            yield from self._batches(rows)
-            return
-        if self.ledger_files:
+        table = winners
+        if self.ledger_groups:
             self._check_cancel()
-            table = merge_into_ledger(rows, partition_rows(self.ledger_files, self.partition, self.log_start),
+            table = merge_into_ledger(winners, partition_rows(self.ledger_groups, self.partition, self.log_start),
                                       self.reduce)
-        else:
-            table = pa.Table.from_batches(list(self._batches(rows)), RECORD_SCHEMA)
         if self.write is None:
             yield from table.to_batches(max_chunksize=self.batch_records)
             return

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
 from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "max_partition_rows",
-           "partition_rows"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "ledger_row_groups",
+           "max_partition_rows", "partition_groups", "partition_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -306,41 +306,55 @@ class LedgerHandle:
             log.exception("cleanup of retired ledger %s failed", self._reader.path)
 
 
-def partition_rows(files: Sequence[str | Path], partition: int, start: int = 0) -> pa.Table:
-    """The rows of ``partition`` with an offset >= ``start`` in the ledger files ``files``, in offset order
-    (markers included), read from only the row groups whose statistics may hold them.
+def ledger_row_groups(files: Sequence[str | Path]) -> list[RowGroup]:
+    """Every row group of the ledger files ``files``, with its bounds, from the footers alone (the driver
+    reads them once per run: ``max_partition_rows``, ``partition_groups``)."""
+    return [g for i, path in enumerate(files) for g in _row_groups(Path(path), i, pq.read_metadata(path))]
+
+
+def max_partition_rows(groups: Sequence[RowGroup]) -> int:
+    """At most how many rows of any one partition the row groups ``groups`` hold, from their statistics: a
+    group that spans partitions counts for each, one without statistics for all. (What a reading task
+    that merges a partition's ledger rows may have to hold.)"""
+    per: dict[int, int] = {}
+    everywhere = 0
+    for g in groups:
+        if math.isinf(g.partition_min) or math.isinf(g.partition_max):
+            everywhere += g.num_rows
+            continue
+        for p in range(int(g.partition_min), int(g.partition_max) + 1):
+            per[p] = per.get(p, 0) + g.num_rows
+    return max(per.values(), default=0) + everywhere
+
+
+def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0) -> list[tuple[str, list[int]]]:
+    """The files, each with the indexes of its row groups, that may hold rows of ``partition`` at or
+    above offset ``start`` (what ``partition_rows`` reads)."""
+    by_file: dict[str, list[int]] = {}
+    for g in groups:
+        if g.may_hold(partition, start):
+            by_file.setdefault(str(g.file), []).append(g.index)
+    return list(by_file.items())
+
+
+def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0) -> pa.Table:
+    """The rows of ``partition`` with an offset >= ``start`` in the given row groups of ledger files
+    (``partition_groups``), in offset order (markers included).
 
     For a reading task that merges its partition's tail into the previous ledger (the files were
-    verified by the run's planning; a file that went bad since fails the task).
+    verified by the run's planning; a file that went bad since fails the task). Only these row groups are
+    read: the task opens no other file and no footer twice.
     """
     tables = []
-    for path in files:
+    for path, indexes in groups:
         with pq.ParquetFile(path) as pf:
-            groups = [g.index for g in _row_groups(Path(path), 0, pf.metadata) if g.may_hold(partition, start)]
-            if groups:
-                tables.append(pf.read_row_groups(groups, use_threads=False))
+            tables.append(pf.read_row_groups(list(indexes), use_threads=False))
     if not tables:
         return RECORD_SCHEMA.empty_table()
     table = pa.concat_tables(tables).cast(RECORD_SCHEMA)
     table = table.filter(pc.and_(pc.equal(table["partition"], _int32(partition)),
                                  pc.greater_equal(table["offset"], _int64(start))))
     return table.sort_by("offset")
-
-
-def max_partition_rows(files: Sequence[str | Path]) -> int:
-    """At most how many rows of any one partition the ledger files ``files`` hold, from their footers'
-    row-group statistics alone: a group that spans partitions counts for each, one without statistics for
-    all. (What a reading task that merges a partition's ledger rows may have to hold.)"""
-    per: dict[int, int] = {}
-    everywhere = 0
-    for path in files:
-        for g in _row_groups(Path(path), 0, pq.read_metadata(path)):
-            if math.isinf(g.partition_min) or math.isinf(g.partition_max):
-                everywhere += g.num_rows
-                continue
-            for p in range(int(g.partition_min), int(g.partition_max) + 1):
-                per[p] = per.get(p, 0) + g.num_rows
-    return max(per.values(), default=0) + everywhere
 
 
 def _row_groups(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:

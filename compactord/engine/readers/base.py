@@ -4,35 +4,96 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Polled", "RangeReader"]
+__all__ = ["Polled", "RangeReader", "RecordFields"]
 
 
-@dataclass(slots=True)
+class RecordFields(ABC):
+    """How a backend's record objects give their fields, a whole column at a time (``map`` over a C-level
+    getter: no Python loop per record). ``timestamps``: milliseconds (negative or None when the record has
+    none); ``headers``: per record a sequence of (name, value) pairs, or None/empty when it has none."""
+
+    offset: Callable[[Any], int]  # one record's offset (a C-level getter: sorting by it stays in C)
+
+    def offsets(self, records: list[Any]) -> list[int]:
+        return list(map(self.offset, records))
+
+    @abstractmethod
+    def timestamps(self, records: list[Any]) -> list[Any]: ...
+
+    @abstractmethod
+    def keys(self, records: list[Any]) -> list[bytes | None]: ...
+
+    @abstractmethod
+    def values(self, records: list[Any]) -> list[bytes | None]: ...
+
+    @abstractmethod
+    def headers(self, records: list[Any]) -> list[Any]: ...
+
+    def value_bytes(self, records: list[Any]) -> int:
+        """The bytes of the records' values (a null value counts 0)."""
+        return sum(map(len, filter(None, self.values(records))))
+
+
 class Polled:
-    """The data records of one poll, as columns in offset order (control records never appear).
+    """The data records of one poll (or a chosen few of them), in offset order, as the backend's own record
+    objects (control records never appear).
 
-    ``timestamps``: milliseconds (negative or None when the record has none); ``headers``: per record a
-    sequence of (name, value) pairs, or None/empty when it has none.
+    A column is read from the records when it is asked for: a reader that needs every record's key but the
+    other fields of only the records it keeps (``RangeReadTask``'s latest-offset path) pays for no more.
     """
 
-    offsets: list[int]
-    timestamps: list[Any]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[Any]
+    __slots__ = ("_keys", "fields", "records")
+
+    def __init__(self, records: list[Any], fields: RecordFields) -> None:
+        self.records = records
+        self.fields = fields
+        self._keys: list[bytes | None] | None = None
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.records)
+
+    @property
+    def keys(self) -> list[bytes | None]:
+        if self._keys is None:
+            self._keys = self.fields.keys(self.records)
+        return self._keys
+
+    @property
+    def offsets(self) -> list[int]:
+        return self.fields.offsets(self.records)
+
+    @property
+    def timestamps(self) -> list[Any]:
+        return self.fields.timestamps(self.records)
+
+    @property
+    def values(self) -> list[bytes | None]:
+        return self.fields.values(self.records)
+
+    @property
+    def headers(self) -> list[Any]:
+        return self.fields.headers(self.records)
+
+    @property
+    def last_offset(self) -> int:
+        return self.fields.offset(self.records[-1])
+
+    def nbytes(self) -> int:
+        """The bytes of the records' keys and values."""
+        return sum(map(len, filter(None, self.keys))) + self.fields.value_bytes(self.records)
+
+    def of(self, records: list[Any]) -> Polled:
+        """Other records of the same backend (e.g. the ones a reduction kept)."""
+        return Polled(records, self.fields)
 
     def below(self, end: int) -> Polled:
         """The records whose offset is below ``end`` (offsets grow: a prefix)."""
-        n = bisect_left(self.offsets, end)
-        if n == len(self.offsets):
+        if self.last_offset < end:
             return self
-        return Polled(self.offsets[:n], self.timestamps[:n], self.keys[:n], self.values[:n], self.headers[:n])
+        return self.of(self.records[: bisect_left(self.offsets, end)])
 
 
 class RangeReader(ABC):

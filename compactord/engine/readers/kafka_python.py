@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any
 
-from compactord.engine.readers.base import Polled, RangeReader
+from compactord.engine.readers.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
 
 __all__ = ["KafkaPythonRangeReader", "range_consumer"]
@@ -14,6 +14,26 @@ __all__ = ["KafkaPythonRangeReader", "range_consumer"]
 # Fields of kafka-python's ConsumerRecord, read a whole poll at a time (``map`` runs in C: measured 0.36
 # instead of 0.54 us per record for a Python loop).
 _OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
+
+
+
+class _ConsumerRecordFields(RecordFields):
+    offset = _OFFSET
+
+    def timestamps(self, records: list[Any]) -> list[Any]:
+        return list(map(_TIMESTAMP, records))
+
+    def keys(self, records: list[Any]) -> list[bytes | None]:
+        return list(map(_KEY, records))
+
+    def values(self, records: list[Any]) -> list[bytes | None]:
+        return list(map(_VALUE, records))
+
+    def headers(self, records: list[Any]) -> list[Any]:
+        return list(map(_HEADERS, records))
+
+
+_FIELDS = _ConsumerRecordFields()
 
 
 def range_consumer(client_config: Mapping[str, Any], batch_records: int, rate: float = 0) -> Any:
@@ -50,8 +70,7 @@ class KafkaPythonRangeReader(RangeReader):
                                       max_records=self._wanted(max_records)).get(self._tp)
         if not records:
             return None
-        return Polled(list(map(_OFFSET, records)), list(map(_TIMESTAMP, records)), list(map(_KEY, records)),
-                      list(map(_VALUE, records)), list(map(_HEADERS, records)))
+        return Polled(records, _FIELDS)
 
     def position(self) -> int | None:
         return self._consumer.position(self._tp)

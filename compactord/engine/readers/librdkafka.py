@@ -13,15 +13,37 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from compactord.engine.readers.base import Polled, RangeReader
+from compactord.engine.readers.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
 from compactord.kafka.client import READ_FETCH_BYTES
 
 __all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
 
-_OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
-    Message.offset, Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
+_TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
+    Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
 _SECOND = itemgetter(1)  # Message.timestamp() is (type, milliseconds); -1 when the record has none
+
+
+class _MessageFields(RecordFields):
+    offset = staticmethod(Message.offset)
+
+    def timestamps(self, records: list[Message]) -> list[Any]:
+        return list(map(_SECOND, map(_TIMESTAMP, records)))
+
+    def keys(self, records: list[Message]) -> list[bytes | None]:
+        return list(map(_KEY, records))
+
+    def values(self, records: list[Message]) -> list[bytes | None]:
+        return list(map(_VALUE, records))
+
+    def headers(self, records: list[Message]) -> list[Any]:
+        return list(map(_HEADERS, records))
+
+    def value_bytes(self, records: list[Message]) -> int:
+        return sum(map(len, records))  # a Message's length is its value's (0 when null)
+
+
+_FIELDS = _MessageFields()
 # Prefetched data a consumer may hold (librdkafka's default is 64 MiB): two fetches of a partition.
 _QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
@@ -124,8 +146,7 @@ class LibrdkafkaRangeReader(RangeReader):
             messages = self._without_errors(messages)
             if not messages:
                 return None
-        return Polled(list(map(_OFFSET, messages)), list(map(_SECOND, map(_TIMESTAMP, messages))),
-                      list(map(_KEY, messages)), list(map(_VALUE, messages)), list(map(_HEADERS, messages)))
+        return Polled(messages, _FIELDS)
 
     def _without_errors(self, messages: list[Message]) -> list[Message]:
         for message in messages:

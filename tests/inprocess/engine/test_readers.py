@@ -89,16 +89,40 @@ def test_a_start_the_log_does_not_hold_fails_instead_of_reading_other_offsets(ka
     assert task.records == 0
 
 
+def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_keys(kafka, tmp_path, monkeypatch,
+                                                                                   reader_client):
+    """Under publishing-order a window is bounded by the keys it holds, not the records read: 40 records of
+    4 keys (and 4 null-key records), polled 5 at a time, in windows of 9 leave the task as each key's last record only, with the retained null-key
+    records; an empty value turned into a tombstone on the record that won. Every record still counts in
+    the records and bytes read."""
+    from compactord.engine import kafka_source
+
+    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 9)
+    topic = kafka.topic()
+    records = [(None if i % 10 == 3 else f"k{i % 4}", "" if i == 38 else f"v{i}", 0) for i in range(40)]
+    kafka.produce(topic, records)
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, empty_value_is_tombstone=True, batch_records=5),
+                         0, 0, 40)
+    rows = read_rows(task)
+    last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
+    want = sorted([*last.values(), *(i for i, (key, _, _) in enumerate(records) if key is None)])
+    assert [r["offset"] for r in rows] == want
+    assert [r["value"] for r in rows if r["offset"] == 38] == [None]
+    assert task.records == 40
+    assert task.bytes == sum(len(k or "") + len(v) for k, v, _ in records)
+
+
 # -- final reads: a task that reads its whole partition keeps exactly each key's winner ----------------
 
 
 @pytest.mark.parametrize(("strategy", "source"), [("publishing-order", "timestamp"), ("event-time", "header:et")])
 def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, monkeypatch, strategy, source):
-    """Polls of 5 records, windows of at least 7 rows: a key whose records span windows still leaves the task once, as its winner
-    (without ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
+    """Polls of 5 records, windows of at least 3 rows (publishing-order: of 3 keys' last records, and 4 keys
+    take turns): a key whose records span windows still leaves the task once, as its winner (without
+    ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
     from compactord.engine import kafka_source
 
-    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 7)
+    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 3)
     topic = kafka.topic()
     # Event times fall as offsets grow for k0 (its first record wins under event time), rise for the others.
     records = [(f"k{i % 4}", f"v{i}" if i % 9 else None, 0, None,

@@ -11,7 +11,7 @@ import pytest
 
 from compactord.ledger import parts
 from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, part_name, write_part
-from compactord.ledger.reader import max_partition_rows
+from compactord.ledger.reader import ledger_row_groups, max_partition_rows, partition_groups, partition_rows
 from compactord.ledger.store import LedgerStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 
@@ -42,15 +42,25 @@ def test_row_groups_are_bounded_by_rows_and_by_bytes(tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "big.parquet").equals(table(200, value_bytes=100_000))
 
 
-def test_max_partition_rows_bounds_a_partition_from_the_footers(tmp_path: Path) -> None:
+def test_the_footers_bound_and_locate_each_partition_s_rows(tmp_path: Path) -> None:
+    """Read once by the driver: how many rows a partition may have (``max_partition_rows``), and which
+    files and row groups a reading task opens for it (``partition_groups``), no other."""
     write_part(table(20_000, partition=0), tmp_path, part_name(0))
     write_part(table(100, partition=1), tmp_path, part_name(1))
     mixed = pa.concat_tables([table(30, partition=1), table(50, partition=2)])
     pq.write_table(mixed, tmp_path / "mixed.parquet")  # one group over partitions 1 and 2
     files = [tmp_path / part_name(0), tmp_path / part_name(1), tmp_path / "mixed.parquet"]
-    assert max_partition_rows(files) == 20_000
-    assert max_partition_rows(files[1:]) == 180  # partition 1: 100 + the shared group's 80
+    groups = ledger_row_groups(files)
+    assert max_partition_rows(groups) == 20_000
+    assert max_partition_rows(ledger_row_groups(files[1:])) == 180  # partition 1: 100 + the shared group's 80
     assert max_partition_rows([]) == 0
+    assert partition_groups(groups, 1) == [(str(files[1]), [0]), (str(files[2]), [0])]
+    # Partition 0 from offset 19,000: only the last of its three groups (8,192 rows each at most).
+    assert partition_groups(groups, 0, 19_000) == [(str(files[0]), [2])]
+    rows = partition_rows(partition_groups(groups, 0, 19_000), 0, 19_000)
+    assert rows["offset"].to_pylist() == list(range(19_000, 20_000))
+    assert partition_rows(partition_groups(groups, 2), 2)["offset"].to_pylist() == list(range(50))
+    assert partition_groups(groups, 3) == [] and partition_rows([], 3).num_rows == 0
 
 
 def test_no_rows_write_no_file(tmp_path: Path) -> None:
