@@ -112,6 +112,24 @@ def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_k
     assert task.bytes == sum(len(k or "") + len(v) for k, v, _ in records)
 
 
+def test_a_reading_task_takes_what_the_worker_held_before_it_out_of_the_collector_s_scans(kafka, tmp_path):
+    """Spark's daemon runs a full collection in a reused Python worker after every task: what the worker
+    held before the task (its modules, Spark's state) is frozen, so that collection scans only what the
+    task left."""
+    import gc
+
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(30)])
+    gc.unfreeze()
+    held = len(gc.get_objects())
+    try:
+        assert len(read_rows(RangeReadTask(spec(kafka, topic, "auto", tmp_path), 0, 0, 30))) == 3
+        assert gc.get_freeze_count() >= held
+        assert len(gc.get_objects()) < held // 10
+    finally:
+        gc.unfreeze()
+
+
 # -- final reads: a task that reads its whole partition keeps exactly each key's winner ----------------
 
 
