@@ -21,6 +21,7 @@ from typing import Any
 from kafka import TopicPartition
 
 from compactord.config import Settings
+from compactord.engine.readers import LIBRDKAFKA, resolve_client
 from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
@@ -46,6 +47,8 @@ class KafkaAdmin(BrokerMetadata):
         self._client_config = settings.kafka_client_config()
         self._lock = threading.Lock()
         self._admin: Any = None
+        # The log-identity probe reads with librdkafka when the reading tasks do (``first_records``).
+        self._librdkafka = resolve_client(settings.compaction_reader_client) == LIBRDKAFKA
 
     def close(self) -> None:
         # A call under way (a broker that does not answer holds one for the request timeout) keeps its
@@ -154,17 +157,25 @@ class KafkaAdmin(BrokerMetadata):
         if offsets is None:
             offsets = self.offsets(topic)
 
+        found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
+        # Below the log start, or past the end: nothing there to compare.
+        wanted = {p: offset for p, offset in at.items()
+                  if (o := offsets.get(p)) is not None and o.log_start <= offset < o.end}
+        if not wanted:
+            return found
+        if self._librdkafka:
+            from compactord.engine.readers.librdkafka import first_records
+
+            try:
+                found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
+                                           self._settings.kafka_request_timeout_ms / 1000))
+            except RuntimeError as exc:
+                raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") \
+                    from exc
+            return found
+
         def fetch(_admin: Any, cons: Any) -> dict[int, RecordFingerprint | None]:
-            found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
-            tps = {}
-            for p, offset in at.items():
-                o = offsets.get(p)
-                if o is None or not o.log_start <= offset < o.end:
-                    continue  # below the log start, or past the end: nothing there to compare
-                tp = TopicPartition(topic, p)
-                tps[tp] = offset
-            if not tps:
-                return found
+            tps = {TopicPartition(topic, p): offset for p, offset in wanted.items()}
             cons.assign(list(tps))
             for tp, offset in tps.items():
                 cons.seek(tp, offset)

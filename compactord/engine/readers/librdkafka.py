@@ -7,6 +7,7 @@ Python side of a poll is only the columns.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
@@ -16,8 +17,9 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from compactord.engine.readers.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
 from compactord.kafka.client import READ_FETCH_BYTES
+from compactord.model import RecordFingerprint
 
-__all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
+__all__ = ["LibrdkafkaRangeReader", "first_records", "librdkafka_config", "range_consumer"]
 
 _TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
     Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
@@ -167,3 +169,50 @@ class LibrdkafkaRangeReader(RangeReader):
 
     def close(self) -> None:
         self._consumer.close()
+
+
+# The start is out of the log's range: retention or a broker's cleaner removed the record since.
+_GONE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+
+
+def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int, int], ends: Mapping[int, int],
+                  timeout_s: float) -> dict[int, RecordFingerprint]:
+    """Per partition ``p``, the fingerprint of the first data record at or after offset ``at[p]`` and below
+    ``ends[p]``; a partition is left out when there is none (only transaction markers or aborted records,
+    or the record is gone) or when none came within ``timeout_s``.
+
+    The driver's log-identity probe (``BrokerMetadata.first_records``). The broker answers with the whole
+    batch that holds the offset, and the fingerprinted offset is usually the last of a producer's batch:
+    librdkafka decodes the batch in C, where kafka-python decoded every record before it in Python (a
+    1 MB batch holds ~8,000 records here: 0.14-0.22 s per run for 4 partitions, a third of an incremental
+    run of 100,000 records).
+
+    :raises RuntimeError: the broker refused the read (unknown topic, auth).
+    """
+    found: dict[int, RecordFingerprint] = {}
+    consumer = range_consumer(client_config)
+    try:
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
+        pending = set(at)
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=0.2):
+                p, err = message.partition(), message.error()
+                if err is not None:
+                    if err.code() in _GONE:
+                        pending.discard(p)
+                    elif err.code() not in _TRANSIENT:
+                        raise RuntimeError(f"reading {topic}[{p}] at offset {at.get(p)} failed: {err.str()}")
+                elif p in pending:
+                    pending.discard(p)
+                    if message.offset() < ends[p]:
+                        found[p] = RecordFingerprint.of(message.offset(), message.timestamp()[1], message.key(),
+                                                        message.value())
+                    consumer.pause([TopicPartition(topic, p)])
+            for p in list(pending):
+                position = consumer.position([TopicPartition(topic, p)])[0].offset
+                if position >= ends[p]:
+                    pending.discard(p)  # only transaction markers or aborted records were left
+    finally:
+        consumer.close()
+    return found

@@ -4,6 +4,7 @@ transaction marker, no offset reset, event times from headers when some records 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,40 @@ def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monke
     offsets = [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()]
     last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
     assert offsets == sorted([*last.values(), *(i for i in range(0, 3000, 7))])
+
+
+# -- the driver's log-identity probe (``KafkaAdmin.first_records``) reads like the reading tasks --------
+
+
+def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka, tmp_path, tx_producer,
+                                                                         reader_client):
+    """The probe reads with the reading tasks' client (librdkafka decodes the batch holding the offset in
+    C): at the offset of the last record a task read, it finds that record's fingerprint; where only a
+    transaction marker is left, nothing; at an offset retention removed, nothing."""
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", 0, 1_700_000_000_000 + i) for i in range(3000)])
+    tx_producer.begin_transaction()
+    for i in range(3):
+        tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
+    tx_producer.commit_transaction()  # offsets 0-2 the records, 3 the commit marker
+    tasks = {p: RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, end)
+             for p, end in ((0, 3000), (1, 4))}
+    for task in tasks.values():
+        read_rows(task)
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
+                                compacted_ledger_root=str(tmp_path / "l")))
+    try:
+        offsets = admin.offsets(topic)
+        found = admin.first_records(topic, {0: 2999, 1: 2}, offsets)
+        assert found == {0: tasks[0].last, 1: tasks[1].last}
+        assert found[0] is not None and found[0].offset == 2999 and found[1].offset == 2
+        assert admin.first_records(topic, {1: 3}, offsets) == {1: None}  # only the marker is left
+        # What retention removed (the broker's log start, given at the boundary that receives it: the test
+        # broker never moves its log start) is not read at all.
+        moved = {0: dataclasses.replace(offsets[0], log_start=2500), 1: offsets[1]}
+        assert admin.first_records(topic, {0: 100}, moved) == {0: None}
+    finally:
+        admin.close()
