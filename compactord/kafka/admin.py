@@ -21,10 +21,10 @@ from typing import Any
 from kafka import TopicPartition
 
 from compactord.config import Settings
-from compactord.engine.readers import LIBRDKAFKA, resolve_client
 from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
+from compactord.kafka.librdkafka import LIBRDKAFKA, first_records, resolve_client
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
@@ -164,8 +164,6 @@ class KafkaAdmin(BrokerMetadata):
         if not wanted:
             return found
         if self._librdkafka:
-            from compactord.engine.readers.librdkafka import first_records
-
             try:
                 found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
                                            self._settings.kafka_request_timeout_ms / 1000))

@@ -6,7 +6,11 @@ opens a consumer on one partition at an offset and hands over what each poll ret
 (``base.RangeReader``). Two backends:
 
 - ``librdkafka``: confluent-kafka, whose wheels bundle librdkafka (C); the default when it imports;
-- ``kafka-python``: pure Python (with C CRC-32C), the daemon's driver-side client too.
+- ``kafka-python``: pure Python (with C CRC-32C), the daemon's driver-side client too (but for the
+  log-identity probe, which reads with the readers' client: ``kafka.librdkafka.first_records``).
+
+Which client ``auto`` means, and librdkafka's names for the broker settings, live in ``kafka/librdkafka.py``
+(the driver uses them too).
 
 Both read the same way: assigned (no group, nothing committed), read_committed, no offset reset (a range
 whose start the log no longer holds fails the task), CRCs checked.
@@ -14,35 +18,14 @@ whose start the log no longer holds fails the task), CRCs checked.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
 from compactord.engine.readers.base import Polled, RangeReader
+from compactord.kafka.librdkafka import AUTO, CLIENTS, KAFKA_PYTHON, LIBRDKAFKA, resolve_client
 
-__all__ = ["AUTO", "CLIENTS", "Polled", "RangeReader", "open_range_reader", "resolve_client"]
-
-AUTO = "auto"
-KAFKA_PYTHON = "kafka-python"
-LIBRDKAFKA = "librdkafka"
-CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
-
-
-def librdkafka_available() -> bool:
-    return importlib.util.find_spec("confluent_kafka") is not None
-
-
-def resolve_client(name: str) -> str:
-    """The backend ``name`` (a ``compactionReaderClient`` value) stands for: ``auto`` is librdkafka when
-    confluent-kafka is installed, kafka-python otherwise.
-
-    :raises ValueError: ``name`` is not one of ``CLIENTS``.
-    """
-    if name == AUTO:
-        return LIBRDKAFKA if librdkafka_available() else KAFKA_PYTHON
-    if name not in (LIBRDKAFKA, KAFKA_PYTHON):
-        raise ValueError(f"reader client must be one of {', '.join(CLIENTS)}, got: {name!r}")
-    return name
+__all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "Polled", "RangeReader", "open_range_reader",
+           "resolve_client"]
 
 
 def open_range_reader(client: str, client_config: Mapping[str, Any], topic: str, partition: int, start: int,

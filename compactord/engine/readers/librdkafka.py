@@ -7,19 +7,18 @@ Python side of a poll is only the columns.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from compactord.engine.readers.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
 from compactord.kafka.client import READ_FETCH_BYTES
-from compactord.model import RecordFingerprint
+from compactord.kafka.librdkafka import consumer_config, librdkafka_config, transient_errors
 
-__all__ = ["LibrdkafkaRangeReader", "first_records", "librdkafka_config", "range_consumer"]
+__all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
 
 _TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
     Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
@@ -51,66 +50,16 @@ _QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 _QUEUE_BACKOFF_MS = 10  # how soon a full prefetch queue is looked at again (librdkafka: 1000)
 
-# kafka-python's names (``Settings.kafka_client_config``) -> librdkafka's. Values pass as they are, but
-# for the lists and flags below.
-_NAMES = {
-    "client_id": "client.id",
-    "request_timeout_ms": "socket.timeout.ms",
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanisms",
-    "sasl_plain_username": "sasl.username",
-    "sasl_plain_password": "sasl.password",
-    "ssl_cafile": "ssl.ca.location",
-    "ssl_certfile": "ssl.certificate.location",
-    "ssl_keyfile": "ssl.key.location",
-    "ssl_password": "ssl.key.password",
-}
-# Errors a poll may carry that librdkafka recovers from on its own (it reconnects and fetches again);
-# a read that never recovers ends on the data source's stall limit.
-_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._PARTITION_EOF,
-              KafkaError._TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-              KafkaError.REQUEST_TIMED_OUT, KafkaError._MSG_TIMED_OUT}
-
-
-def librdkafka_config(client_config: Mapping[str, Any]) -> dict[str, Any]:
-    """librdkafka's settings for the broker settings that ``Settings.kafka_client_config`` gives kafka-python.
-
-    :raises ValueError: a setting without a mapping here (a new one must be mapped, never dropped: a
-        dropped security setting would connect in a way the operator did not configure).
-    """
-    out: dict[str, Any] = {}
-    for name, value in client_config.items():
-        if name == "bootstrap_servers":
-            out["bootstrap.servers"] = value if isinstance(value, str) else ",".join(value)
-        elif name == "ssl_check_hostname":
-            out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
-        elif name in _NAMES:
-            out[_NAMES[name]] = value
-        else:
-            raise ValueError(f"the Kafka client setting {name!r} has no librdkafka equivalent here; "
-                             "map it in compactord/engine/readers/librdkafka.py or use "
-                             "compactionReaderClient=kafka-python")
-    return out
-
 
 def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consumer:
-    """The consumer a reading task uses (also the benchmark's floor): no group membership (``assign``
-    only; librdkafka's Python binding requires a ``group.id`` all the same, which nothing joins or commits
-    to), read_committed, no offset reset (``error``: a start the log no longer holds fails), CRCs checked,
-    the same fetch sizes as kafka-python's reader. ``rate``: the task's read budget in bytes per second
+    """The consumer a reading task uses (also the benchmark's floor): ``kafka.librdkafka.consumer_config``
+    (assigned, read_committed, no offset reset, CRCs checked) with the same fetch sizes as kafka-python's
+    reader. ``rate``: the task's read budget in bytes per second
     (0: unlimited): its fetches and its prefetch queue are sized to about one and two seconds of it, so
     that the cap is on what is fetched. (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
     size = fetch_bytes(rate, READ_FETCH_BYTES)
-    cfg = librdkafka_config(client_config)
+    cfg = consumer_config(client_config)
     cfg.update({
-        "group.id": f"{cfg.get('client.id', 'compactord')}-range-reader",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "error",
-        "allow.auto.create.topics": False,
-        "check.crcs": True,
-        "enable.partition.eof": False,
         "max.partition.fetch.bytes": size,
         "fetch.max.bytes": max(size, _MESSAGE_MAX_BYTES) if rate > 0 else READ_FETCH_BYTES * 4,
         # The prefetch queue is bounded by its bytes alone (queued.min.messages stays at librdkafka's
@@ -153,7 +102,7 @@ class LibrdkafkaRangeReader(RangeReader):
     def _without_errors(self, messages: list[Message]) -> list[Message]:
         for message in messages:
             err = message.error()
-            if err is not None and err.code() not in _TRANSIENT:
+            if err is not None and err.code() not in transient_errors():
                 # _AUTO_OFFSET_RESET: the start is out of the log's range (``auto.offset.reset=error``).
                 raise RuntimeError(f"reading {self._topic}[{self._partition}] from offset {self._start} failed: "
                                    f"{err.str()} ({err.name()})")
@@ -170,49 +119,3 @@ class LibrdkafkaRangeReader(RangeReader):
     def close(self) -> None:
         self._consumer.close()
 
-
-# The start is out of the log's range: retention or a broker's cleaner removed the record since.
-_GONE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
-
-
-def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int, int], ends: Mapping[int, int],
-                  timeout_s: float) -> dict[int, RecordFingerprint]:
-    """Per partition ``p``, the fingerprint of the first data record at or after offset ``at[p]`` and below
-    ``ends[p]``; a partition is left out when there is none (only transaction markers or aborted records,
-    or the record is gone) or when none came within ``timeout_s``.
-
-    The driver's log-identity probe (``BrokerMetadata.first_records``). The broker answers with the whole
-    batch that holds the offset, and the fingerprinted offset is usually the last of a producer's batch:
-    librdkafka decodes the batch in C, where kafka-python decoded every record before it in Python (a
-    1 MB batch holds ~8,000 records here: 0.14-0.22 s per run for 4 partitions, a third of an incremental
-    run of 100,000 records).
-
-    :raises RuntimeError: the broker refused the read (unknown topic, auth).
-    """
-    found: dict[int, RecordFingerprint] = {}
-    consumer = range_consumer(client_config)
-    try:
-        consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
-        pending = set(at)
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=500, timeout=0.2):
-                p, err = message.partition(), message.error()
-                if err is not None:
-                    if err.code() in _GONE:
-                        pending.discard(p)
-                    elif err.code() not in _TRANSIENT:
-                        raise RuntimeError(f"reading {topic}[{p}] at offset {at.get(p)} failed: {err.str()}")
-                elif p in pending:
-                    pending.discard(p)
-                    if message.offset() < ends[p]:
-                        found[p] = RecordFingerprint.of(message.offset(), message.timestamp()[1], message.key(),
-                                                        message.value())
-                    consumer.pause([TopicPartition(topic, p)])
-            for p in list(pending):
-                position = consumer.position([TopicPartition(topic, p)])[0].offset
-                if position >= ends[p]:
-                    pending.discard(p)  # only transaction markers or aborted records were left
-    finally:
-        consumer.close()
-    return found
