@@ -24,7 +24,7 @@ from compactord.config import Settings
 from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
-from compactord.kafka.librdkafka import LIBRDKAFKA, first_records, resolve_client
+from compactord.kafka.librdkafka import LIBRDKAFKA, first_records, librdkafka_available, resolve_client
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
@@ -47,8 +47,9 @@ class KafkaAdmin(BrokerMetadata):
         self._client_config = settings.kafka_client_config()
         self._lock = threading.Lock()
         self._admin: Any = None
-        # The log-identity probe reads with librdkafka when the reading tasks do (``first_records``).
-        self._librdkafka = resolve_client(settings.compaction_reader_client) == LIBRDKAFKA
+        # The log-identity probe reads with librdkafka when the reading tasks do (``first_records``), and
+        # with kafka-python where confluent-kafka is not installed (the reading tasks then fail, saying so).
+        self._librdkafka = resolve_client(settings.compaction_reader_client) == LIBRDKAFKA and librdkafka_available()
 
     def close(self) -> None:
         # A call under way (a broker that does not answer holds one for the request timeout) keeps its
