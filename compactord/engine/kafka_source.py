@@ -322,7 +322,7 @@ class RangeReadTask:
         if self._latest and self._fields is not None:
             records = list(self._latest.values())
             if len(records) < self._latest_added:  # a key came again: its record moved past others
-                records.sort(key=self._fields.offset)
+                records.sort(key=self._fields.offset_of)
             batch = columns_to_batch(self.partition, *self._columns(Polled(records, self._fields)))
             tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
         self._latest, self._latest_added = {}, 0

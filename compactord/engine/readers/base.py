@@ -5,35 +5,49 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Polled", "RangeReader", "RecordFields"]
 
 
-class RecordFields(ABC):
-    """How a backend's record objects give their fields, a whole column at a time (``map`` over a C-level
-    getter: no Python loop per record). ``timestamps``: milliseconds (negative or None when the record has
-    none); ``headers``: per record a sequence of (name, value) pairs, or None/empty when it has none."""
+@dataclass(frozen=True, slots=True)
+class RecordFields:
+    """How a backend's record objects give their fields: a getter per field that runs in C (an unbound
+    method, ``attrgetter``), mapped over a whole poll at once (no Python loop per record). Timestamps are
+    milliseconds (negative or None when the record has none); headers per record a sequence of (name, value)
+    pairs, or None/empty when it has none."""
 
-    offset: Callable[[Any], int]  # one record's offset (a C-level getter: sorting by it stays in C)
+    offset_of: Callable[[Any], int]
+    timestamp_of: Callable[[Any], Any]
+    key_of: Callable[[Any], bytes | None]
+    value_of: Callable[[Any], bytes | None]
+    headers_of: Callable[[Any], Any]
+    # Applied to what ``timestamp_of`` gives, when that is not the milliseconds themselves.
+    timestamp_ms: Callable[[Any], Any] | None = None
+    # One record's value bytes, when the record knows them without handing the value over.
+    value_size: Callable[[Any], int] | None = None
 
     def offsets(self, records: list[Any]) -> list[int]:
-        return list(map(self.offset, records))
+        return list(map(self.offset_of, records))
 
-    @abstractmethod
-    def timestamps(self, records: list[Any]) -> list[Any]: ...
+    def timestamps(self, records: list[Any]) -> list[Any]:
+        stamps = map(self.timestamp_of, records)
+        return list(stamps if self.timestamp_ms is None else map(self.timestamp_ms, stamps))
 
-    @abstractmethod
-    def keys(self, records: list[Any]) -> list[bytes | None]: ...
+    def keys(self, records: list[Any]) -> list[bytes | None]:
+        return list(map(self.key_of, records))
 
-    @abstractmethod
-    def values(self, records: list[Any]) -> list[bytes | None]: ...
+    def values(self, records: list[Any]) -> list[bytes | None]:
+        return list(map(self.value_of, records))
 
-    @abstractmethod
-    def headers(self, records: list[Any]) -> list[Any]: ...
+    def headers(self, records: list[Any]) -> list[Any]:
+        return list(map(self.headers_of, records))
 
     def value_bytes(self, records: list[Any]) -> int:
         """The bytes of the records' values (a null value counts 0)."""
+        if self.value_size is not None:
+            return sum(map(self.value_size, records))
         return sum(map(len, filter(None, self.values(records))))
 
 
@@ -79,7 +93,7 @@ class Polled:
 
     @property
     def last_offset(self) -> int:
-        return self.fields.offset(self.records[-1])
+        return self.fields.offset_of(self.records[-1])
 
     def nbytes(self) -> int:
         """The bytes of the records' keys and values."""

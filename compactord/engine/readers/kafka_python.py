@@ -13,27 +13,7 @@ __all__ = ["KafkaPythonRangeReader", "range_consumer"]
 
 # Fields of kafka-python's ConsumerRecord, read a whole poll at a time (``map`` runs in C: measured 0.36
 # instead of 0.54 us per record for a Python loop).
-_OFFSET, _TIMESTAMP, _KEY, _VALUE, _HEADERS = (attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers"))
-
-
-
-class _ConsumerRecordFields(RecordFields):
-    offset = _OFFSET
-
-    def timestamps(self, records: list[Any]) -> list[Any]:
-        return list(map(_TIMESTAMP, records))
-
-    def keys(self, records: list[Any]) -> list[bytes | None]:
-        return list(map(_KEY, records))
-
-    def values(self, records: list[Any]) -> list[bytes | None]:
-        return list(map(_VALUE, records))
-
-    def headers(self, records: list[Any]) -> list[Any]:
-        return list(map(_HEADERS, records))
-
-
-_FIELDS = _ConsumerRecordFields()
+_FIELDS = RecordFields(*(attrgetter(f) for f in ("offset", "timestamp", "key", "value", "headers")))
 
 
 def range_consumer(client_config: Mapping[str, Any], batch_records: int, rate: float = 0) -> Any:

@@ -20,31 +20,11 @@ from compactord.kafka.librdkafka import consumer_config, librdkafka_config, tran
 
 __all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
 
-_TIMESTAMP, _KEY, _VALUE, _HEADERS, _ERROR = (
-    Message.timestamp, Message.key, Message.value, Message.headers, Message.error)
-_SECOND = itemgetter(1)  # Message.timestamp() is (type, milliseconds); -1 when the record has none
-
-
-class _MessageFields(RecordFields):
-    offset = staticmethod(Message.offset)
-
-    def timestamps(self, records: list[Message]) -> list[Any]:
-        return list(map(_SECOND, map(_TIMESTAMP, records)))
-
-    def keys(self, records: list[Message]) -> list[bytes | None]:
-        return list(map(_KEY, records))
-
-    def values(self, records: list[Message]) -> list[bytes | None]:
-        return list(map(_VALUE, records))
-
-    def headers(self, records: list[Message]) -> list[Any]:
-        return list(map(_HEADERS, records))
-
-    def value_bytes(self, records: list[Message]) -> int:
-        return sum(map(len, records))  # a Message's length is its value's (0 when null)
-
-
-_FIELDS = _MessageFields()
+_ERROR = Message.error
+# Message.timestamp() is (type, milliseconds), -1 when the record has none; a Message's length is its
+# value's (0 when null).
+_FIELDS = RecordFields(Message.offset, Message.timestamp, Message.key, Message.value, Message.headers,
+                       timestamp_ms=itemgetter(1), value_size=len)
 # Prefetched data a consumer may hold (librdkafka's default is 64 MiB): two fetches of a partition.
 _QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
@@ -54,9 +34,8 @@ _QUEUE_BACKOFF_MS = 10  # how soon a full prefetch queue is looked at again (lib
 def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consumer:
     """The consumer a reading task uses (also the benchmark's floor): ``kafka.librdkafka.consumer_config``
     (assigned, read_committed, no offset reset, CRCs checked) with the same fetch sizes as kafka-python's
-    reader. ``rate``: the task's read budget in bytes per second
-    (0: unlimited): its fetches and its prefetch queue are sized to about one and two seconds of it, so
-    that the cap is on what is fetched. (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
+    reader. ``rate``: the task's read budget in bytes per second (0: unlimited): its fetches and its
+    prefetch queue are sized to about one and two seconds of it, so that the cap is on what is fetched. (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
     size = fetch_bytes(rate, READ_FETCH_BYTES)
     cfg = consumer_config(client_config)
     cfg.update({
@@ -118,4 +97,3 @@ class LibrdkafkaRangeReader(RangeReader):
 
     def close(self) -> None:
         self._consumer.close()
-
