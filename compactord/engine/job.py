@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from compactord.config import Settings
 from compactord.engine.deletions import DeletionRules, deleted_sql
-from compactord.engine.kafka_source import FORMAT, OffsetRange
+from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks
 from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
@@ -108,6 +108,9 @@ class CompactionJobSpec:
     # Final reads of an incremental run: per partition, the previous ledger's files and row groups its
     # reading task merges (``ledger.reader.partition_groups``; the footers are read once, here).
     ledger_groups: Mapping[int, Sequence[tuple[str, Sequence[int]]]] = field(default_factory=dict)
+    # The cores that run the reading tasks: a small job's ranges are packed into a task per core
+    # (``kafka_source.read_tasks``); 0: a task per range.
+    cores: int = 0
 
 
 def job_spec(
@@ -125,6 +128,7 @@ def job_spec(
     now_ms: int | None = None,
     key_ttl_ms: int = 0,
     read_bytes_per_second: float = 0,
+    cores: int = 0,
 ) -> CompactionJobSpec:
     """The one place a job's spec is built: from the settings and the strategy in force for the run.
 
@@ -156,6 +160,7 @@ def job_spec(
         read_bytes_per_second=read_bytes_per_second,
         ledger_groups={p: partition_groups(groups, p, start) for p, start in log_start.items()}
         if final and ledger_files else {},
+        cores=cores,
     )
 
 
@@ -202,11 +207,13 @@ def _read_ranges(spec: CompactionJobSpec) -> list[OffsetRange]:
 def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) -> str:
     """The data source's options. ``write``: final reads whose tasks apply these rules and write their
     partition's part file into the output folder themselves (``run_compaction_job``)."""
+    ranges = _read_ranges(spec)
     return json.dumps(
         {
             "client": dict(spec.client_config),
             "topic": spec.topic,
-            "ranges": [[r.partition, r.start, r.end] for r in _read_ranges(spec)],
+            "ranges": [[r.partition, r.start, r.end] for r in ranges],
+            "read_tasks": read_tasks(ranges, spec.cores) if spec.cores else 0,
             "final": spec.final_reads,
             "ledger_groups": {str(p): [[path, list(indexes)] for path, indexes in groups]
                               for p, groups in spec.ledger_groups.items()},

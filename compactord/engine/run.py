@@ -247,7 +247,7 @@ class CompactionRun:
             ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
             progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
-            read_bytes_per_second=per_task_rate(budget, len(plan.ranges), spark.cores),
+            read_bytes_per_second=per_task_rate(budget, len(plan.ranges), spark.cores), cores=spark.cores,
         )
         stop = threading.Event()
         share = (budget, len(plan.ranges), spark.cores)

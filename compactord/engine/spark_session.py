@@ -40,6 +40,15 @@ _DEFAULT_CONF = {
     # pyspark.daemon, without the traceback of each task a cancel kills (engine/pyspark_daemon.py)
     "spark.python.daemon.module": "compactord.engine.pyspark_daemon",
 }
+# A local master's driver JVM is also its executor, and with reading tasks that write their part files
+# themselves (``job.run_compaction_job``) it mostly schedules: its tiered JIT's C2 compiler kept
+# compiling Spark's scheduling paths run after run, 0.25-0.33 CPU-s of the JVM's 0.5-0.7 per warm full
+# compaction of 1,000,000 records, on the cores the reading tasks and the broker share. C1 alone
+# compiles those paths once and cheaply: the JVM's CPU per run fell to 0.14-0.25, and the grouping job,
+# whose rows do cross the JVM, fell from 2.46 to 1.39 JVM CPU-s (1,000,000 records, bench/compaction.py
+# --compare-grouping). A cluster's executors keep their JVMs' defaults; setting
+# ``spark.driver.extraJavaOptions`` replaces this.
+LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
@@ -121,6 +130,8 @@ class SparkSessionManager:
 
             builder = SparkSession.builder.appName(self._app_name).master(master)
             conf = dict(_DEFAULT_CONF)
+            if master.startswith("local"):
+                conf["spark.driver.extraJavaOptions"] = LOCAL_DRIVER_JAVA_OPTIONS
             conf.update(self._settings.spark_conf)
             conf.setdefault("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
             for key, value in conf.items():
@@ -196,7 +207,7 @@ class SparkSessionManager:
                 spec = job_spec(
                     self._settings, strategy, topic="warm-up", client_config={}, ranges=[OffsetRange(0, 0, 0)],
                     ledger_files=ledger, output_path=str(Path(tmp) / run), log_start={}, progress_dir="",
-                    widths=widths,
+                    widths=widths, cores=self.cores,
                 )
                 self.run("warm-up", f"compactord warm-up ({run} compaction)",
                          lambda spec=spec: run_compaction_job(self.spark, spec, strategy.strategy))

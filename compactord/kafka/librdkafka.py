@@ -22,6 +22,7 @@ KAFKA_PYTHON = "kafka-python"
 LIBRDKAFKA = "librdkafka"
 CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
+_PROBE_WAIT_S = 0.01  # one wait of the probe for its records (it waits again until its deadline)
 
 
 def librdkafka_available() -> bool:
@@ -137,7 +138,9 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
         pending = set(at)
         deadline = time.monotonic() + timeout_s
         while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=500, timeout=0.2):
+            # ``consume`` returns when it has ``num_messages`` or its timeout passed: a partition read at its
+            # last record gives one message, so a long timeout was waited out in full (0.2 s a probe).
+            for message in consumer.consume(num_messages=500, timeout=_PROBE_WAIT_S):
                 p, err = message.partition(), message.error()
                 if err is not None:
                     if err.code() in gone:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compactord.engine.job import shuffle_partitions_for
+from compactord.engine.kafka_source import OffsetRange, pack_ranges, read_tasks
 
 
 @pytest.mark.parametrize(
@@ -21,3 +22,32 @@ from compactord.engine.job import shuffle_partitions_for
 )
 def test_widths(rows, cores, expected):
     assert shuffle_partitions_for(rows, cores) == expected
+
+
+def _ranges(*sizes: int) -> list[OffsetRange]:
+    return [OffsetRange(p, 0, size) for p, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "cores", "expected"),
+    [
+        ((250_000,) * 4, 2, 2),  # the benchmark: a task per core, each reads two partitions
+        ((25_000,) * 4 + (0,) * 4, 2, 2),  # an incremental run: partitions without new records ride along
+        ((100,), 8, 1),  # never more tasks than ranges
+        ((2_500_000,) * 4, 2, 4),  # large ranges keep a task each: their start costs little beside them
+        ((400_000,) * 10, 2, 4),  # 4,000,000 records: tasks of about READ_TASK_RECORDS
+        ((10,) * 64, 16, 16),  # a cluster's cores
+    ],
+)
+def test_a_small_job_reads_in_a_task_per_core(sizes, cores, expected):
+    assert read_tasks(_ranges(*sizes), cores) == expected
+
+
+def test_ranges_are_packed_into_tasks_of_about_equal_records_every_range_once():
+    ranges = [(p, 0, size) for p, size in enumerate([500, 100, 400, 300, 200, 0, 0])]
+    groups = pack_ranges(ranges, 2)
+    assert sorted(r for g in groups for r in g) == sorted(ranges)
+    assert [sum(e - s for _, s, e in g) for g in groups] == [800, 700]  # the heaviest first
+    assert groups[0][0] == (0, 0, 500)  # each task reads its largest range first
+    assert pack_ranges(ranges, 0) == [[r] for r in ranges] == pack_ranges(ranges, 7) == pack_ranges(ranges, 9)
+    assert pack_ranges([], 2) == []

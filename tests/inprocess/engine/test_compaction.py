@@ -422,3 +422,41 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     monkeypatch.setattr(job, "FINAL_READ_MAX_RECORDS", 0)  # the grouping job, for comparison
     compact(service, rebuild=True)
     assert [entries(service, p) for p in range(3)] == final_entries
+
+
+def _read_stage_tasks(spark_manager: Any, ctx: Any) -> list[int]:
+    """The tasks of each stage of the Spark jobs a compaction task ran (its job group)."""
+    tracker = spark_manager.spark.sparkContext.statusTracker()
+    return [tracker.getStageInfo(stage).numTasks for job_id in tracker.getJobIdsForGroup(ctx.task_id)
+            for stage in tracker.getJobInfo(job_id).stageIds]
+
+
+def test_a_small_job_reads_its_partitions_in_one_task_per_core(kafka, make_factory, spark_manager):
+    """Five partitions on the session's cores: each core starts one reading task, which reads its partitions
+    one after the other and writes each one's part file; an incremental run carries the ledger rows of the
+    partitions without new records in the same tasks."""
+    cores = spark_manager.cores
+    topic = kafka.topic(partitions=5)
+    records = [(f"k{i % 60}", f"v{i}" if i % 11 else None, (i % 60) % 5) for i in range(400)]
+    kafka.produce(topic, records)
+    service = make_factory().new_topic_compaction_service(topic)
+    ctx = compact(service)
+    assert _read_stage_tasks(spark_manager, ctx) == [min(cores, 5)]
+    assert [f["name"] for f in service.ledger_info().files] == [part_name(p) for p in range(5)]
+    assert view(service, 5) == last_value_model(records)
+    more = [(f"k{i % 60}", f"w{i}", (i % 60) % 5) for i in range(0, 120, 5)]  # partition 0 only
+    kafka.produce(topic, more)
+    ctx = compact(service)
+    assert not ctx.stats.full_rebuild
+    assert _read_stage_tasks(spark_manager, ctx) == [min(cores, 5)]
+    assert view(service, 5) == last_value_model(records + more)
+
+
+def test_a_local_driver_jvm_compiles_with_c1_alone(spark_manager):
+    """A local master's driver JVM runs the reading tasks' scheduling, not their rows: C2's compiling cost
+    more CPU than it saved (``spark_session.LOCAL_DRIVER_JAVA_OPTIONS``)."""
+    from compactord.engine.spark_session import LOCAL_DRIVER_JAVA_OPTIONS
+
+    jvm = spark_manager.spark.sparkContext._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert LOCAL_DRIVER_JAVA_OPTIONS in arguments, arguments
