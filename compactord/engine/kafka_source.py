@@ -163,8 +163,20 @@ class KafkaRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             return  # Spark reads one placeholder partition when ``partitions()`` is empty
-        for p, start, end in partition.ranges:
-            yield from RangeReadTask(self.spec, p, start, end).run()
+        tasks = [RangeReadTask(self.spec, p, start, end) for p, start, end in partition.ranges]
+        # The next range's reader is opened while this one reads: librdkafka connects and fetches on its own
+        # threads, so that its start (23-88 ms to a first record here) is not waited for between ranges.
+        readers: dict[int, RangeReader | None] = {}  # opened, not yet handed to their task
+        try:
+            for i, task in enumerate(tasks):
+                for j in range(i, min(i + 2, len(tasks))):
+                    if j not in readers:
+                        readers[j] = tasks[j].open_ahead()
+                yield from task.run(readers.pop(i))
+        finally:
+            for reader in readers.values():
+                if reader is not None:
+                    reader.close()
 
 
 class RangeReadTask:
@@ -212,34 +224,51 @@ class RangeReadTask:
         self.started_at = time.time()
         self.read_ended_at: float | None = None  # when the last record of the range was read
 
-    def run(self) -> Iterator[pa.RecordBatch]:
-        if self.end <= self.start:
-            if self.ledger_groups:  # a partition without new records: its ledger rows, deletion rules to come
-                yield from self._flush([], [], last=True)
-            else:
-                self._report(done=True)
-            return
-        self._check_cancel()  # a task cancelled before this one started: no consumer, no fetch
-        # What the worker holds before the read (modules, Spark's worker state) lives as long as the worker:
-        # moved out of the collector's sight. Spark's daemon runs a full collection in a reused worker after
-        # every task (``pyspark.daemon``: ``gc.collect()``), which scanned ~73,000 such objects in 50-107 ms
-        # of a ~0.7 s task here; it now scans what the task left. (Reference counting still frees them.)
-        gc.freeze()
-        reader = open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
-                                   self.start, self.batch_records, self.rate)
-        # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
-        # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
-        # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
-        # off ~2.0 us. Reference counting still frees all that the read drops; the few cycles the
-        # client makes wait for the end of the task.
-        collecting = gc.isenabled()
-        gc.disable()
+    def open_ahead(self) -> RangeReader | None:
+        """This range's reader, opened before its turn (``run`` takes it); None where there is nothing to
+        read, or where the read is throttled (a reader fetches as soon as it is open)."""
+        if self.end <= self.start or self.throttle is not None:
+            return None
+        return self._open()
+
+    def _open(self) -> RangeReader:
+        return open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
+                                 self.start, self.batch_records, self.rate)
+
+    def run(self, reader: RangeReader | None = None) -> Iterator[pa.RecordBatch]:
+        """Read the range and yield what it hands to Spark. ``reader``: its reader, opened ahead
+        (``open_ahead``); the task closes it."""
         try:
-            yield from self._read(reader)
+            if self.end <= self.start:
+                if self.ledger_groups:  # a partition without new records: its ledger rows, deletion rules to come
+                    yield from self._flush([], [], last=True)
+                else:
+                    self._report(done=True)
+                return
+            self._check_cancel()  # a task cancelled before this one started: no fetch of its own
+            # What the worker holds before the read (modules, Spark's worker state) lives as long as the
+            # worker: moved out of the collector's sight. Spark's daemon runs a full collection in a reused
+            # worker after every task (``pyspark.daemon``: ``gc.collect()``), which scanned ~73,000 such
+            # objects in 50-107 ms of a ~0.7 s task here; it now scans what the task left. (Reference
+            # counting still frees them.)
+            gc.freeze()
+            if reader is None:
+                reader = self._open()
+            # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
+            # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
+            # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
+            # off ~2.0 us. Reference counting still frees all that the read drops; the few cycles the
+            # client makes wait for the end of the task.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                yield from self._read(reader)
+            finally:
+                if collecting:
+                    gc.enable()
         finally:
-            reader.close()
-            if collecting:
-                gc.enable()
+            if reader is not None:
+                reader.close()
         self._report(done=True)
 
     def _read(self, reader: RangeReader) -> Iterator[pa.RecordBatch]:

@@ -211,3 +211,40 @@ def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka,
         assert admin.first_records(topic, {0: 100}, moved) == {0: None}
     finally:
         admin.close()
+
+
+def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
+    """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
+    is open while the current one reads. Every reader is closed, also when the task stops early."""
+    from compactord.engine import kafka_source
+    from compactord.engine.kafka_source import CANCEL_FILE, KafkaRangeReader
+
+    topic = kafka.topic(partitions=3)
+    kafka.produce(topic, [(f"k{i}", f"v{i}", i % 3) for i in range(30)])
+    events: list[tuple[str, int]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        reader, partition = open_range_reader(*args, **kwargs), args[3]
+        events.append(("open", partition))
+        close = reader.close
+
+        def closing() -> None:
+            events.append(("close", partition))
+            close()
+
+        reader.close = closing
+        return reader
+
+    monkeypatch.setattr(kafka_source, "open_range_reader", recording)
+    source = KafkaRangeReader(spec(kafka, topic, "librdkafka", tmp_path, read_tasks=1,
+                                   ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]]))
+    [task] = source.partitions()
+    rows = pa.Table.from_batches(list(source.read(task))).to_pylist()
+    assert sorted((r["partition"], r["offset"]) for r in rows) == [(p, o) for p in range(3) for o in range(10)]
+    assert events == [("open", 0), ("open", 1), ("close", 0), ("open", 2), ("close", 1), ("close", 2)]
+
+    events.clear()
+    (tmp_path / CANCEL_FILE).touch()
+    with pytest.raises(RuntimeError, match="cancelled"):
+        list(source.read(task))
+    assert events == [("open", 0), ("open", 1), ("close", 0), ("close", 1)]
