@@ -11,6 +11,7 @@ constant production still gets a fixed end.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -24,7 +25,13 @@ from compactord.config import Settings
 from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
-from compactord.kafka.librdkafka import LIBRDKAFKA, first_records, librdkafka_available, resolve_client
+from compactord.kafka.librdkafka import (
+    LIBRDKAFKA,
+    first_records,
+    librdkafka_available,
+    read_ends,
+    resolve_client,
+)
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
@@ -203,13 +210,34 @@ class KafkaAdmin(BrokerMetadata):
             timeout = self._settings.kafka_request_timeout_ms
             starts = cons.beginning_offsets(tps, timeout_ms=timeout)
             listed = cons.end_offsets(tps, timeout_ms=timeout)
-            ends = self._walk_to_end(cons, tps, starts, listed)
+            ends = listed if self._librdkafka else self._walk_to_end(cons, tps, starts, listed)
             return {
                 tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp]))
                 for tp in tps
             }
 
-        return self._call(topic, fetch, reads=True)
+        found = self._call(topic, fetch, reads=True)
+        if self._librdkafka:
+            found = self._read_ends(topic, found)
+        return found
+
+    def _read_ends(self, topic: str, listed: dict[int, PartitionOffsets]) -> dict[int, PartitionOffsets]:
+        """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``), as
+        ``_walk_to_end`` does with kafka-python."""
+        walk = {p: o.end for p, o in listed.items() if o.end > o.log_start}
+        if not walk:
+            return listed
+        try:
+            ends, pending = read_ends(self._client_config, topic, walk, self._settings.kafka_request_timeout_ms / 1000)
+        except RuntimeError as exc:
+            raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") from exc
+        if pending:
+            log.warning("end offsets of %s partitions %s not confirmed by a read within the request timeout",
+                        topic, sorted(pending))
+        for p, end in ends.items():
+            if end != walk[p]:
+                log.debug("%s[%d]: ListOffsets said %d, a read_committed read ends at %d", topic, p, walk[p], end)
+        return {p: dataclasses.replace(o, end=ends.get(p, o.end)) for p, o in listed.items()}
 
     def _walk_to_end(
         self, cons: Any, tps: list[TopicPartition], starts: dict[Any, int], listed: dict[Any, int]

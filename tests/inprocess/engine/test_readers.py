@@ -248,3 +248,28 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
     with pytest.raises(RuntimeError, match="cancelled"):
         list(source.read(task))
     assert events == [("open", 0), ("open", 1), ("close", 0), ("close", 1)]
+
+
+def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tmp_path, tx_producer, reader_client):
+    """The driver fixes each partition's end by reading from its listed end - 1 with the reading tasks' client
+    (librdkafka decodes the broker's batch in C): past a commit marker, at the last record, or the log start
+    of an empty partition; the reading task then reads exactly to it."""
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=3)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", 0) for i in range(3000)])
+    tx_producer.begin_transaction()
+    for i in range(3):
+        tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
+    tx_producer.commit_transaction()  # offsets 0-2 the records, 3 the commit marker
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
+                                compacted_ledger_root=str(tmp_path / "l")))
+    try:
+        offsets = admin.offsets(topic)
+    finally:
+        admin.close()
+    assert {p: (o.log_start, o.end) for p, o in offsets.items()} == {0: (0, 3000), 1: (0, 4), 2: (0, 0)}
+    for p in (0, 1):
+        task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, offsets[p].end)
+        assert len(read_rows(task)) == {0: 50, 1: 3}[p]
