@@ -40,15 +40,17 @@ _DEFAULT_CONF = {
     # pyspark.daemon, without the traceback of each task a cancel kills (engine/pyspark_daemon.py)
     "spark.python.daemon.module": "compactord.engine.pyspark_daemon",
 }
-# A local master's driver JVM is also its executor, and with reading tasks that write their part files
-# themselves (``job.run_compaction_job``) it mostly schedules: its tiered JIT's C2 compiler kept
-# compiling Spark's scheduling paths run after run, 0.25-0.33 CPU-s of the JVM's 0.5-0.7 per warm full
-# compaction of 1,000,000 records, on the cores the reading tasks and the broker share. C1 alone
-# compiles those paths once and cheaply: the JVM's CPU per run fell to 0.14-0.25, and the grouping job,
-# whose rows do cross the JVM, fell from 2.46 to 1.39 JVM CPU-s (1,000,000 records, bench/compaction.py
-# --compare-grouping). A cluster's executors keep their JVMs' defaults; setting
-# ``spark.driver.extraJavaOptions`` replaces this.
-LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# A local master's driver JVM is also its executor. With reading tasks that write their part files
+# themselves (``job.run_compaction_job``) it mostly schedules, and its tiered JIT's C2 compiler kept
+# compiling Spark's scheduling code run after run: 0.25-0.33 CPU-s of the JVM's 0.5-0.7 per warm full
+# compaction of 1,000,000 records, on the cores the reading tasks and the broker share. C2 now waits for
+# 20 times the calls and loops it waits for by default: what a job calls a few thousand times stays
+# compiled by C1 (the compiler's CPU fell to ~0.07 a run), while the row loops of a job whose rows do
+# cross the JVM still reach C2 (5,000,000 distinct keys through the grouping job: 23.1 s, against 25.1 s
+# with the defaults and 46.9 s with C1 alone, ``-XX:TieredStopAtLevel=1``). A cluster's executors keep
+# their JVMs' defaults; setting ``spark.driver.extraJavaOptions`` replaces this.
+LOCAL_DRIVER_JAVA_OPTIONS = ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=20000 "
+                             "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
 # Cancelled job groups remembered at most: a group cancelled but never run (or already ended) is
 # not cleaned up by its ``job_group``; the oldest such ids are forgotten first.
 MAX_CANCELLED_GROUPS = 256
