@@ -1,8 +1,7 @@
 """librdkafka (confluent-kafka) where both sides of the daemon use it: which client reads
 (``compactionReaderClient``), the broker settings in librdkafka's names, a consumer's base settings, and
 the driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``).
-confluent-kafka is optional: nothing here imports it
-until a function needs it.
+confluent-kafka is optional: nothing here imports it until a function needs it.
 """
 
 from __future__ import annotations
@@ -179,8 +178,12 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
 
     :raises RuntimeError: the broker refused the read (unknown topic, auth).
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    # The offset is out of the log's range: retention or a truncation moved the log under the read. Its
+    # listed end stands; the reading task then fails on a log that no longer reaches it, and the next run
+    # plans against the new log.
+    gone = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
     ends = dict(listed)
     cfg = consumer_config(client_config)
     cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES})
@@ -197,9 +200,9 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
                 err = message.error()
                 if err is None:
                     got.add(message.partition())
+                elif err.code() in gone:
+                    pending.discard(message.partition())
                 elif err.code() not in transient_errors():
-                    # Out of range too: the log moved under the read (retention, a truncation); the next
-                    # run's offsets see the new log.
                     raise RuntimeError(f"reading {topic}[{message.partition()}] from offset "
                                        f"{listed.get(message.partition(), -1) - 1} failed: {err.str()}")
             now = time.monotonic()

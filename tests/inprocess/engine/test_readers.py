@@ -270,6 +270,13 @@ def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tm
     finally:
         admin.close()
     assert {p: (o.log_start, o.end) for p, o in offsets.items()} == {0: (0, 3000), 1: (0, 4), 2: (0, 0)}
+    if reader_client == "librdkafka":
+        from compactord.kafka.librdkafka import read_ends
+
+        # A listed end past what the log holds (given at the boundary: the log was truncated under the read):
+        # it stands, and the read ends once the broker's answers show that nothing more comes.
+        client = Settings(kafka_bootstrap_servers=kafka.bootstrap).kafka_client_config()
+        assert read_ends(client, topic, {0: 3000, 1: 9000}, 10) == ({0: 3000, 1: 9000}, set())
     for p in (0, 1):
         task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, offsets[p].end)
         assert len(read_rows(task)) == {0: 50, 1: 3}[p]
