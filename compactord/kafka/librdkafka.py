@@ -15,7 +15,8 @@ from typing import Any
 from compactord.model import RecordFingerprint
 
 __all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "consumer_config", "first_records",
-           "librdkafka_available", "librdkafka_config", "read_ends", "resolve_client", "transient_errors"]
+           "librdkafka_available", "librdkafka_config", "out_of_range_errors", "read_ends", "resolve_client",
+           "transient_errors"]
 
 AUTO = "auto"
 KAFKA_PYTHON = "kafka-python"
@@ -111,6 +112,27 @@ def transient_errors() -> frozenset[int]:
                       KafkaError.REQUEST_TIMED_OUT, KafkaError._MSG_TIMED_OUT})
 
 
+@cache
+def out_of_range_errors() -> frozenset[int]:
+    """Errors a read at an offset carries when the offset is out of the log's range: retention, a broker's
+    cleaner or a truncation moved the log since the offset was known."""
+    from confluent_kafka import KafkaError
+
+    return frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+
+
+def _probe_consumer(client_config: Mapping[str, Any]) -> Any:
+    """A consumer for the driver's small reads at known offsets (``first_records``, ``read_ends``): the first
+    batch at each offset is all they need, so small fetches. (Its prefetch queue stays unbounded: past a
+    bound librdkafka waits ``fetch.queue.backoff.ms``, 1 s, before it fetches again; with a bound of 1 MB
+    the probe took 1.0-2.0 s.)"""
+    from confluent_kafka import Consumer
+
+    cfg = consumer_config(client_config)
+    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES})
+    return Consumer(cfg)
+
+
 def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int, int], ends: Mapping[int, int],
                   timeout_s: float) -> dict[int, RecordFingerprint]:
     """Per partition ``p``, the fingerprint of the first data record at or after offset ``at[p]`` and below
@@ -125,17 +147,10 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
 
     :raises RuntimeError: the broker refused the read (unknown topic, auth).
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    # The start is out of the log's range: retention or a broker's cleaner removed the record since.
-    gone = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
     found: dict[int, RecordFingerprint] = {}
-    cfg = consumer_config(client_config)
-    # The first batch at each offset is all it needs: small fetches. (Its prefetch queue stays unbounded:
-    # past a bound librdkafka waits ``fetch.queue.backoff.ms``, 1 s, before it fetches again; with a bound
-    # of 1 MB the probe took 1.0-2.0 s.)
-    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES})
-    consumer = Consumer(cfg)
+    consumer = _probe_consumer(client_config)
     try:
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
         pending = set(at)
@@ -146,7 +161,7 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
             for message in consumer.consume(num_messages=500, timeout=_PROBE_WAIT_S):
                 p, err = message.partition(), message.error()
                 if err is not None:
-                    if err.code() in gone:
+                    if err.code() in out_of_range_errors():  # the record is gone
                         pending.discard(p)
                     elif err.code() not in transient_errors():
                         raise RuntimeError(f"reading {topic}[{p}] at offset {at.get(p)} failed: {err.str()}")
@@ -178,16 +193,10 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
 
     :raises RuntimeError: the broker refused the read (unknown topic, auth).
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    # The offset is out of the log's range: retention or a truncation moved the log under the read. Its
-    # listed end stands; the reading task then fails on a log that no longer reaches it, and the next run
-    # plans against the new log.
-    gone = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
     ends = dict(listed)
-    cfg = consumer_config(client_config)
-    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES})
-    consumer = Consumer(cfg)
+    consumer = _probe_consumer(client_config)
     try:
         consumer.assign([TopicPartition(topic, p, end - 1) for p, end in listed.items()])
         pending = set(listed)
@@ -200,7 +209,9 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
                 err = message.error()
                 if err is None:
                     got.add(message.partition())
-                elif err.code() in gone:
+                elif err.code() in out_of_range_errors():
+                    # The log moved under the read: its listed end stands; the reading task then fails on a
+                    # log that no longer reaches it, and the next run plans against the new log.
                     pending.discard(message.partition())
                 elif err.code() not in transient_errors():
                     raise RuntimeError(f"reading {topic}[{message.partition()}] from offset "

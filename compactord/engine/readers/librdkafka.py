@@ -35,7 +35,8 @@ def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consume
     """The consumer a reading task uses (also the benchmark's floor): ``kafka.librdkafka.consumer_config``
     (assigned, read_committed, no offset reset, CRCs checked) with the same fetch sizes as kafka-python's
     reader. ``rate``: the task's read budget in bytes per second (0: unlimited): its fetches and its
-    prefetch queue are sized to about one and two seconds of it, so that the cap is on what is fetched. (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
+    prefetch queue are sized to about one and two seconds of it, so that the cap is on what is fetched.
+    (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
     size = fetch_bytes(rate, READ_FETCH_BYTES)
     cfg = consumer_config(client_config)
     cfg.update({
