@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.engine.deletions import DeletionRules
@@ -65,6 +66,12 @@ RATE_FILE = "RATE"
 # Rows reduced together. Bounds a reader's memory (a window of tuples) while still cutting a topic
 # with few hot keys down to a small fraction of its rows.
 REDUCE_WINDOW = 200_000
+# Final reads under publishing-order: the most keys whose last record a task holds as the client's record
+# objects (~440 bytes each with librdkafka) before it turns them into Arrow rows (~150 bytes) and starts a
+# new window; the windows' rows are reduced to each key's last in Arrow at the end (``last_of_each_key``).
+# Holding a whole partition of distinct keys as record objects touched ~400 MB per 250,000 records, and the
+# page faults cost as much CPU as the read.
+FINAL_WINDOW_KEYS = 50_000
 PROGRESS_EVERY_S = 0.5
 # Empty polls in a row, with the broker's high watermark at the position, before a range whose end the
 # log no longer reaches fails (instead of waiting out the stall limit).
@@ -124,6 +131,13 @@ def pack_ranges(ranges: Sequence[Range], tasks: int) -> list[list[Range]]:
         group.append(r)
         heapq.heappush(groups, (load + max(0, r[2] - r[1]), i, group))
     return [group for _, _, group in sorted(groups, key=lambda g: (-g[0], g[1])) if group]
+
+
+def last_of_each_key(table: pa.Table) -> pa.Table:
+    """The rows of ``table`` (one partition's, keyed, in offset order) that are their key's last, in
+    offset order: in Arrow's hash kernels, without a Python object per row."""
+    last = table.group_by("key", use_threads=False).aggregate([("offset", "max")])
+    return table.filter(pc.is_in(table["offset"], value_set=last["offset_max"]))
 
 
 class RangePartition(InputPartition):
@@ -213,6 +227,9 @@ class RangeReadTask:
         self._fields: RecordFields | None = None  # how the backend's records give their fields
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
+        self._settled: list[pa.Table] = []  # final reads, publishing-order: each window's last rows by key
+        self._seen: set[bytes] = set()  # ... the keys of those windows
+        self._repeated = False  # ... whether a key was in more than one of them
         self._windows = 0
         self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
         self.records = 0
@@ -322,7 +339,9 @@ class RangeReadTask:
             return len(keyed) + len(nulls) >= REDUCE_WINDOW
         # The last records by key are the reduction itself, kept as the read goes: a final read holds
         # them to the end (as it would hold every window's survivors).
-        return not self.final and len(self._latest) + len(nulls) >= REDUCE_WINDOW
+        if self.final:
+            return len(self._latest) >= FINAL_WINDOW_KEYS
+        return len(self._latest) + len(nulls) >= REDUCE_WINDOW
 
     def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
         """Take one poll's records: the one record path of both backends.
@@ -381,14 +400,34 @@ class RangeReadTask:
         tables = [pa.Table.from_batches(list(self._batches(nulls)), RECORD_SCHEMA)] if nulls else []
         if self._latest and self._fields is not None:
             records = list(self._latest.values())
+            keys: list[bytes | None] | None = None
             if len(records) < self._latest_added:  # a key came again: its record moved past others
                 records.sort(key=self._fields.offset_of)
-            batch = columns_to_batch(self.partition, *self._columns(Polled(records, self._fields)))
+            else:
+                keys = list(self._latest)  # in the records' order, and no key read from them again
+            batch = columns_to_batch(self.partition, *self._columns(Polled(records, self._fields, keys)))
             tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
         self._latest, self._latest_added = {}, 0
         if not tables:
             return RECORD_SCHEMA.empty_table()
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables).sort_by("offset")
+
+    def _final_latest(self) -> pa.Table:
+        """Final reads under publishing-order: each key's last record of the partition, with the retained
+        null-key rows, in offset order."""
+        tables = [t for t in self._settled if t.num_rows]
+        self._settled, self._seen = [], set()
+        if not tables:
+            table = RECORD_SCHEMA.empty_table()
+        else:
+            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            if self._repeated:
+                table = last_of_each_key(table)
+        if self._held_nulls:
+            nulls = pa.Table.from_batches(list(self._batches(self._held_nulls)), RECORD_SCHEMA)
+            self._held_nulls = []
+            table = pa.concat_tables([table, nulls]).sort_by("offset")
+        return table
 
     def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
         if self.event_time_source == "timestamp":
@@ -405,11 +444,20 @@ class RangeReadTask:
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
                last: bool = False) -> Iterator[pa.RecordBatch]:
         if self._latest is not None:
-            table = self._latest_table(nulls)
-            if self.final:
-                yield from self._finish(table)
-            else:
-                yield from table.to_batches(max_chunksize=self.batch_records)
+            if not self.final:
+                yield from self._latest_table(nulls).to_batches(max_chunksize=self.batch_records)
+                return
+            # Final reads: the window's last record of each key becomes Arrow rows; a key may come again in a
+            # later window, so the rows of all windows are reduced once more at the end.
+            if self._latest:
+                # Whether a key of this window was in an earlier one (then the end reduces in Arrow): a set
+                # check on key objects whose hashes the window's dict computed already.
+                self._repeated = self._repeated or not self._seen.isdisjoint(self._latest)
+                self._seen.update(self._latest)
+            self._settled.append(self._latest_table([]))
+            self._held_nulls.extend(nulls)
+            if last:
+                yield from self._finish(self._final_latest())
             return
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         if not self.final:

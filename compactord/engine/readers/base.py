@@ -61,10 +61,10 @@ class Polled:
 
     __slots__ = ("_keys", "fields", "records")
 
-    def __init__(self, records: list[Any], fields: RecordFields) -> None:
+    def __init__(self, records: list[Any], fields: RecordFields, keys: list[bytes | None] | None = None) -> None:
         self.records = records
         self.fields = fields
-        self._keys: list[bytes | None] | None = None
+        self._keys = keys  # the records' keys, when the caller has them already
 
     def __len__(self) -> int:
         return len(self.records)

@@ -161,6 +161,32 @@ def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, mo
     assert len(read_rows(windowed)) > 4
 
 
+def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_last_across_windows(
+        kafka, tmp_path, monkeypatch, reader_client):
+    """Under publishing-order a final read turns its records into Arrow rows every few keys (a partition of
+    distinct keys is not held as the client's record objects); the windows' rows are reduced to each key's
+    last at the end. Windows of 7 keys over 300 records: keys that come back in later windows (hot keys,
+    tombstones among them), keys seen once, and retained null-key records leave the task exactly once, as
+    their key's last record, in offset order. A partition whose windows share no key is kept whole."""
+    from compactord.engine import kafka_source
+
+    monkeypatch.setattr(kafka_source, "FINAL_WINDOW_KEYS", 7)
+    topic = kafka.topic()
+    records = [(None if i % 23 == 0 else (f"hot{i % 3}" if i % 2 else f"once{i}"),
+                None if i % 29 == 1 else f"v{i}", 0) for i in range(300)]
+    kafka.produce(topic, records)
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / "a", final=True, batch_records=5), 0, 0, 300)
+    offsets = [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()]
+    last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
+    assert offsets == sorted([*last.values(), *(i for i in range(0, 300, 23))])
+    assert task.records == 300
+
+    distinct = kafka.topic()
+    kafka.produce(distinct, [(f"k{i}", None if i % 10 == 0 else f"v{i}", 0) for i in range(100)])
+    task = RangeReadTask(spec(kafka, distinct, reader_client, tmp_path / "b", final=True, batch_records=5), 0, 0, 100)
+    assert [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()] == list(range(100))
+
+
 def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
     """Final reads are written without a sort: the winners of many reduce windows and the retained
     null-key rows between them leave the task in offset order."""
