@@ -91,6 +91,16 @@ class BrokerMetadata(ABC):
         :raises TopicNotFound: the broker has no such topic.
         """
 
+    def offsets_with_records(self, topic: str, at: Mapping[int, int]
+                             ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None]]:
+        """``offsets(topic)`` and ``first_records(topic, at, those offsets)``, as a run's planning asks for
+        both (a broker may read them at the same time).
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+        offsets = self.offsets(topic)
+        return offsets, (self.first_records(topic, at, offsets) if at else {})
+
     @abstractmethod
     def topic_configs(self, topic: str) -> TopicConfigs:
         """The topic's cleanup configs (DescribeConfigs); every field None where the broker does not say.

@@ -149,7 +149,6 @@ class CompactionRun:
     # -- the steps ------------------------------------------------------------------------------
 
     def _plan(self) -> CompactionPlan:
-        offsets = self.factory.broker.offsets(self.topic)
         reasons: list[str] = []
         previous: LedgerManifest | None = None
         corrupt_id: int | None = None
@@ -164,8 +163,9 @@ class CompactionRun:
             reasons.append(f"the current ledger is corrupt ({exc})")
             with contextlib.suppress(LedgerCorrupt):
                 corrupt_id = self.store.current_ledger_id(self.topic)  # None: the pointer itself is bad
+        offsets, log_now = self._log_now(previous)
         return plan_compaction(
-            self.topic, offsets=offsets, previous=previous, log_now=self._log_now(previous, offsets),
+            self.topic, offsets=offsets, previous=previous, log_now=log_now,
             first_offsets=self._first_offsets(handle, offsets),
             previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
@@ -188,15 +188,15 @@ class CompactionRun:
             handle.release()
         return {p: entries[0].offset for p, entries in found.items() if entries}
 
-    def _log_now(self, previous: LedgerManifest | None, offsets: dict[int, PartitionOffsets]) -> LogNow:
-        """The log's identity now: its topic id, and the records at the previous ledger's fingerprints
-        (one small fetch per partition; skipped for a rebuild, which needs no comparison)."""
+    def _log_now(self, previous: LedgerManifest | None) -> tuple[dict[int, PartitionOffsets], LogNow]:
+        """Every partition's offsets, fixed now, and the log's identity now: its topic id, and the records at
+        the previous ledger's fingerprints (one small fetch per partition, read while the offsets are fixed;
+        skipped for a rebuild, which needs no comparison)."""
         broker = self.factory.broker
+        at = {} if previous is None or self.ctx.rebuild else {p: f.offset for p, f in previous.fingerprints.items()}
+        offsets, found = broker.offsets_with_records(self.topic, at)
         topic_id = broker.topic_id(self.topic)
-        if previous is None or self.ctx.rebuild or not previous.fingerprints:
-            return LogNow(topic_id)
-        at = {p: f.offset for p, f in previous.fingerprints.items()}
-        return LogNow(topic_id, broker.first_records(self.topic, at, offsets))
+        return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:

@@ -23,6 +23,7 @@ KAFKA_PYTHON = "kafka-python"
 LIBRDKAFKA = "librdkafka"
 CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
+_PROBE_FETCH_WAIT_MS = 10  # how long the broker may hold a probe's fetch at a log's end
 _PROBE_WAIT_S = 0.01  # one wait of the probe for its records (it waits again until its deadline)
 # A partition whose read got nothing for this long after the broker's answer is at its end (an open
 # transaction holds its position below the high watermark).
@@ -129,15 +130,19 @@ def _probe_consumer(client_config: Mapping[str, Any]) -> Any:
     from confluent_kafka import Consumer
 
     cfg = consumer_config(client_config)
-    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES})
+    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES,
+                # A read at a log's end is answered when this wait ends (librdkafka's default: 500 ms); the
+                # answer's high watermark is what the probe wanted to know.
+                "fetch.wait.max.ms": _PROBE_FETCH_WAIT_MS})
     return Consumer(cfg)
 
 
-def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int, int], ends: Mapping[int, int],
-                  timeout_s: float) -> dict[int, RecordFingerprint]:
+def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int, int],
+                  ends: Mapping[int, int] | None, timeout_s: float) -> dict[int, RecordFingerprint]:
     """Per partition ``p``, the fingerprint of the first data record at or after offset ``at[p]`` and below
     ``ends[p]``; a partition is left out when there is none (only transaction markers or aborted records,
-    or the record is gone) or when none came within ``timeout_s``.
+    or the record is gone) or when none came within ``timeout_s``. ``ends`` None: below the high watermark
+    the broker gives (the caller, which fixes the ends meanwhile, holds the answer to them).
 
     The driver's log-identity probe (``BrokerMetadata.first_records``). The broker answers with the whole
     batch that holds the offset, and the fingerprinted offset is usually the last of a producer's batch:
@@ -167,13 +172,16 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
                         raise RuntimeError(f"reading {topic}[{p}] at offset {at.get(p)} failed: {err.str()}")
                 elif p in pending:
                     pending.discard(p)
-                    if message.offset() < ends[p]:
+                    if ends is None or message.offset() < ends[p]:
                         found[p] = RecordFingerprint.of(message.offset(), message.timestamp()[1], message.key(),
                                                         message.value())
                     consumer.pause([TopicPartition(topic, p)])
             for p in list(pending):
-                position = consumer.position([TopicPartition(topic, p)])[0].offset
-                if position >= ends[p]:
+                tp = TopicPartition(topic, p)
+                position = consumer.position([tp])[0].offset
+                position = position if position >= 0 else at[p]  # nothing consumed yet: at its start
+                end = ends[p] if ends is not None else consumer.get_watermark_offsets(tp, cached=True)[1]
+                if 0 <= end <= position:
                     pending.discard(p)  # only transaction markers or aborted records were left
     finally:
         consumer.close()

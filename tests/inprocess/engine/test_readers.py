@@ -239,6 +239,40 @@ def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka,
         admin.close()
 
 
+def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_them(kafka, tx_producer, tmp_path,
+                                                                                   reader_client):
+    """A run's planning asks for the offsets and the log-identity probe at once (``offsets_with_records``:
+    with librdkafka the probe reads while the offsets are fixed, and its answer is held to them after).
+    The answer is the one ``first_records`` gives after the offsets: the record at an offset, nothing where
+    only a transaction marker is left, nothing at or past a partition's end, nothing of a partition the
+    topic does not have (a topic recreated with fewer partitions)."""
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", 0) for i in range(3000)])
+    tx_producer.begin_transaction()
+    for i in range(3):
+        tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
+    tx_producer.commit_transaction()  # partition 1: offsets 0-2 the records, 3 the commit marker
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
+                                compacted_ledger_root=str(tmp_path / "l")))
+    try:
+        at = {0: 2999, 1: 3}
+        offsets, found = admin.offsets_with_records(topic, at)
+        assert offsets == admin.offsets(topic)
+        assert found[0] is not None and (found[0].offset, found[1]) == (2999, None)
+        assert found == admin.first_records(topic, at, offsets)
+        for elsewhere in ({0: 10, 1: 2}, {0: 3000}, {0: 5000, 1: 4}, {0: 7, 9: 0}):
+            offsets, found = admin.offsets_with_records(topic, elsewhere)
+            assert found == admin.first_records(topic, elsewhere, offsets), elsewhere
+            assert [p for p, record in found.items() if record is not None] == [
+                p for p, o in elsewhere.items() if p in offsets and o < offsets[p].end and (p, o) != (1, 3)]
+        assert admin.offsets_with_records(topic, {}) == (admin.offsets(topic), {})
+    finally:
+        admin.close()
+
+
 def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
