@@ -1,6 +1,6 @@
 """The Kafka clients that read one offset range inside a Spark task (``compactionReaderClient``).
 
-The data source's own logic (``kafka_source.RangeReadTask``: Arrow batches, loser dropping, the CANCEL
+The data source's own logic (``range_read.RangeReadTask``: Arrow batches, loser dropping, the CANCEL
 file, progress, event times, tombstones, the end reached by position) is written once; a backend only
 opens a consumer on one partition at an offset and hands over what each poll returned, column by column
 (``base.RangeReader``). Two backends:

@@ -1,4 +1,4 @@
-"""The range read of one offset range (``kafka_source.RangeReadTask``) on each reader backend, against
+"""The range read of one offset range (``range_read.RangeReadTask``) on each reader backend, against
 the real broker, without Spark: the same rows from both clients, the end reached by position past a
 transaction marker, no offset reset, event times from headers when some records have none."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from compactord.engine.kafka_source import RangeReadTask
+from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import open_range_reader
 from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
 from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
@@ -96,9 +96,9 @@ def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_k
     4 keys (and 4 null-key records), polled 5 at a time, in windows of 9 leave the task as each key's last record only, with the retained null-key
     records; an empty value turned into a tombstone on the record that won. Every record still counts in
     the records and bytes read."""
-    from compactord.engine import kafka_source
+    from compactord.engine import range_read
 
-    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 9)
+    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 9)
     topic = kafka.topic()
     records = [(None if i % 10 == 3 else f"k{i % 4}", "" if i == 38 else f"v{i}", 0) for i in range(40)]
     kafka.produce(topic, records)
@@ -139,9 +139,9 @@ def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, mo
     """Polls of 5 records, windows of at least 3 rows (publishing-order: of 3 keys' last records, and 4 keys
     take turns): a key whose records span windows still leaves the task once, as its winner (without
     ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
-    from compactord.engine import kafka_source
+    from compactord.engine import range_read
 
-    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 3)
+    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 3)
     topic = kafka.topic()
     # Event times fall as offsets grow for k0 (its first record wins under event time), rise for the others.
     records = [(f"k{i % 4}", f"v{i}" if i % 9 else None, 0, None,
@@ -168,9 +168,9 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
     last at the end. Windows of 7 keys over 300 records: keys that come back in later windows (hot keys,
     tombstones among them), keys seen once, and retained null-key records leave the task exactly once, as
     their key's last record, in offset order. A partition whose windows share no key is kept whole."""
-    from compactord.engine import kafka_source
+    from compactord.engine import range_read
 
-    monkeypatch.setattr(kafka_source, "FINAL_WINDOW_KEYS", 7)
+    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
     topic = kafka.topic()
     records = [(None if i % 23 == 0 else (f"hot{i % 3}" if i % 2 else f"once{i}"),
                 None if i % 29 == 1 else f"v{i}", 0) for i in range(300)]
@@ -190,9 +190,9 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
 def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
     """Final reads are written without a sort: the winners of many reduce windows and the retained
     null-key rows between them leave the task in offset order."""
-    from compactord.engine import kafka_source
+    from compactord.engine import range_read
 
-    monkeypatch.setattr(kafka_source, "REDUCE_WINDOW", 300)  # ten windows
+    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 300)  # ten windows
     topic = kafka.topic()
     records = [(None if i % 7 == 0 else f"k{i % 40}", f"v{i}", 0) for i in range(3000)]
     kafka.produce(topic, records)
@@ -276,7 +276,7 @@ def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_t
 def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
-    from compactord.engine import kafka_source
+    from compactord.engine import range_read
     from compactord.engine.kafka_source import CANCEL_FILE, KafkaRangeReader
 
     topic = kafka.topic(partitions=3)
@@ -295,7 +295,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
         reader.close = closing
         return reader
 
-    monkeypatch.setattr(kafka_source, "open_range_reader", recording)
+    monkeypatch.setattr(range_read, "open_range_reader", recording)
     source = KafkaRangeReader(spec(kafka, topic, "librdkafka", tmp_path, read_tasks=1,
                                    ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]]))
     [task] = source.partitions()
