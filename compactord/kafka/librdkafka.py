@@ -142,7 +142,9 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
     """Per partition ``p``, the fingerprint of the first data record at or after offset ``at[p]`` and below
     ``ends[p]``; a partition is left out when there is none (only transaction markers or aborted records,
     or the record is gone) or when none came within ``timeout_s``. ``ends`` None: below the high watermark
-    the broker gives (the caller, which fixes the ends meanwhile, holds the answer to them).
+    the broker gives, or nothing once the read got no record for ``_QUIET_S`` after the broker's first
+    answer (an open transaction holds the position below the high watermark); the caller, which fixes
+    the ends meanwhile, holds the answer to them.
 
     The driver's log-identity probe (``BrokerMetadata.first_records``). The broker answers with the whole
     batch that holds the offset, and the fingerprinted offset is usually the last of a producer's batch:
@@ -159,6 +161,7 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
     try:
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
         pending = set(at)
+        answered: dict[int, float] = {}  # when the broker's first answer for a partition was seen
         deadline = time.monotonic() + timeout_s
         while pending and time.monotonic() < deadline:
             # ``consume`` returns when it has ``num_messages`` or its timeout passed: a partition read at its
@@ -183,6 +186,9 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
                 end = ends[p] if ends is not None else consumer.get_watermark_offsets(tp, cached=True)[1]
                 if 0 <= end <= position:
                     pending.discard(p)  # only transaction markers or aborted records were left
+                elif ends is None and end >= 0 and time.monotonic() - answered.setdefault(p, time.monotonic()) \
+                        >= _QUIET_S:
+                    pending.discard(p)  # at an open transaction (or its aborted records): nothing to read
     finally:
         consumer.close()
     return found

@@ -269,6 +269,15 @@ def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_t
             assert [p for p, record in found.items() if record is not None] == [
                 p for p, o in elsewhere.items() if p in offsets and o < offsets[p].end and (p, o) != (1, 3)]
         assert admin.offsets_with_records(topic, {}) == (admin.offsets(topic), {})
+        # A transaction left open right after the last committed record: the read at its start gets nothing
+        # (the broker holds read_committed reads at the open transaction), and the probe says so.
+        tx_producer.begin_transaction()
+        for i in range(2):
+            tx_producer.send(topic, key=b"open%d" % i, value=b"x", partition=0)
+        tx_producer.flush()
+        offsets, found = admin.offsets_with_records(topic, {0: offsets[0].end})
+        assert found == admin.first_records(topic, {0: offsets[0].end}, offsets)
+        tx_producer.abort_transaction()
     finally:
         admin.close()
 
