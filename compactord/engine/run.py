@@ -193,7 +193,8 @@ class CompactionRun:
         the previous ledger's fingerprints (one small fetch per partition, read while the offsets are fixed;
         skipped for a rebuild, which needs no comparison)."""
         broker = self.factory.broker
-        at = {} if previous is None or self.ctx.rebuild else {p: f.offset for p, f in previous.fingerprints.items()}
+        at = {p: f.offset for p, f in previous.fingerprints.items()} \
+            if previous is not None and not self.ctx.rebuild and previous.fingerprints else {}
         offsets, found = broker.offsets_with_records(self.topic, at)
         topic_id = broker.topic_id(self.topic)
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
