@@ -16,7 +16,8 @@
   reader keeps exactly each key's winner (a key lives in one partition), so the job neither shuffles nor
   groups. An incremental run merges the partition's previous ledger rows in the same task
   (``merge.merge_into_ledger``). Each task then applies the deletion rules in Arrow and writes its
-  partition's part file itself (``ledger.parts``): no row crosses into the JVM. With every key distinct,
+  partition's part file itself (``ledger.parts``): no row crosses into the JVM, and the tasks run as one
+  stage of plain Python tasks (``kafka_source.run_writing_tasks``), not as a read through the data source. With every key distinct,
   the grouping and then the JVM's share of the write were most of the job's cost.
 - The deletion rules (tombstones, markers, expiry) are ``deletions.DeletionRules``, in SQL and in Arrow.
 """
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 
 from compactord.config import Settings
 from compactord.engine.deletions import DeletionRules, deleted_sql
-from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks
+from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_writing_tasks
 from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
@@ -344,8 +345,7 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
         # Spark's writer, the rows' way from Arrow to Parquet cost the JVM ~6.7 CPU-s per million rows.
         Path(spec.output_path).mkdir()  # a folder that exists already is an error, as for Spark's writer
         rules = deletion_rules(spec, strategy)
-        tasks = spark.read.format(FORMAT).option("spec", _reader_spec(spec, write=rules)).load()
-        tasks.write.format("noop").mode("overwrite").save()  # one stage that runs them (count() made two)
+        run_writing_tasks(spark, json.loads(_reader_spec(spec, write=rules)))
         return
     result = build_winners(spark, spec, strategy)
     if spec.output_files:

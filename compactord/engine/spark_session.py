@@ -191,13 +191,13 @@ class SparkSessionManager:
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
         """Run the compaction job twice on an empty range: a full run, then an incremental one that
-        reads the first one's output as its ledger.
+        reads the first one's output as its ledger; then a read of it through the data source.
 
         A new session's first job is about 3 times slower than a warm one (planning a Python data
         source starts several Python workers, and the JVM compiles the job's code paths); the daemon is
         ready only after this, and its first real compaction, full or incremental, runs warm.
         """
-        from compactord.engine.job import job_spec, run_compaction_job
+        from compactord.engine.job import build_winners, job_spec, run_compaction_job
         from compactord.engine.kafka_source import OffsetRange
         from compactord.engine.strategies import ResolvedStrategy
 
@@ -214,6 +214,10 @@ class SparkSessionManager:
                 self.run("warm-up", f"compactord warm-up ({run} compaction)",
                          lambda spec=spec: run_compaction_job(self.spark, spec, strategy.strategy))
                 ledger = sorted(str(f) for f in (Path(tmp) / run).glob("*.parquet"))
+            # The grouping job and previews read through the data source (a final read's tasks run as plain
+            # Python tasks): its planner's Python workers start now too.
+            self.run("warm-up", "compactord warm-up (the data source)",
+                     lambda spec=spec: build_winners(self.spark, spec, strategy.strategy).count())
         self.warmed = True
         log.info("Spark session warmed up")
 

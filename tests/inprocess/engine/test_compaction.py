@@ -452,6 +452,47 @@ def test_a_small_job_reads_its_partitions_in_one_task_per_core(kafka, make_facto
     assert view(service, 5) == last_value_model(records + more)
 
 
+def _last_query(spark_manager: Any) -> int:
+    """The id of the last query Spark SQL ran (-1: none yet). Its status store keeps the last 1,000 only;
+    the ids go on growing."""
+    status = spark_manager.spark._jsparkSession.sharedState().statusStore()
+    kept = int(status.executionsCount())
+    return int(status.executionsList(kept - 1, 1).apply(0).executionId()) if kept else -1
+
+
+def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(kafka, make_factory, spark_manager,
+                                                                               monkeypatch):
+    """Final reads of a compaction hand no row to Spark: their tasks run as one stage of plain Python tasks
+    (``kafka_source.run_writing_tasks``), with no query planned through Spark SQL and the data source (that
+    planning cost ~0.05 s a run). A run whose winners Spark groups (a partition read by two tasks) still reads
+    through the data source, as a query."""
+    topic = kafka.topic(partitions=2)
+    records = [(f"k{i % 30}", f"v{i}", i % 2) for i in range(200)]
+    kafka.produce(topic, records)
+    service = make_factory().new_topic_compaction_service(topic)
+    queries = _last_query(spark_manager)
+    ctx = compact(service)
+    assert _last_query(spark_manager) == queries
+    assert _read_stage_tasks(spark_manager, ctx) == [min(spark_manager.cores, 2)]
+    assert view(service, 2) == last_value_model(records)
+
+    from compactord.engine import job as engine_job
+
+    monkeypatch.setattr(engine_job, "FINAL_READ_MAX_RECORDS", 0)  # every range too large to hold
+    compact(service, rebuild=True)
+    assert _last_query(spark_manager) > queries
+    assert view(service, 2) == last_value_model(records)
+
+
+def test_the_warm_up_also_plans_a_read_through_the_data_source(spark_manager):
+    """The warm-up's compactions run their tasks without the data source (they write their own parts); the
+    grouping job and previews read through it, so the warm-up also plans one read through it: the first of
+    those is not the one that starts the data source's planner workers."""
+    queries = _last_query(spark_manager)
+    spark_manager.warm_up()
+    assert _last_query(spark_manager) == queries + 1
+
+
 def test_a_local_driver_jvm_leaves_what_a_job_calls_a_few_thousand_times_to_c1(spark_manager):
     """A local master's driver JVM mostly schedules the reading tasks: C2 compiles only what is called far
     more often than by default (``spark_session.LOCAL_DRIVER_JAVA_OPTIONS``)."""
