@@ -277,7 +277,7 @@ class RangeReadTask:
     def _latest_table(self, nulls: list[tuple[Any, ...]]) -> pa.Table:
         """Each key's last record so far and the null-key rows, in offset order, straight from the records'
         columns into Arrow (no row tuples); the window starts again."""
-        tables = [pa.Table.from_batches(list(self._batches(nulls)), RECORD_SCHEMA)] if nulls else []
+        tables = [self._table(nulls)] if nulls else []
         if self._latest and self._fields is not None:
             records = list(self._latest.values())
             keys: list[bytes | None] | None = None
@@ -304,7 +304,7 @@ class RangeReadTask:
             if self._repeated:
                 table = last_of_each_key(table)
         if self._held_nulls:
-            nulls = pa.Table.from_batches(list(self._batches(self._held_nulls)), RECORD_SCHEMA)
+            nulls = self._table(self._held_nulls)
             self._held_nulls = []
             table = pa.concat_tables([table, nulls]).sort_by("offset")
         return table
@@ -358,7 +358,7 @@ class RangeReadTask:
         if self._held_nulls:
             kept = list(heapq.merge(kept, self._held_nulls, key=_ROW_OFFSET))
             self._held_nulls = []
-        yield from self._finish(pa.Table.from_batches(list(self._batches(kept)), RECORD_SCHEMA))
+        yield from self._finish(self._table(kept))
 
     def _finish(self, winners: pa.Table) -> Iterator[pa.RecordBatch]:
         """Final reads: the partition's winners in offset order, with its previous ledger rows merged in
@@ -375,6 +375,9 @@ class RangeReadTask:
         self._check_cancel()
         folder, rules = self.write
         write_part(rules.apply_arrow(table), folder, part_name(self.partition))
+
+    def _table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
+        return pa.Table.from_batches(list(self._batches(rows)), RECORD_SCHEMA)
 
     def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
         for i in range(0, len(kept), self.batch_records):

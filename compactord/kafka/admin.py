@@ -166,9 +166,7 @@ class KafkaAdmin(BrokerMetadata):
             offsets = self.offsets(topic)
 
         found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
-        # Below the log start, or past the end: nothing there to compare.
-        wanted = {p: offset for p, offset in at.items()
-                  if (o := offsets.get(p)) is not None and o.log_start <= offset < o.end}
+        wanted = _in_log(at, offsets)
         if not wanted:
             return found
         if self._librdkafka:
@@ -211,7 +209,8 @@ class KafkaAdmin(BrokerMetadata):
         if not at or not self._librdkafka:
             return super().offsets_with_records(topic, at)
         # Only partitions the topic has (one recreated with fewer would hold the read to its time limit).
-        known = set(self.partitions(topic))
+        partitions = self.partitions(topic)
+        known = set(partitions)
         early: dict[str, Any] = {}
 
         def probe() -> None:
@@ -224,22 +223,23 @@ class KafkaAdmin(BrokerMetadata):
 
         reader = threading.Thread(target=probe, name=f"first-records-{topic}", daemon=True)
         reader.start()
-        offsets = self.offsets(topic)  # a failure here leaves the probe to end on its own (daemon thread)
+        offsets = self._offsets(topic, partitions)  # a failure here leaves the probe to end on its own (daemon)
         reader.join()
         if "found" not in early:
             log.debug("the early log-identity probe of %s failed (%s); asked again", topic, early.get("error"))
             return offsets, self.first_records(topic, at, offsets)
         found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
+        wanted = _in_log(at, offsets)
         for p, record in early["found"].items():
-            o = offsets.get(p)
-            if o is not None and o.log_start <= at[p] < o.end and record.offset < o.end:
+            if p in wanted and record.offset < offsets[p].end:
                 found[p] = record
         return offsets, found
 
     def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
         """Log start and committed end of every partition, fixed now."""
-        partitions = self.partitions(topic)
+        return self._offsets(topic, self.partitions(topic))
 
+    def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         def fetch(_admin: Any, cons: Any) -> dict[int, PartitionOffsets]:
             tps = [TopicPartition(topic, p) for p in partitions]
             timeout = self._settings.kafka_request_timeout_ms
@@ -308,6 +308,13 @@ class KafkaAdmin(BrokerMetadata):
                 log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
         return ends
 
+
+
+def _in_log(at: Mapping[int, int], offsets: Mapping[int, PartitionOffsets]) -> dict[int, int]:
+    """The offsets of ``at`` the log holds (at or above its log start, below its end): elsewhere there is
+    nothing for the log-identity probe to compare."""
+    return {p: offset for p, offset in at.items()
+            if (o := offsets.get(p)) is not None and o.log_start <= offset < o.end}
 
 
 def reachable(bootstrap: str, timeout: float) -> None:
