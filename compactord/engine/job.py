@@ -38,7 +38,7 @@ from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS
-from compactord.ledger.reader import ledger_row_groups, max_partition_rows, partition_groups
+from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
@@ -107,7 +107,7 @@ class CompactionJobSpec:
     ttl_by_event_time: bool = False  # a key's age is its winner's event time (else its timestamp)
     read_bytes_per_second: float = 0  # one reading task's share of the read budget (0: unlimited)
     # Final reads of an incremental run: per partition, the previous ledger's files and row groups its
-    # reading task merges (``ledger.reader.partition_groups``; the footers are read once, here).
+    # reading task merges (``ledger.row_groups.partition_groups``; the footers are read once, here).
     ledger_groups: Mapping[int, Sequence[tuple[str, Sequence[int]]]] = field(default_factory=dict)
     # The cores that run the reading tasks: a small job's ranges are packed into a task per core
     # (``kafka_source.read_tasks``); 0: a task per range.
@@ -176,7 +176,7 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
     previous ledger rows in its reading task (``merge.merge_into_ledger``): ``log_start`` must then name
     every partition of the topic (a task is planned for each, also one without new records), no partition
     may have more ledger rows than a task should hold (``ledger_partition_rows``, at most
-    ``FINAL_READ_MAX_LEDGER_ROWS``: ``ledger.reader.max_partition_rows``), and a
+    ``FINAL_READ_MAX_LEDGER_ROWS``: ``ledger.row_groups.max_partition_rows``), and a
     plug-in order under event time (its deletion markers) is left to the grouping job, whose rows carry
     the marker columns the plug-in's ``order_key`` may look at.
     """

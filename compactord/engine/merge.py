@@ -84,7 +84,7 @@ def merge_into_ledger(winners: pa.Table, ledger: pa.Table, reduce: Reducer) -> p
 
     ``winners``: the partition's tail reduced to each key's best row, with the retained null-key rows
     (``RECORD_SCHEMA``). ``ledger``: the partition's previous ledger rows at or above its log start
-    (``ledger.reader.partition_rows``), every offset below the tail's. ``reduce``: the strategy's reducer
+    (``ledger.row_groups.partition_rows``), every offset below the tail's. ``reduce``: the strategy's reducer
     (an order: it keeps each key's best row of rows given in offset order).
 
     Only the rows of keys both hold leave Arrow, to compete under the reducer; every other row of either

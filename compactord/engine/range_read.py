@@ -40,7 +40,7 @@ from compactord.engine.readers.base import RecordFields
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.throttle import ReadThrottle
 from compactord.ledger.parts import part_name, write_part
-from compactord.ledger.reader import partition_rows
+from compactord.ledger.row_groups import partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["CANCEL_FILE", "FINAL_WINDOW_KEYS", "RATE_FILE", "REDUCE_WINDOW", "RangeReadTask", "last_of_each_key"]

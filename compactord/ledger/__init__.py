@@ -4,12 +4,14 @@
 durable topic deletion), with ``manifests`` (sealing, loading, verifying a ledger's manifest) and
 ``removal`` (deletion, orphans); ``quarantine`` moves aside ledgers found without their ``CURRENT``;
 ``reader.LedgerReader`` reads one verified ledger; ``reader.LedgerHandle`` counts its readers so that
-a switch never deletes files from under a read.
+a switch never deletes files from under a read; ``row_groups`` reads the files' footers (a partition's
+row groups, its rows from those alone).
 """
 
 from __future__ import annotations
 
-from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired, RowGroup
+from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired
+from compactord.ledger.row_groups import RowGroup
 from compactord.ledger.store import LedgerStore
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerStore", "RowGroup"]

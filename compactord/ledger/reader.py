@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,35 +23,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
-from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
+from compactord.ledger.row_groups import RowGroup, at_or_after, row_groups_of
+from compactord.model import Entry, LedgerManifest
 
-__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice", "RowGroup", "ledger_row_groups",
-           "max_partition_rows", "partition_groups", "partition_rows"]
+__all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
 
 log = logging.getLogger(__name__)
 
 _INF = math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class RowGroup:
-    """One row group of a ledger file, with the bounds its statistics give (infinite if absent)."""
-
-    file: Path
-    file_index: int
-    index: int
-    num_rows: int
-    partition_min: float
-    partition_max: float
-    offset_min: float
-    offset_max: float
-
-    def may_hold(self, partition: int, start: int = 0) -> bool:
-        """Whether the group can hold a row of ``partition`` with an offset >= ``start``."""
-        if not self.partition_min <= partition <= self.partition_max or self.num_rows == 0:
-            return False
-        # The offset bounds mix partitions when the group spans several: only trust them otherwise.
-        return self.partition_min != self.partition_max or self.offset_max >= start
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +65,7 @@ class LedgerReader:
                     file=spec["name"],
                 )
             try:
-                groups.extend(_row_groups(file, file_index, metadata))
+                groups.extend(row_groups_of(file, file_index, metadata))
             except ValueError as exc:
                 raise LedgerCorrupt(f"ledger file {file} lacks a column: {exc}", file=spec["name"]) from exc
             self._metadata.append(metadata)
@@ -152,8 +131,7 @@ class LedgerReader:
             if not group.may_hold(partition, start):
                 continue
             table = self.read_row_group(group)
-            mask = pc.and_(pc.equal(table["partition"], _int32(partition)),
-                           pc.greater_equal(table["offset"], _int64(start)))
+            mask = at_or_after(table, partition, start)
             if not include_markers:
                 mask = pc.and_(mask, _live(table))
             rows = table.filter(mask).slice(0, n - len(found))
@@ -187,7 +165,8 @@ class LedgerReader:
             if not group.may_hold(partition):
                 continue
             table = self.read_row_group(group)
-            live = pc.indices_nonzero(pc.and_(pc.equal(table["partition"], _int32(partition)), _live(table)))
+            mine = pc.equal(table["partition"], pa.scalar(partition, pa.int32()))
+            live = pc.indices_nonzero(pc.and_(mine, _live(table)))
             if len(live):  # only the last live row becomes an entry: no copy of the others
                 return _entries(table.slice(live[-1].as_py(), 1))[0]
         return None
@@ -306,74 +285,6 @@ class LedgerHandle:
             log.exception("cleanup of retired ledger %s failed", self._reader.path)
 
 
-def ledger_row_groups(files: Sequence[str | Path]) -> list[RowGroup]:
-    """Every row group of the ledger files ``files``, with its bounds, from the footers alone (the driver
-    reads them once per run: ``max_partition_rows``, ``partition_groups``)."""
-    return [g for i, path in enumerate(files) for g in _row_groups(Path(path), i, pq.read_metadata(path))]
-
-
-def max_partition_rows(groups: Sequence[RowGroup]) -> int:
-    """At most how many rows of any one partition the row groups ``groups`` hold, from their statistics: a
-    group that spans partitions counts for each, one without statistics for all. (What a reading task
-    that merges a partition's ledger rows may have to hold.)"""
-    per: dict[int, int] = {}
-    everywhere = 0
-    for g in groups:
-        if math.isinf(g.partition_min) or math.isinf(g.partition_max):
-            everywhere += g.num_rows
-            continue
-        for p in range(int(g.partition_min), int(g.partition_max) + 1):
-            per[p] = per.get(p, 0) + g.num_rows
-    return max(per.values(), default=0) + everywhere
-
-
-def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0) -> list[tuple[str, list[int]]]:
-    """The files, each with the indexes of its row groups, that may hold rows of ``partition`` at or
-    above offset ``start`` (what ``partition_rows`` reads)."""
-    by_file: dict[str, list[int]] = {}
-    for g in groups:
-        if g.may_hold(partition, start):
-            by_file.setdefault(str(g.file), []).append(g.index)
-    return list(by_file.items())
-
-
-def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0) -> pa.Table:
-    """The rows of ``partition`` with an offset >= ``start`` in the given row groups of ledger files
-    (``partition_groups``), in offset order (markers included).
-
-    For a reading task that merges its partition's tail into the previous ledger (the files were
-    verified by the run's planning; a file that went bad since fails the task). Only these row groups are
-    read: the task opens no other file and no footer twice.
-    """
-    tables = []
-    for path, indexes in groups:
-        with pq.ParquetFile(path) as pf:
-            tables.append(pf.read_row_groups(list(indexes), use_threads=False))
-    if not tables:
-        return RECORD_SCHEMA.empty_table()
-    table = pa.concat_tables(tables).cast(RECORD_SCHEMA)
-    table = table.filter(pc.and_(pc.equal(table["partition"], _int32(partition)),
-                                 pc.greater_equal(table["offset"], _int64(start))))
-    return table.sort_by("offset")
-
-
-def _row_groups(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:
-    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
-    p_col, o_col = names.index("partition"), names.index("offset")
-    for index in range(metadata.num_row_groups):
-        rg = metadata.row_group(index)
-        p_min, p_max = _bounds(rg.column(p_col).statistics)
-        o_min, o_max = _bounds(rg.column(o_col).statistics)
-        yield RowGroup(file, file_index, index, rg.num_rows, p_min, p_max, o_min, o_max)
-
-
-def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
-    # Without statistics a group may hold anything: it is read rather than skipped.
-    if stats is None or not stats.has_min_max:
-        return -_INF, _INF
-    return stats.min, stats.max
-
-
 def _entries(table: pa.Table) -> list[Entry]:
     """The rows of ``table`` as entries (as ``Entry.from_row`` makes them), converted column by column:
     no dict per row."""
@@ -418,14 +329,6 @@ def _raw_sizes(table: pa.Table) -> list[int]:
 # at each call (a failed import is not cached), ~0.13 ms a call where the compute itself takes ~0.01 ms.
 _ZERO = pa.scalar(0, pa.int32())
 _FALSE = pa.scalar(False)
-
-
-def _int32(value: int) -> pa.Scalar:
-    return pa.scalar(value, pa.int32())
-
-
-def _int64(value: int) -> pa.Scalar:
-    return pa.scalar(value, pa.int64())
 
 
 def _live(table: pa.Table) -> pa.ChunkedArray:

@@ -11,7 +11,12 @@ import pytest
 
 from compactord.ledger import parts
 from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, part_name, write_part
-from compactord.ledger.reader import ledger_row_groups, max_partition_rows, partition_groups, partition_rows
+from compactord.ledger.row_groups import (
+    ledger_row_groups,
+    max_partition_rows,
+    partition_groups,
+    partition_rows,
+)
 from compactord.ledger.store import LedgerStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 

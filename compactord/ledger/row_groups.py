@@ -1,0 +1,115 @@
+"""The row groups of ledger files, read from their footers: the bounds their statistics give, which
+partitions' rows each may hold, and a partition's rows from the few that can hold them (what a run's
+planning and its reading tasks use; ``reader.LedgerReader`` bisects the same bounds)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from compactord.model import RECORD_SCHEMA
+
+__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "partition_groups", "partition_rows",
+           "row_groups_of"]
+
+_INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class RowGroup:
+    """One row group of a ledger file, with the bounds its statistics give (infinite if absent)."""
+
+    file: Path
+    file_index: int
+    index: int
+    num_rows: int
+    partition_min: float
+    partition_max: float
+    offset_min: float
+    offset_max: float
+
+    def may_hold(self, partition: int, start: int = 0) -> bool:
+        """Whether the group can hold a row of ``partition`` with an offset >= ``start``."""
+        if not self.partition_min <= partition <= self.partition_max or self.num_rows == 0:
+            return False
+        # The offset bounds mix partitions when the group spans several: only trust them otherwise.
+        return self.partition_min != self.partition_max or self.offset_max >= start
+
+
+def ledger_row_groups(files: Sequence[str | Path]) -> list[RowGroup]:
+    """Every row group of the ledger files ``files``, with its bounds, from the footers alone (the driver
+    reads them once per run: ``max_partition_rows``, ``partition_groups``)."""
+    return [g for i, path in enumerate(files) for g in row_groups_of(Path(path), i, pq.read_metadata(path))]
+
+
+def max_partition_rows(groups: Sequence[RowGroup]) -> int:
+    """At most how many rows of any one partition the row groups ``groups`` hold, from their statistics: a
+    group that spans partitions counts for each, one without statistics for all. (What a reading task
+    that merges a partition's ledger rows may have to hold.)"""
+    per: dict[int, int] = {}
+    everywhere = 0
+    for g in groups:
+        if math.isinf(g.partition_min) or math.isinf(g.partition_max):
+            everywhere += g.num_rows
+            continue
+        for p in range(int(g.partition_min), int(g.partition_max) + 1):
+            per[p] = per.get(p, 0) + g.num_rows
+    return max(per.values(), default=0) + everywhere
+
+
+def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0) -> list[tuple[str, list[int]]]:
+    """The files, each with the indexes of its row groups, that may hold rows of ``partition`` at or
+    above offset ``start`` (what ``partition_rows`` reads)."""
+    by_file: dict[str, list[int]] = {}
+    for g in groups:
+        if g.may_hold(partition, start):
+            by_file.setdefault(str(g.file), []).append(g.index)
+    return list(by_file.items())
+
+
+def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0) -> pa.Table:
+    """The rows of ``partition`` with an offset >= ``start`` in the given row groups of ledger files
+    (``partition_groups``), in offset order (markers included).
+
+    For a reading task that merges its partition's tail into the previous ledger (the files were
+    verified by the run's planning; a file that went bad since fails the task). Only these row groups are
+    read: the task opens no other file and no footer twice.
+    """
+    tables = []
+    for path, indexes in groups:
+        with pq.ParquetFile(path) as pf:
+            tables.append(pf.read_row_groups(list(indexes), use_threads=False))
+    if not tables:
+        return RECORD_SCHEMA.empty_table()
+    table = pa.concat_tables(tables).cast(RECORD_SCHEMA)
+    table = table.filter(at_or_after(table, partition, start))
+    return table.sort_by("offset")
+
+
+def row_groups_of(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    p_col, o_col = names.index("partition"), names.index("offset")
+    for index in range(metadata.num_row_groups):
+        rg = metadata.row_group(index)
+        p_min, p_max = _bounds(rg.column(p_col).statistics)
+        o_min, o_max = _bounds(rg.column(o_col).statistics)
+        yield RowGroup(file, file_index, index, rg.num_rows, p_min, p_max, o_min, o_max)
+
+
+def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
+    # Without statistics a group may hold anything: it is read rather than skipped.
+    if stats is None or not stats.has_min_max:
+        return -_INF, _INF
+    return stats.min, stats.max
+
+
+def at_or_after(table: pa.Table, partition: int, start: int) -> pa.ChunkedArray:
+    """The mask of ``table``'s rows of ``partition`` at or above offset ``start``."""
+    return pc.and_(pc.equal(table["partition"], pa.scalar(partition, pa.int32())),
+                   pc.greater_equal(table["offset"], pa.scalar(start, pa.int64())))
