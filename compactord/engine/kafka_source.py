@@ -27,9 +27,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from compactord.engine.range_read import CANCEL_FILE, RATE_FILE, RangeReadTask
+from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import RangeReader
 from compactord.engine.readers.kafka_python import range_consumer
+from compactord.engine.task_files import CANCEL_FILE, RATE_FILE
 from compactord.model import RECORD_DDL
 
 __all__ = ["CANCEL_FILE", "FORMAT", "RATE_FILE", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges",

@@ -6,7 +6,7 @@ record that can compete with that partition's ledger rows. ``merge_into_ledger``
 grouping job's ``max_by`` would: a ledger row whose key the tail also holds competes with the tail's
 winner under the strategy's reducer; every other ledger row stays as it is, without leaving Arrow. The
 job then applies the deletion rules (tombstones, markers and their retention, key expiry) to the result,
-as it does to a full rebuild's.
+as it does to a full rebuild's. ``last_of_each_key`` reduces a final read's windows to each key's last row.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from compactord.engine.strategies.rows import Reducer, Row
 from compactord.model import RECORD_SCHEMA
 
-__all__ = ["columns_to_batch", "merge_into_ledger", "records_to_batch"]
+__all__ = ["columns_to_batch", "last_of_each_key", "merge_into_ledger", "records_to_batch"]
 
 _HEADERS_TYPE = RECORD_SCHEMA.field("headers").type
 _ROW_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "event_time")
@@ -77,6 +77,13 @@ def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int], timesta
         ],
         schema=RECORD_SCHEMA,
     )
+
+
+def last_of_each_key(table: pa.Table) -> pa.Table:
+    """The rows of ``table`` (one partition's, keyed, in offset order) that are their key's last, in
+    offset order: in Arrow's hash kernels, without a Python object per row."""
+    last = table.group_by("key", use_threads=False).aggregate([("offset", "max")])
+    return table.filter(pc.is_in(table["offset"], value_set=last["offset_max"]))
 
 
 def merge_into_ledger(winners: pa.Table, ledger: pa.Table, reduce: Reducer) -> pa.Table:

@@ -14,15 +14,13 @@
 - A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
   for fetches of about one second of its share.
 - Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
-  which executors share); a ``CANCEL`` file there stops every reader at its next poll.
+  which executors share); a ``CANCEL`` file there stops every reader at its next poll (``task_files``).
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
-import json
-import os
 import time
 from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
@@ -31,24 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from compactord.engine.deletions import DeletionRules
-from compactord.engine.merge import columns_to_batch, merge_into_ledger, records_to_batch
+from compactord.engine.merge import columns_to_batch, last_of_each_key, merge_into_ledger, records_to_batch
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.readers.base import RecordFields
 from compactord.engine.strategies.publishing_order import reduce_last_offset
+from compactord.engine.task_files import TaskFiles
 from compactord.engine.throttle import ReadThrottle
 from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.row_groups import partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
 
-__all__ = ["CANCEL_FILE", "FINAL_WINDOW_KEYS", "RATE_FILE", "REDUCE_WINDOW", "RangeReadTask", "last_of_each_key"]
+__all__ = ["FINAL_WINDOW_KEYS", "REDUCE_WINDOW", "RangeReadTask"]
 
-CANCEL_FILE = "CANCEL"
-# A throttled job's current share per reading task (bytes per second, text), written by the driver when
-# reading tasks end (``throttle.running_share``); the tasks read it with their cancel checks.
-RATE_FILE = "RATE"
 # Rows reduced together. Bounds a reader's memory (a window of tuples) while still cutting a topic
 # with few hot keys down to a small fraction of its rows.
 REDUCE_WINDOW = 200_000
@@ -64,13 +58,6 @@ PROGRESS_EVERY_S = 0.5
 _ENDED_POLLS = 3
 
 _ROW_OFFSET = itemgetter(1)
-
-
-def last_of_each_key(table: pa.Table) -> pa.Table:
-    """The rows of ``table`` (one partition's, keyed, in offset order) that are their key's last, in
-    offset order: in Arrow's hash kernels, without a Python object per row."""
-    last = table.group_by("key", use_threads=False).aggregate([("offset", "max")])
-    return table.filter(pc.is_in(table["offset"], value_set=last["offset_max"]))
 
 
 class RangeReadTask:
@@ -111,13 +98,12 @@ class RangeReadTask:
         self._seen: set[bytes] = set()  # ... the keys of those windows
         self._repeated = False  # ... whether a key was in more than one of them
         self._windows = 0
-        self.progress_dir = Path(spec["progress_dir"]) if spec.get("progress_dir") else None
+        self.files = TaskFiles(Path(spec["progress_dir"]) if spec.get("progress_dir") else None, partition, start)
         self.records = 0
         self.bytes = 0
         self._last_progress = 0.0
         self.rate = float(spec.get("read_bytes_per_second", 0))  # this task's share of the read budget
         self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
-        self._rate_seen: int | None = None  # the RATE file's mtime last read
         self.started_at = time.time()
         self.read_ended_at: float | None = None  # when the last record of the range was read
 
@@ -392,36 +378,20 @@ class RangeReadTask:
         self._report(done=False)
 
     def _check_cancel(self) -> None:
-        if self.progress_dir is not None and (self.progress_dir / CANCEL_FILE).exists():
+        if self.files.cancelled():
             raise RuntimeError(f"compaction cancelled while reading partition {self.partition}")
 
     def _follow_rate(self) -> None:
         """A throttled task takes the share the driver wrote last (more, once other tasks have ended)."""
-        if self.throttle is None or self.progress_dir is None:
+        if self.throttle is None:
             return
-        path = self.progress_dir / RATE_FILE
-        try:
-            seen = path.stat().st_mtime_ns
-            if seen == self._rate_seen:
-                return
-            self._rate_seen = seen
-            rate = float(path.read_text())
-        except (OSError, ValueError):
-            return  # none yet, or being replaced: the next check reads it
-        if rate > 0:
+        rate = self.files.new_rate()
+        if rate is not None:
             self.throttle.set_rate(rate)
 
     def _report(self, done: bool) -> None:
-        if self.progress_dir is None:
-            return
-        path = self.progress_dir / f"{self.partition}-{self.start}.json"
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            report = {"records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
-                      "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
-                      "read_ended_at": self.read_ended_at,
-                      "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0}
-            tmp.write_text(json.dumps(report))
-            os.replace(tmp, path)
-        except FileNotFoundError:
-            pass  # the progress dir was removed: the task ended (cancelled) and cleaned up
+        self.files.report({
+            "records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
+            "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
+            "read_ended_at": self.read_ended_at,
+            "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0})

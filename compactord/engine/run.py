@@ -10,25 +10,22 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compactord.engine.job import job_spec, run_compaction_job
-from compactord.engine.kafka_source import CANCEL_FILE, RATE_FILE
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
+from compactord.engine.task_files import TailRead, cancel, read_progress, write_rate
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.ledger.reader import LedgerHandle, LedgerReader
-from compactord.model import LedgerManifest, PartitionOffsets, RecordFingerprint
+from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
@@ -47,19 +44,6 @@ def log_stopped(ctx: CompactionTaskCtx) -> None:
         return
     log.info("compaction of topic %s (task %s) cancelled in %s; stopped in %.1fs", ctx.topic, ctx.task_id,
              ctx.cancelled_in.value, time.monotonic() - ctx.cancelled_mono)
-
-
-@dataclass(frozen=True, slots=True)
-class TailRead:
-    """What the Kafka readers report they read (their progress files, summed)."""
-
-    records: int = 0
-    bytes: int = 0
-    last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
-    started_at: float | None = None  # when the first reading task started (epoch seconds)
-    throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
-    ended: int = 0  # reading tasks that have ended
-    ended_at: float | None = None  # when the last of those read its last record (epoch seconds)
 
 
 class CompactionRun:
@@ -204,8 +188,7 @@ class CompactionRun:
             # The group first: a reader stopped by the file fails the job, which must be seen as
             # cancelled (``CompactionCancelled``), not as a Spark failure.
             self.factory.spark.cancel_group(self.ctx.task_id)
-            with contextlib.suppress(OSError):
-                (progress_dir / CANCEL_FILE).touch()  # stops the Kafka readers at their next poll
+            cancel(progress_dir)  # stops the Kafka readers at their next poll
 
         return hook
 
@@ -278,12 +261,7 @@ class CompactionRun:
             rate = running_share(budget, ranges, cores, tail.ended)
             if budget > 0 and rate != written:
                 written = rate
-                tmp = progress_dir / f"{RATE_FILE}.tmp"
-                try:
-                    tmp.write_text(repr(rate))
-                    os.replace(tmp, progress_dir / RATE_FILE)
-                except OSError:
-                    pass  # the progress dir is gone: the job ended
+                write_rate(progress_dir, rate)
 
     def _follow(self, plan: CompactionPlan, tail: TailRead) -> None:
         progress = self.ctx.progress
@@ -346,36 +324,3 @@ class CompactionRun:
         except Exception:
             log.warning("could not delete corrupt ledger %d of topic %s (removed at next start-up)",
                         ledger_id, self.topic, exc_info=True)
-
-
-def read_progress(progress_dir: Path) -> TailRead:
-    """The readers' progress files, summed (a file being replaced right now is skipped)."""
-    records = size = ended = 0
-    throttled = 0.0
-    started: list[float] = []
-    ended_at: list[float] = []
-    last: dict[int, RecordFingerprint] = {}
-    try:
-        paths = list(progress_dir.glob("*.json"))
-    except OSError:
-        return TailRead()
-    for path in paths:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        records += int(data.get("records", 0))
-        size += int(data.get("bytes", 0))
-        throttled += float(data.get("throttled_seconds", 0.0))
-        if data.get("started_at") is not None:
-            started.append(float(data["started_at"]))
-        if data.get("done"):
-            ended += 1
-            if data.get("read_ended_at") is not None:
-                ended_at.append(float(data["read_ended_at"]))
-        if data.get("last") is not None:
-            found = RecordFingerprint.from_json(data["last"])
-            partition = int(data["partition"])
-            if partition not in last or found.offset > last[partition].offset:
-                last[partition] = found
-    return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None))

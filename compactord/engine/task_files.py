@@ -1,0 +1,128 @@
+"""The files through which a run's driver and its reading tasks talk, in the run's progress folder (on the
+ledger root, which a cluster's executors share; the tasks run in other processes, on other machines):
+
+- ``<partition>-<start>.json``: a reading task's progress (records, bytes, the last data record's
+  fingerprint, its times), replaced whole (``TaskFiles.report``); the driver sums them
+  (``read_progress``);
+- ``CANCEL``: the run was cancelled; every task stops at its next check (``TaskFiles.cancelled``);
+- ``RATE``: a throttled run's share of the read budget per task, raised by the driver as tasks end
+  (``write_rate``, ``throttle.running_share``); the tasks read it with their cancel checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compactord.model import RecordFingerprint
+
+__all__ = ["CANCEL_FILE", "RATE_FILE", "TailRead", "TaskFiles", "cancel", "read_progress", "write_rate"]
+
+CANCEL_FILE = "CANCEL"
+RATE_FILE = "RATE"
+
+
+@dataclass(frozen=True, slots=True)
+class TailRead:
+    """What the Kafka readers report they read (their progress files, summed)."""
+
+    records: int = 0
+    bytes: int = 0
+    last: dict[int, RecordFingerprint] = field(default_factory=dict)  # per partition, the last data record
+    started_at: float | None = None  # when the first reading task started (epoch seconds)
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
+    ended: int = 0  # reading tasks that have ended
+    ended_at: float | None = None  # when the last of those read its last record (epoch seconds)
+
+
+def read_progress(progress_dir: Path) -> TailRead:
+    """The readers' progress files, summed (a file being replaced right now is skipped)."""
+    records = size = ended = 0
+    throttled = 0.0
+    started: list[float] = []
+    ended_at: list[float] = []
+    last: dict[int, RecordFingerprint] = {}
+    try:
+        paths = list(progress_dir.glob("*.json"))
+    except OSError:
+        return TailRead()
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        records += int(data.get("records", 0))
+        size += int(data.get("bytes", 0))
+        throttled += float(data.get("throttled_seconds", 0.0))
+        if data.get("started_at") is not None:
+            started.append(float(data["started_at"]))
+        if data.get("done"):
+            ended += 1
+            if data.get("read_ended_at") is not None:
+                ended_at.append(float(data["read_ended_at"]))
+        if data.get("last") is not None:
+            found = RecordFingerprint.from_json(data["last"])
+            partition = int(data["partition"])
+            if partition not in last or found.offset > last[partition].offset:
+                last[partition] = found
+    return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None))
+
+
+def cancel(progress_dir: Path) -> None:
+    """Stop the run's reading tasks at their next check (a folder already removed: the run ended)."""
+    with contextlib.suppress(OSError):
+        (progress_dir / CANCEL_FILE).touch()
+
+
+def write_rate(progress_dir: Path, rate: float) -> None:
+    """Give each reading task ``rate`` bytes per second from its next check (a folder already removed: the
+    job ended)."""
+    tmp = progress_dir / f"{RATE_FILE}.tmp"
+    try:
+        tmp.write_text(repr(rate))
+        os.replace(tmp, progress_dir / RATE_FILE)
+    except OSError:
+        pass
+
+
+class TaskFiles:
+    """A reading task's side of the folder (``progress_dir`` None: a task that reports nothing, e.g. the
+    warm-up's)."""
+
+    def __init__(self, progress_dir: Path | None, partition: int, start: int) -> None:
+        self.progress_dir = progress_dir
+        self._report_path = progress_dir / f"{partition}-{start}.json" if progress_dir is not None else None
+        self._rate_seen: int | None = None  # the RATE file's mtime last read
+
+    def cancelled(self) -> bool:
+        return self.progress_dir is not None and (self.progress_dir / CANCEL_FILE).exists()
+
+    def new_rate(self) -> float | None:
+        """The share the driver wrote last, if it wrote one since the last call (None otherwise)."""
+        if self.progress_dir is None:
+            return None
+        path = self.progress_dir / RATE_FILE
+        try:
+            seen = path.stat().st_mtime_ns
+            if seen == self._rate_seen:
+                return None
+            self._rate_seen = seen
+            rate = float(path.read_text())
+        except (OSError, ValueError):
+            return None  # none yet, or being replaced: the next check reads it
+        return rate if rate > 0 else None
+
+    def report(self, report: dict[str, Any]) -> None:
+        """Replace the task's progress file with ``report`` (a removed folder: the run ended, cancelled)."""
+        if self._report_path is None:
+            return
+        tmp = self._report_path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(report))
+            os.replace(tmp, self._report_path)
+        except FileNotFoundError:
+            pass  # the progress dir was removed: the task ended (cancelled) and cleaned up
