@@ -242,12 +242,11 @@ class KafkaAdmin(BrokerMetadata):
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         tps = [TopicPartition(topic, p) for p in partitions]
         starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
-        if self._librdkafka:
-            found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp]))
-                     for tp in tps}
-            return self._read_ends(topic, found)
-        ends = self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
-        return {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
+        # Each end is confirmed by a read_committed read: with librdkafka after (``_read_ends``), else here.
+        ends = listed if self._librdkafka else \
+            self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
+        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
+        return self._read_ends(topic, found) if self._librdkafka else found
 
     def _list_offsets(self, admin: Any, tps: list[TopicPartition]) -> tuple[dict[Any, int], dict[Any, int]]:
         """ListOffsets, read_committed: each partition's log start and end, as the broker lists them. The

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
-from compactord.ledger.row_groups import RowGroup, at_or_after, row_groups_of
+from compactord.ledger.row_groups import RowGroup, at_or_after, of_partition, row_groups_of
 from compactord.model import Entry, LedgerManifest
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
@@ -165,8 +165,7 @@ class LedgerReader:
             if not group.may_hold(partition):
                 continue
             table = self.read_row_group(group)
-            mine = pc.equal(table["partition"], pa.scalar(partition, pa.int32()))
-            live = pc.indices_nonzero(pc.and_(mine, _live(table)))
+            live = pc.indices_nonzero(pc.and_(of_partition(table, partition), _live(table)))
             if len(live):  # only the last live row becomes an entry: no copy of the others
                 return _entries(table.slice(live[-1].as_py(), 1))[0]
         return None

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from compactord.model import RECORD_SCHEMA
 
-__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "partition_groups", "partition_rows",
-           "row_groups_of"]
+__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "of_partition", "partition_groups",
+           "partition_rows", "row_groups_of"]
 
 _INF = math.inf
 
@@ -109,7 +109,11 @@ def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
     return stats.min, stats.max
 
 
+def of_partition(table: pa.Table, partition: int) -> pa.ChunkedArray:
+    """The mask of ``table``'s rows of ``partition``."""
+    return pc.equal(table["partition"], pa.scalar(partition, pa.int32()))
+
+
 def at_or_after(table: pa.Table, partition: int, start: int) -> pa.ChunkedArray:
     """The mask of ``table``'s rows of ``partition`` at or above offset ``start``."""
-    return pc.and_(pc.equal(table["partition"], pa.scalar(partition, pa.int32())),
-                   pc.greater_equal(table["offset"], pa.scalar(start, pa.int64())))
+    return pc.and_(of_partition(table, partition), pc.greater_equal(table["offset"], pa.scalar(start, pa.int64())))
