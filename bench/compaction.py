@@ -15,7 +15,8 @@ measures, in one run and on one warm Spark session:
   processes as Spark has cores, over the offset ranges ``plan_ranges`` gives the compaction, only
   iterating the records;
 - a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
-  one of the topic; a full and an incremental one of a side topic, which warm the incremental path);
+  one of the topic; a full and ``--warmup-incrementals`` incremental ones of a side topic, which warm the
+  incremental path and take the driver JVM past its compile burst);
 - an **incremental** compaction after producing 10% more records (ledger + tail).
 
 The floors and the full compaction alternate; each figure is the median of ``--runs`` runs. Every
@@ -408,6 +409,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="skip the incremental runs (their figure and ratio print as nan)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the untimed warm-up compaction and floor (for the long distinct-keys runs)")
+    ap.add_argument("--warmup-incrementals", type=int, default=6, metavar="N",
+                    help="untimed incremental compactions of the warm-up topic before the timed runs (default 6; "
+                         "past the JVM's compile burst, see the warm-up)")
     ap.add_argument("--throttle", type=int, default=0, metavar="R",
                     help="after the timed runs, one full compaction capped at R bytes/s (maxReadBytesPerSecond): "
                          "prints the measured read rate against R")
@@ -569,11 +573,18 @@ def main(argv: list[str] | None = None) -> int:
             if args.incremental:
                 # A long-running daemon compacts incrementally again and again: its JVM has compiled that
                 # path (reading the ledger's Parquet next to the tail) too. Warm it on a topic of its own.
+                # The driver JVM's C2 compiler compiles Spark's scheduling code in a burst around the 6th
+                # to 9th job after a start (100-190 ms of its CPU in each of 2-3 runs, measured per JVM
+                # thread), then stays quiet: more incremental runs on that topic (``--warmup-incrementals``,
+                # small slices) move the burst out of the measured runs, to measure the steady state of a
+                # daemon that has been up for a while.
                 warm_service = factory.new_topic_compaction_service(WARMUP_TOPIC)
-                for rebuild in (True, False):
+                slices = [(step, 2 * step)] + [(2 * step + i * (step // 10), 2 * step + (i + 1) * (step // 10))
+                                               for i in range(max(0, args.warmup_incrementals - 1))]
+                for rebuild, (lo, hi) in [(True, (0, 0))] + [(False, s) for s in slices]:
                     if not rebuild:
                         with ctx.Pool(producers) as pool:
-                            produce(pool, producers, workload, broker.bootstrap, step, 2 * step, topic=WARMUP_TOPIC)
+                            produce(pool, producers, workload, broker.bootstrap, lo, hi, topic=WARMUP_TOPIC)
                     t0 = time.monotonic()
                     task = warm_service.compact(rebuild=rebuild)
                     if task.result(3600) is not TaskState.SUCCEED:

@@ -63,15 +63,18 @@ def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int], timesta
         marker_at = pa.array([markers.get(o) for o in offsets], pa.int64())
     else:
         marker, marker_at = pa.array(repeat(False, n), pa.bool_(), size=n), pa.nulls(n, pa.int64())
+    timestamp_column = pa.array(timestamps, pa.int64())
+    # Event times taken from the timestamps are the same list: one conversion, one buffer for both columns.
+    event_time_column = timestamp_column if event_times is timestamps else pa.array(event_times, pa.int64())
     return pa.RecordBatch.from_arrays(
         [
             partitions,
             pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
+            timestamp_column,
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
             header_column,
-            pa.array(event_times, pa.int64()),
+            event_time_column,
             marker,
             marker_at,
         ],
