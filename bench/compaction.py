@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             admin.create_topics([NewTopic(TOPIC, args.partitions, 1), NewTopic(WARMUP_TOPIC, args.partitions, 1)])
             admin.close()
             sent, seconds = produce(pool, producers, workload, broker.bootstrap, 0, args.records)
-            if args.warmup and args.incremental:
+            if args.warmup:
                 # The warm-up topic: one incremental-sized slice to compact fully, and one more after it.
                 step = max(1, int(args.records * args.incremental_ratio))
                 produce(pool, producers, workload, broker.bootstrap, 0, step, topic=WARMUP_TOPIC)
@@ -569,28 +569,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             t_warm, _ = compaction(True, produced)
             t_floor_warm = min(floor(c) for c in FLOOR_CLIENTS)
-            warm_incremental = ""
-            if args.incremental:
-                # A long-running daemon compacts incrementally again and again: its JVM has compiled that
-                # path (reading the ledger's Parquet next to the tail) too. Warm it on a topic of its own.
-                # The driver JVM's C2 compiler compiles Spark's scheduling code in a burst around the 6th
-                # to 9th job after a start (100-190 ms of its CPU in each of 2-3 runs, measured per JVM
-                # thread), then stays quiet: more incremental runs on that topic (``--warmup-incrementals``,
-                # small slices) move the burst out of the measured runs, to measure the steady state of a
-                # daemon that has been up for a while.
-                warm_service = factory.new_topic_compaction_service(WARMUP_TOPIC)
-                slices = [(step, 2 * step)] + [(2 * step + i * (step // 10), 2 * step + (i + 1) * (step // 10))
-                                               for i in range(max(0, args.warmup_incrementals - 1))]
-                for rebuild, (lo, hi) in [(True, (0, 0))] + [(False, s) for s in slices]:
-                    if not rebuild:
-                        with ctx.Pool(producers) as pool:
-                            produce(pool, producers, workload, broker.bootstrap, lo, hi, topic=WARMUP_TOPIC)
-                    t0 = time.monotonic()
-                    task = warm_service.compact(rebuild=rebuild)
-                    if task.result(3600) is not TaskState.SUCCEED:
-                        raise RuntimeError(f"the warm-up compaction ended {task.state.value}: {task.error}")
-                    task.worker_done.wait(60)
-                warm_incremental = f", incremental on {WARMUP_TOPIC} {time.monotonic() - t0:.2f} s"
+            # A long-running daemon compacts incrementally again and again: its JVM has compiled that
+            # path (reading the ledger's Parquet next to the tail) too. Warm it on a topic of its own.
+            # The driver JVM's C2 compiler compiles Spark's scheduling code in a burst around the 6th
+            # to 9th job after a start (100-190 ms of its CPU in each of 2-3 runs, measured per JVM
+            # thread), then stays quiet: more incremental runs on that topic (``--warmup-incrementals``,
+            # small slices) move the burst out of the measured runs, to measure the steady state of a
+            # daemon that has been up for a while.
+            warm_service = factory.new_topic_compaction_service(WARMUP_TOPIC)
+            slices = [(step, 2 * step)] + [(2 * step + i * (step // 10), 2 * step + (i + 1) * (step // 10))
+                                           for i in range(max(0, args.warmup_incrementals - 1))]
+            for rebuild, (lo, hi) in [(True, (0, 0))] + [(False, s) for s in slices]:
+                if not rebuild:
+                    with ctx.Pool(producers) as pool:
+                        produce(pool, producers, workload, broker.bootstrap, lo, hi, topic=WARMUP_TOPIC)
+                t0 = time.monotonic()
+                task = warm_service.compact(rebuild=rebuild)
+                if task.result(3600) is not TaskState.SUCCEED:
+                    raise RuntimeError(f"the warm-up compaction ended {task.state.value}: {task.error}")
+                task.worker_done.wait(60)
+            warm_incremental = f", last incremental on {WARMUP_TOPIC} {time.monotonic() - t0:.2f} s"
             for runs in cpu.values():
                 runs.clear()
             print(f"warm-up (untimed): compaction {t_warm:.2f} s, floor {t_floor_warm:.2f} s{warm_incremental}",
