@@ -410,8 +410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the untimed warm-up compaction and floor (for the long distinct-keys runs)")
     ap.add_argument("--warmup-incrementals", type=int, default=6, metavar="N",
-                    help="untimed incremental compactions of the warm-up topic before the timed runs (default 6; "
-                         "past the JVM's compile burst, see the warm-up)")
+                    help="untimed incremental compactions of the warm-up topic before the timed runs (default 6)")
     ap.add_argument("--throttle", type=int, default=0, metavar="R",
                     help="after the timed runs, one full compaction capped at R bytes/s (maxReadBytesPerSecond): "
                          "prints the measured read rate against R")
@@ -571,11 +570,9 @@ def main(argv: list[str] | None = None) -> int:
             t_floor_warm = min(floor(c) for c in FLOOR_CLIENTS)
             # A long-running daemon compacts incrementally again and again: its JVM has compiled that
             # path (reading the ledger's Parquet next to the tail) too. Warm it on a topic of its own.
-            # The driver JVM's C2 compiler compiles Spark's scheduling code in a burst around the 6th
-            # to 9th job after a start (100-190 ms of its CPU in each of 2-3 runs, measured per JVM
-            # thread), then stays quiet: more incremental runs on that topic (``--warmup-incrementals``,
-            # small slices) move the burst out of the measured runs, to measure the steady state of a
-            # daemon that has been up for a while.
+            # Several (``--warmup-incrementals``, small slices): the timed runs measure the steady state of
+            # a daemon that has been up for a while, its JVM's compiler quiet (the closure cleaner's burst
+            # is taken by the session's warm-up, ``spark_session.LOCAL_DRIVER_JAVA_OPTIONS``).
             warm_service = factory.new_topic_compaction_service(WARMUP_TOPIC)
             slices = [(step, 2 * step)] + [(2 * step + i * (step // 10), 2 * step + (i + 1) * (step // 10))
                                            for i in range(max(0, args.warmup_incrementals - 1))]
