@@ -16,7 +16,7 @@ measures, in one run and on one warm Spark session:
   iterating the records;
 - a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
   one of the topic; a full and ``--warmup-incrementals`` incremental ones of a side topic, which warm the
-  incremental path and take the driver JVM past its compile burst);
+  incremental path as a daemon that has been up for a while has);
 - an **incremental** compaction after producing 10% more records (ledger + tail).
 
 The floors and the full compaction alternate; each figure is the median of ``--runs`` runs. Every
