@@ -6,9 +6,8 @@ factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with 
 ``"compactions": false``), then start and warm the Spark session in the background. Compactions can
 run once Spark is warm and the broker answers; reads need neither.
 
-The probes never wait on the broker: a thread of its own pings it, with a client of its own (the
-daemon's client serialises its calls, so a ping would queue behind a hung request), and a ping that
-has not come back within kafkaRequestTimeoutMs counts as a broker that does not answer.
+The probes never wait on the broker: a thread of its own pings it, with a client of its own
+(``broker_watch.BrokerWatch``).
 
 If the Spark JVM dies or hangs (a liveness check that does not answer within ``jvm_check_timeout_s``),
 the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
@@ -26,6 +25,7 @@ from typing import Any
 
 from compactord.config import Settings
 from compactord.daemon.backlogs import BacklogCache
+from compactord.daemon.broker_watch import BrokerWatch
 from compactord.daemon.history import RunHistory, RunRecord
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
@@ -50,8 +50,6 @@ __all__ = ["Daemon", "Readiness"]
 
 log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
-BROKER_PING_EVERY_S = 5.0  # while it answers; while it does not, WATCH_EVERY_S doubling up to:
-BROKER_RETRY_MAX_S = 16.0
 JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
 HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl, the run history of each topic
@@ -133,11 +131,7 @@ class Daemon:
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self.on_warm: Any = None  # set by the server runner: called once Spark is warm
-        self._broker_ok = False
-        self._broker_error = "the broker has not been asked yet"
-        self._broker_lost = False  # it is down (logged once) since its last answer
-        self._ping_since: float | None = None  # monotonic start of the ping under way
-        self._ping_timeout_s = settings.kafka_request_timeout_ms / 1000
+        self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
         self._root_problem = self._check_root()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -147,9 +141,9 @@ class Daemon:
     # -- start-up and watchdogs -----------------------------------------------------------------
 
     def start(self) -> None:
-        for name, target in (("spark-start", self._start_spark), ("watchdog", self._watch),
-                             ("broker-probe", self._probe_broker)):
-            thread = threading.Thread(target=target, name=name, daemon=True)
+        for name, target, args in (("spark-start", self._start_spark, ()), ("watchdog", self._watch, ()),
+                                   ("broker-probe", self._broker.run, (self._stop,))):
+            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -168,39 +162,9 @@ class Daemon:
         self.monitor.start()
         log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
 
-    def _check_broker(self) -> None:
-        """One ping; the log says each change of state once (down, then up again), not each failure."""
-        self._ping_since = time.monotonic()
-        try:
-            self._broker_probe.ping()
-            if self._broker_lost:
-                log.info("the broker answers again")
-            self._broker_ok, self._broker_error, self._broker_lost = True, "", False
-        except CompactordError as exc:
-            if not self._broker_lost:
-                log.warning("broker unavailable (checked again in the background; requests that need it "
-                            "answer 503 broker_unavailable until it answers): %s", exc)
-            self._broker_lost = True
-            self._broker_ok, self._broker_error = False, exc.message
-        finally:
-            self._ping_since = None
-
-    def _probe_broker(self) -> None:
-        down_for = 0  # pings failed in a row: the next one waits longer, up to BROKER_RETRY_MAX_S
-        while not self._stop.is_set():
-            self._check_broker()
-            down_for = 0 if self._broker_ok else down_for + 1
-            wait = BROKER_PING_EVERY_S if self._broker_ok else \
-                min(WATCH_EVERY_S * 2 ** (down_for - 1), BROKER_RETRY_MAX_S)
-            self._stop.wait(wait)
-
     def broker_problem(self) -> str | None:
-        """Why the broker counts as unreachable now, or None; from memory only (the probe's last answer,
-        and how long the ping under way has taken)."""
-        since = self._ping_since
-        if since is not None and time.monotonic() - since > self._ping_timeout_s:
-            return f"the broker does not answer (no answer for {time.monotonic() - since:.0f}s)"
-        return None if self._broker_ok else f"the broker does not answer: {self._broker_error}"
+        """Why the broker counts as unreachable now, or None; from memory only (``BrokerWatch.problem``)."""
+        return self._broker.problem()
 
     def _check_root(self) -> str | None:
         root = self.store.root
