@@ -57,8 +57,8 @@ _DEFAULT_CONF = {
 # classes' bytecode with ASM (``org.apache.xbean.asm9.ClassReader``; ``readCode`` is a 5 KB method). Under the
 # raised thresholds C2 compiled it in a burst around the 6th to 9th job after a start (100-240 ms of the
 # compiler's CPU in each of 2-3 runs; ``-XX:+PrintCompilation`` named it), in the middle of real compactions.
-# Its thresholds are scaled down (x0.01) so that C2 compiles it while the session warms up: the driver JVM's
-# CPU per incremental compaction in the benchmark fell from 0.15 s to 0.04-0.05 s.
+# Its thresholds are scaled down (x0.01) so that C2 compiles it while the session warms up: in the first 8
+# incremental runs after a start, no run's compiler CPU went over 40 ms (100-240 ms in 2-3 of them before).
 LOCAL_DRIVER_JAVA_OPTIONS = ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=20000 "
                              "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000 "
                              "-XX:CompileCommand=quiet "

@@ -31,8 +31,7 @@ def main(argv: list[str]) -> int:
 
     jcmd = shutil.which("jcmd")
     if jcmd is None:
-        print("NO_JCMD", flush=True)
-        return 0
+        sys.exit("jcmd (a JDK's) is not installed: the JVM's compiled code cannot be listed")
     settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", compacted_ledger_root=argv[0], spark_master="local[2]",
                         spark_conf={"spark.driver.memory": "512m"})
     manager = SparkSessionManager(settings)

@@ -514,7 +514,6 @@ def test_a_local_driver_jvm_leaves_what_a_job_calls_a_few_thousand_times_to_c1(s
     assert threshold.getValue() == "100000"
 
 
-
 def test_the_closure_cleaners_bytecode_reader_is_compiled_by_c2_during_the_warm_up(tmp_path):
     """Every job's closures go through Spark's closure cleaner, which reads their bytecode with ASM
     (``ClassReader.readCode``, a 5 KB method). Under the local driver's raised C2 thresholds C2 compiled it
