@@ -3,18 +3,17 @@
 - read_committed: records of aborted transactions never reach Spark; control records are skipped by
   the client, and the loop ends on the reader's *position*, not the last record's offset + 1,
   because transaction markers occupy offsets.
-- A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of
-  rows, only what the final choice may still need goes to Spark. This is the lever on speed: the
-  cost of a compaction is per-row Python work in Spark. With ``final`` (the job's ``reads_are_final``:
-  this task reads its whole partition), the windows' survivors are held and reduced once more at the
-  end, so that exactly each key's winner leaves the task and Spark need not group. An incremental run
-  merges the partition's previous ledger rows there (``merge.merge_into_ledger``); a compaction's task
-  (``write``) then applies the deletion rules and writes the partition's part file itself, handing no
-  row to Spark (a preview's hands its rows over, for Spark to count).
+- A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of rows,
+  only what the final choice may still need goes to Spark (the lever on speed: per-row Python work in
+  Spark). With ``final`` (``job.reads_are_final``: the task reads its whole partition), the windows'
+  survivors are reduced once more at the end, so that only each key's winner leaves the task and Spark
+  need not group. An incremental run merges the partition's ledger rows there (``merge_into_ledger``);
+  a compaction's task (``write``) applies the deletion rules and writes the partition's part file
+  itself, handing no row to Spark (a preview's hands its rows over, for Spark to count).
 - A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
   for fetches of about one second of its share.
-- Progress and final counts are written as small JSON files in ``progress_dir`` (on the ledger root,
-  which executors share); a ``CANCEL`` file there stops every reader at its next poll (``task_files``).
+- Progress and final counts are small JSON files in ``progress_dir`` (on the ledger root, which
+  executors share); a ``CANCEL`` file there stops every reader at its next poll (``task_files``).
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ from compactord.model import RECORD_SCHEMA, RecordFingerprint
 
 __all__ = ["FINAL_WINDOW_KEYS", "REDUCE_WINDOW", "RangeReadTask"]
 
-# Rows reduced together. Bounds a reader's memory (a window of tuples) while still cutting a topic
-# with few hot keys down to a small fraction of its rows.
+# Rows reduced together: bounds a reader's memory (a window of tuples), and still cuts a topic of few hot keys.
 REDUCE_WINDOW = 200_000
 # Final reads under publishing-order: the most keys whose last record a task holds as the client's record
 # objects (~440 bytes each with librdkafka) before it turns them into Arrow rows (~150 bytes) and starts a
@@ -129,19 +127,15 @@ class RangeReadTask:
                     self._report(done=True)
                 return
             self._check_cancel()  # a task cancelled before this one started: no fetch of its own
-            # What the worker holds before the read (modules, Spark's worker state) lives as long as the
-            # worker: moved out of the collector's sight. Spark's daemon runs a full collection in a reused
-            # worker after every task (``pyspark.daemon``: ``gc.collect()``), which scanned ~73,000 such
-            # objects in 50-107 ms of a ~0.7 s task here; it now scans what the task left. (Reference
-            # counting still frees them.)
+            # What the worker holds before the read (modules, Spark's worker state) lives as long as the worker:
+            # out of the collector's sight. Spark's daemon collects in full after every task (``pyspark.daemon``),
+            # which scanned ~73,000 such objects in 50-107 ms of a ~0.7 s task here; now what the task left.
             gc.freeze()
             if reader is None:
                 reader = self._open()
-            # The cyclic garbage collector is off while a task reads. A window holds up to REDUCE_WINDOW
-            # rows (tuples, header lists) and every collection re-scans them: with it on, the reader's CPU
-            # per record (the client's record objects included, synthetic records) was ~4.4 us, with it
-            # off ~2.0 us. Reference counting still frees all that the read drops; the few cycles the
-            # client makes wait for the end of the task.
+            # The cyclic collector is off while a task reads: a window holds up to REDUCE_WINDOW rows, which
+            # every collection re-scanned (the reader's CPU per record: ~4.4 us with it on, ~2.0 us off).
+            # Reference counting still frees what the read drops; the client's few cycles wait for the end.
             collecting = gc.isenabled()
             gc.disable()
             try:
@@ -295,6 +289,14 @@ class RangeReadTask:
             table = pa.concat_tables([table, nulls]).sort_by("offset")
         return table
 
+    def _write_windows(self, folder: Path, rules: DeletionRules) -> None:
+        """A compaction's final read whose windows share no key (no null-key or ledger rows either): each
+        window holds its keys' winners, after the windows before; they pass the deletion rules into the part
+        file one at a time, never joined (joined and filtered, 500,000 distinct keys peaked 49 MB higher)."""
+        self._check_cancel()
+        windows, self._settled, self._seen = self._settled[::-1], [], set()
+        write_part((rules.apply_arrow(windows.pop()) for _ in range(len(windows))), folder, part_name(self.partition))
+
     def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
         if self.event_time_source == "timestamp":
             # The rule (``strategies.event_time_extractor``): a timestamp is the event time unless it
@@ -323,7 +325,10 @@ class RangeReadTask:
             self._settled.append(self._latest_table([]))
             self._held_nulls.extend(nulls)
             if last:
-                yield from self._finish(self._final_latest())
+                if self.write is not None and not (self.ledger_groups or self._repeated or self._held_nulls):
+                    self._write_windows(*self.write)
+                else:
+                    yield from self._finish(self._final_latest())
             return
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         if not self.final:

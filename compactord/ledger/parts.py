@@ -10,6 +10,7 @@ its files, which the read API's bisection assumes.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,18 +38,29 @@ def is_partial_part(name: str) -> bool:
     return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)
 
 
-def write_part(table: pa.Table, directory: Path, name: str) -> None:
-    """Write ``table`` (rows in (partition, offset) order) as the part file ``name`` of the ledger being
-    written in ``directory``, nothing for no rows. A hidden temporary file is written and renamed, so that
-    a failed or retried task attempt never leaves a partial part under a part's name; the ledger is
-    checksummed and fsynced when the run seals it (``manifests.finalize``)."""
-    if not table.num_rows:
-        return
-    rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes)))
+def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str) -> None:
+    """Write ``tables`` (one table, or tables one after another: their rows in (partition, offset) order) as
+    the part file ``name`` of the ledger being written in ``directory``, nothing for no rows. Tables given one
+    after another are taken and written one at a time, so that a caller that makes each as it is asked for
+    holds one at a time. A hidden temporary file is written and renamed, so that a failed or retried task
+    attempt never leaves a partial part under a part's name; the ledger is checksummed and fsynced when the
+    run seals it (``manifests.finalize``)."""
     tmp = Path(directory) / f".{name}.{os.getpid()}{TMP_SUFFIX}"
+    writer: pq.ParquetWriter | None = None
     try:
-        pq.write_table(table, tmp, row_group_size=rows, compression="snappy", use_dictionary=_DICTIONARY)
+        for table in [tables] if isinstance(tables, pa.Table) else tables:
+            if not table.num_rows:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema, compression="snappy", use_dictionary=_DICTIONARY)
+            rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes)))
+            writer.write_table(table, row_group_size=rows)
+        if writer is None:
+            return
+        writer.close()
         os.replace(tmp, Path(directory) / name)
     except BaseException:
+        if writer is not None:
+            writer.close()
         tmp.unlink(missing_ok=True)
         raise

@@ -187,6 +187,40 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
     assert [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()] == list(range(100))
 
 
+def test_a_final_read_that_writes_its_part_keeps_each_key_s_last_across_windows(kafka, tmp_path, monkeypatch):
+    """A compaction's final read writes its partition's part file itself. Windows of 7 keys: where no key
+    comes back in a later window the windows go through the deletion rules into the file one at a time;
+    where keys do come back (hot keys, tombstones among them), or null-key rows are retained, the windows
+    are reduced together first. Either way the file holds each live key's last record, in offset order."""
+    import pyarrow.parquet as pq
+
+    from compactord.engine import range_read
+    from compactord.engine.deletions import DeletionRules
+    from compactord.ledger.parts import part_name
+
+    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
+    rules = DeletionRules(now_ms=0, tombstone_retention_ms=0, keeps_markers=False).to_json()
+    cases = {
+        "distinct": [(f"k{i}", None if i % 10 == 3 else f"v{i}", 0) for i in range(100)],
+        "hot": [(f"hot{i % 3}" if i % 2 else f"once{i}", None if i % 29 == 1 else f"v{i}", 0) for i in range(100)],
+        "null keys": [(None if i % 23 == 0 else f"k{i}", None if i % 10 == 4 else f"v{i}", 0) for i in range(100)],
+    }
+    for name, records in cases.items():
+        topic = kafka.topic()
+        kafka.produce(topic, records)
+        out = tmp_path / name.replace(" ", "-")
+        out.mkdir()
+        task = RangeReadTask(spec(kafka, topic, "librdkafka", out, final=True, batch_records=5, write_to=str(out),
+                                  deletion_rules=rules), 0, 0, len(records))
+        assert list(task.run()) == []  # nothing handed to Spark
+        last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
+        live = [i for i in last.values() if records[i][1] is not None]
+        nulls = [i for i, (key, value, _) in enumerate(records) if key is None and value is not None]
+        written = pq.read_table(out / part_name(0))
+        assert written["offset"].to_pylist() == sorted(live + nulls), name
+        assert written["value"].to_pylist() == [records[i][1].encode() for i in sorted(live + nulls)], name
+
+
 def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
     """Final reads are written without a sort: the winners of many reduce windows and the retained
     null-key rows between them leave the task in offset order."""
