@@ -9,6 +9,7 @@ its files, which the read API's bisection assumes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -61,6 +62,8 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
         os.replace(tmp, Path(directory) / name)
     except BaseException:
         if writer is not None:
-            writer.close()
+            # Closing writes the footer, which fails again on a full disk: the first error is the one raised.
+            with contextlib.suppress(OSError, pa.ArrowException):
+                writer.close()
         tmp.unlink(missing_ok=True)
         raise

@@ -3,6 +3,7 @@ with a part a dead task attempt left half-written."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -74,14 +75,42 @@ def test_no_rows_write_no_file(tmp_path: Path) -> None:
 
 
 def test_a_failed_write_leaves_nothing_under_any_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def half_then_fail(t: pa.Table, where: Path, **kwargs: object) -> None:
-        Path(where).write_bytes(b"PAR1 half a file")
-        raise OSError(28, "No space left on device")
+    """A full disk in the middle of the file, and again when the writer is closed: the first error is raised."""
 
-    monkeypatch.setattr(parts.pq, "write_table", half_then_fail)
-    with pytest.raises(OSError, match="No space"):
+    class FullDisk:
+        def __init__(self, where: Path, schema: pa.Schema, **kwargs: object) -> None:
+            self.where = Path(where)
+            self.where.write_bytes(b"PAR1 half a file")
+
+        def write_table(self, t: pa.Table, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            raise OSError(28, "No space left on device (the footer)")
+
+    monkeypatch.setattr(parts.pq, "ParquetWriter", FullDisk)
+    with pytest.raises(OSError, match="No space left on device$"):
         write_part(table(5), tmp_path, part_name(3))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_part_written_from_tables_one_after_another(tmp_path: Path) -> None:
+    """Tables given one after another are one part file, in their order, with the same row groups rule; when
+    the next table cannot be made, nothing is left under any name and the error is the caller's."""
+    first, second = table(10_000), table(3, value_bytes=5)
+    write_part(iter([first, table(0), second]), tmp_path, part_name(0))
+    written = pq.ParquetFile(tmp_path / part_name(0))
+    assert written.read().equals(pa.concat_tables([first, second]))
+    assert [written.metadata.row_group(i).num_rows for i in range(written.metadata.num_row_groups)] == \
+        [ROW_GROUP_ROWS, 10_000 - ROW_GROUP_ROWS, 3]
+
+    def cut_short() -> Iterator[pa.Table]:
+        yield first
+        raise RuntimeError("compaction cancelled while reading partition 1")
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        write_part(cut_short(), tmp_path, part_name(1))
+    assert [p.name for p in tmp_path.iterdir()] == [part_name(0)]
 
 
 def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) -> None:
