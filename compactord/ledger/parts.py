@@ -27,6 +27,13 @@ _PARTIAL = ".part-"
 # Dictionary pages only for the columns that repeat: on keys and values that rarely do, building a dictionary
 # and falling back cost time and bytes (250,000 distinct keys: 0.18 s and 5.8 MB with it, 0.10 s and 5.4 MB).
 _DICTIONARY = ["partition", "marker"]
+# Offsets and times grow row by row: delta-encoded they take ~1-2 bytes a row instead of 8, which Snappy does
+# not find (250,000 distinct keys with 100-byte values: 4.4 MB instead of 7.5, written in 30.7 ms instead of
+# 36.5). Every Parquet reader of the last years decodes them (Spark's vectorized reader since 3.3).
+_ENCODINGS = dict.fromkeys(("offset", "timestamp", "event_time", "marker_at"), "DELTA_BINARY_PACKED")
+# Statistics only where they are read (``row_groups``: a group's partitions and offsets); a key's or a
+# value's min and max cost a comparison per row and ~6% of the write.
+_STATISTICS = ["partition", "offset"]
 
 
 def part_name(partition: int) -> str:
@@ -53,7 +60,8 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
             if not table.num_rows:
                 continue
             if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema, compression="snappy", use_dictionary=_DICTIONARY)
+                writer = pq.ParquetWriter(tmp, table.schema, compression="snappy", use_dictionary=_DICTIONARY,
+                                          column_encoding=_ENCODINGS, write_statistics=_STATISTICS)
             rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // max(1, table.nbytes)))
             writer.write_table(table, row_group_size=rows)
         if writer is None:

@@ -48,6 +48,28 @@ def test_row_groups_are_bounded_by_rows_and_by_bytes(tmp_path: Path) -> None:
     assert pq.read_table(tmp_path / "big.parquet").equals(table(200, value_bytes=100_000))
 
 
+def test_offsets_and_times_are_delta_encoded_and_only_the_bounds_read_have_statistics(tmp_path: Path) -> None:
+    """Offsets and times grow row by row: delta-encoded, a partition of 20,000 rows takes a fraction of the
+    bytes they take plain, and reads back exactly; statistics are kept where ``row_groups`` reads them."""
+    rows = table(20_000)
+    write_part(rows, tmp_path, "delta.parquet")
+    pq.write_table(rows, tmp_path / "plain.parquet", compression="snappy", use_dictionary=False)
+    delta, plain = pq.ParquetFile(tmp_path / "delta.parquet").metadata, pq.ParquetFile(tmp_path / "plain.parquet").metadata
+
+    def column_bytes(meta: pq.FileMetaData, name: str) -> int:
+        index = meta.schema.names.index(name)
+        return sum(meta.row_group(g).column(index).total_compressed_size for g in range(meta.num_row_groups))
+
+    for name in ("offset", "timestamp", "event_time"):
+        index = delta.schema.names.index(name)
+        assert "DELTA_BINARY_PACKED" in delta.row_group(0).column(index).encodings
+        assert column_bytes(delta, name) * 4 < column_bytes(plain, name)
+    assert pq.read_table(tmp_path / "delta.parquet").equals(rows)
+    group = delta.row_group(0)
+    with_stats = {delta.schema.names[i] for i in range(group.num_columns) if group.column(i).is_stats_set}
+    assert {"partition", "offset"} <= with_stats and not with_stats & {"key", "value"}
+
+
 def test_the_footers_bound_and_locate_each_partition_s_rows(tmp_path: Path) -> None:
     """Read once by the driver: how many rows a partition may have (``max_partition_rows``), and which
     files and row groups a reading task opens for it (``partition_groups``), no other."""
