@@ -32,10 +32,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from compactord.config import Settings
+from compactord.engine import windows
 from compactord.engine.deletions import DeletionRules, deleted_sql
 from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_writing_tasks
 from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
+from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS
 from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, partition_groups
@@ -51,6 +53,8 @@ ROWS_PER_SHUFFLE_PARTITION = 500_000
 MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
 # The largest range whose reader may hold its partition's winners to the end (final reads): with every key
 # distinct that is every row, ~400 bytes each as Python tuples (~200 MB per reading task at this bound).
+# A full rebuild under publishing-order has no such bound: its windows go to local disk past a memory
+# budget (``engine.windows``).
 FINAL_READ_MAX_RECORDS = 500_000
 # The most previous-ledger rows of one partition that its reading task may merge (held in Arrow, ~130 bytes
 # a row at ~100-byte values, and copied a few times while merging): past it, the grouping job, which spills.
@@ -136,7 +140,8 @@ def job_spec(
     ``now_ms`` (default: now) is the instant tombstone retention and key expiry are measured at: the
     task's start, so that a run's result does not depend on when Spark reaches the step."""
     groups = ledger_row_groups(ledger_files) if ledger_files else []
-    final = reads_are_final(strategy.strategy, ranges, ledger_files, log_start, max_partition_rows(groups))
+    final = reads_are_final(strategy.strategy, ranges, ledger_files, log_start, max_partition_rows(groups),
+                            retain_null_key=strategy.settings.retain_null_key)
     return CompactionJobSpec(
         topic=topic,
         client_config=settings.kafka_client_config() if client_config is None else client_config,
@@ -166,13 +171,16 @@ def job_spec(
 
 
 def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange], ledger_files: Sequence[str],
-                    log_start: Mapping[int, int], ledger_partition_rows: int = 0) -> bool:
+                    log_start: Mapping[int, int], ledger_partition_rows: int = 0, *,
+                    retain_null_key: bool = False) -> bool:
     """Whether the readers' own reduction is the job's answer, so that Spark need not group the rows.
 
     It is when the strategy is an order (its reducer keeps each key's best record: exactly the winner, a
     key living in one partition), each partition is read by a single task from at or above its log start
     (nothing is dropped after the reduction), and no range is so large that holding its winners to the
-    end costs too much memory (``FINAL_READ_MAX_RECORDS``). An incremental run merges each partition's
+    end costs too much memory (``FINAL_READ_MAX_RECORDS``; none under publishing-order when the run is a
+    full rebuild that retains no null-key record: its task keeps its windows on local disk past a memory
+    budget, ``engine.windows``). An incremental run merges each partition's
     previous ledger rows in its reading task (``merge.merge_into_ledger``): ``log_start`` must then name
     every partition of the topic (a task is planned for each, also one without new records), no partition
     may have more ledger rows than a task should hold (``ledger_partition_rows``, at most
@@ -188,8 +196,11 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
         if not set(partitions) <= set(log_start) or ledger_partition_rows > FINAL_READ_MAX_LEDGER_ROWS or (
                 plan.keeps_deletion_markers and plan.reducer not in BUILTIN_REDUCERS.values()):
             return False
+    # What else a final read holds to its end stays in memory: another order's rows, merged ledger rows,
+    # retained null-key rows.
+    spills = not ledger_files and not retain_null_key and plan_for(strategy).reducer is reduce_last_offset
     return len(set(partitions)) == len(partitions) and all(
-        r.size <= FINAL_READ_MAX_RECORDS and r.start >= log_start.get(r.partition, 0) for r in ranges)
+        (spills or r.size <= FINAL_READ_MAX_RECORDS) and r.start >= log_start.get(r.partition, 0) for r in ranges)
 
 
 def _read_ranges(spec: CompactionJobSpec) -> list[OffsetRange]:
@@ -229,6 +240,7 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "read_bytes_per_second": spec.read_bytes_per_second,
             "write_to": spec.output_path if write is not None else None,
             "deletion_rules": write.to_json() if write is not None else None,
+            "window_memory_bytes": windows.MEMORY_BUDGET_BYTES,
         }
     )
 

@@ -30,12 +30,13 @@ from typing import Any
 import pyarrow as pa
 
 from compactord.engine.deletions import DeletionRules
-from compactord.engine.merge import columns_to_batch, last_of_each_key, merge_into_ledger, records_to_batch
+from compactord.engine.merge import columns_to_batch, merge_into_ledger, records_to_batch
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.readers.base import RecordFields
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.task_files import TaskFiles
 from compactord.engine.throttle import ReadThrottle
+from compactord.engine.windows import MEMORY_BUDGET_BYTES, SettledWindows
 from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.row_groups import partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
@@ -92,9 +93,9 @@ class RangeReadTask:
         self._fields: RecordFields | None = None  # how the backend's records give their fields
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
-        self._settled: list[pa.Table] = []  # final reads, publishing-order: each window's last rows by key
-        self._seen: set[bytes] = set()  # ... the keys of those windows
-        self._repeated = False  # ... whether a key was in more than one of them
+        # Final reads, publishing-order: each window's last rows by key, in memory up to a budget, then on
+        # the executor's local disk.
+        self._settled = SettledWindows(int(spec.get("window_memory_bytes", MEMORY_BUDGET_BYTES)), self._check_cancel)
         self._windows = 0
         self.files = TaskFiles(Path(spec["progress_dir"]) if spec.get("progress_dir") else None, partition, start)
         self.records = 0
@@ -104,6 +105,11 @@ class RangeReadTask:
         self.throttle = ReadThrottle(self.rate, self._check_cancel) if self.rate > 0 else None
         self.started_at = time.time()
         self.read_ended_at: float | None = None  # when the last record of the range was read
+
+    @property
+    def spilled_windows(self) -> int:
+        """Final reads under publishing-order: the window files this task wrote to local disk."""
+        return self._settled.files_written
 
     def open_ahead(self) -> RangeReader | None:
         """This range's reader, opened before its turn (``run`` takes it); None where there is nothing to
@@ -144,6 +150,7 @@ class RangeReadTask:
                 if collecting:
                     gc.enable()
         finally:
+            self._settled.close()
             if reader is not None:
                 reader.close()
         self._report(done=True)
@@ -274,15 +281,12 @@ class RangeReadTask:
 
     def _final_latest(self) -> pa.Table:
         """Final reads under publishing-order: each key's last record of the partition, with the retained
-        null-key rows, in offset order."""
-        tables = [t for t in self._settled if t.num_rows]
-        self._settled, self._seen = [], set()
+        null-key rows, in offset order, as one table."""
+        tables = list(self._settled.last_rows())
         if not tables:
             table = RECORD_SCHEMA.empty_table()
         else:
             table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-            if self._repeated:
-                table = last_of_each_key(table)
         if self._held_nulls:
             nulls = self._table(self._held_nulls)
             self._held_nulls = []
@@ -290,12 +294,11 @@ class RangeReadTask:
         return table
 
     def _write_windows(self, folder: Path, rules: DeletionRules) -> None:
-        """A compaction's final read whose windows share no key (no null-key or ledger rows either): each
-        window holds its keys' winners, after the windows before; they pass the deletion rules into the part
-        file one at a time, never joined (joined and filtered, 500,000 distinct keys peaked 49 MB higher)."""
+        """A compaction's final read without null-key or ledger rows: the windows, each reduced to its keys'
+        winners (``SettledWindows.last_rows``), pass the deletion rules into the part file one at a time,
+        never joined (joined and filtered, 500,000 distinct keys peaked 49 MB higher)."""
         self._check_cancel()
-        windows, self._settled, self._seen = self._settled[::-1], [], set()
-        write_part((rules.apply_arrow(windows.pop()) for _ in range(len(windows))), folder, part_name(self.partition))
+        write_part(map(rules.apply_arrow, self._settled.last_rows()), folder, part_name(self.partition))
 
     def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
         if self.event_time_source == "timestamp":
@@ -317,18 +320,17 @@ class RangeReadTask:
                 return
             # Final reads: the window's last record of each key becomes Arrow rows; a key may come again in a
             # later window, so the rows of all windows are reduced once more at the end.
-            if self._latest:
-                # Whether a key of this window was in an earlier one (then the end reduces in Arrow): a set
-                # check on key objects whose hashes the window's dict computed already.
-                self._repeated = self._repeated or not self._seen.isdisjoint(self._latest)
-                self._seen.update(self._latest)
-            self._settled.append(self._latest_table([]))
+            keys = self._latest
+            self._settled.add(self._latest_table([]), keys)
             self._held_nulls.extend(nulls)
             if last:
-                if self.write is not None and not (self.ledger_groups or self._repeated or self._held_nulls):
-                    self._write_windows(*self.write)
-                else:
+                if self.ledger_groups or self._held_nulls:  # a bounded partition (``job.reads_are_final``)
                     yield from self._finish(self._final_latest())
+                elif self.write is not None:
+                    self._write_windows(*self.write)
+                else:  # a preview's: its rows to Spark, window by window
+                    for table in self._settled.last_rows():
+                        yield from table.to_batches(max_chunksize=self.batch_records)
             return
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         if not self.final:

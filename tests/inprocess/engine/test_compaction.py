@@ -290,7 +290,7 @@ def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, mak
 
     def run(service: Any, grouped: bool) -> tuple[list[dict[str, Any]], bool]:
         if grouped:
-            monkeypatch.setattr(job, "FINAL_READ_MAX_RECORDS", 0)  # the grouping job, for comparison
+            monkeypatch.setattr(job, "reads_are_final", _never)  # the grouping job, for comparison
         try:
             ctx = compact(service)
         finally:
@@ -416,6 +416,14 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], every,
                                    job.FINAL_READ_MAX_LEDGER_ROWS + 1)
     assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], {})
+    # A full rebuild's range has no bound under publishing-order (its task spills its windows to disk); one
+    # that retains null-key records holds them, another order holds rows, a merge holds ledger rows: bounded.
+    huge = [OffsetRange(p, 0, job.FINAL_READ_MAX_RECORDS + 1) for p in range(3)]
+    assert job.reads_are_final(strategy.strategy, huge, [], {})
+    assert not job.reads_are_final(strategy.strategy, huge, [], {}, retain_null_key=True)
+    assert not job.reads_are_final(strategy.strategy, huge, ["x.parquet"], every)
+    assert not job.reads_are_final(ResolvedStrategy.resolve("event-time", "timestamp", False).strategy, huge, [], {})
+    assert job.reads_are_final(ResolvedStrategy.resolve("event-time", "timestamp", False).strategy, ranges, [], {})
 
     service = factory.new_topic_compaction_service(topic)
     compact(service)
@@ -427,9 +435,14 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     final_entries = [entries(service, p) for p in range(3)]
     assert view(service, 3) == last_value_model(records)
 
-    monkeypatch.setattr(job, "FINAL_READ_MAX_RECORDS", 0)  # the grouping job, for comparison
+    monkeypatch.setattr(job, "reads_are_final", _never)  # the grouping job, for comparison
     compact(service, rebuild=True)
     assert [entries(service, p) for p in range(3)] == final_entries
+
+
+def _never(*_: Any, **__: Any) -> bool:
+    """``job.reads_are_final`` for a run that must take the grouping job."""
+    return False
 
 
 def _read_stage_tasks(spark_manager: Any, ctx: Any) -> list[int]:
@@ -486,10 +499,39 @@ def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(k
 
     from compactord.engine import job as engine_job
 
-    monkeypatch.setattr(engine_job, "FINAL_READ_MAX_RECORDS", 0)  # every range too large to hold
+    monkeypatch.setattr(engine_job, "reads_are_final", _never)  # the grouping job
     compact(service, rebuild=True)
     assert _last_query(spark_manager) > queries
     assert view(service, 2) == last_value_model(records)
+
+
+def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_that_spill(
+        kafka, make_factory, spark_manager, monkeypatch):
+    """A full rebuild under publishing-order reads each partition in one task whatever its size (the tasks
+    keep their windows on local disk past a memory budget): with every range over
+    ``FINAL_READ_MAX_RECORDS`` and a budget of 0 bytes (every window goes to disk, in the executors' local
+    directory), the run is one stage of writing tasks, a part file per partition, and the view is exact.
+    An incremental run over such a tail is still grouped: it merges ledger rows, which stay in memory."""
+    from compactord.engine import job as engine_job
+    from compactord.engine import windows
+
+    monkeypatch.setattr(engine_job, "FINAL_READ_MAX_RECORDS", 10)
+    monkeypatch.setattr(windows, "MEMORY_BUDGET_BYTES", 0)
+    topic = kafka.topic(partitions=2)
+    records = [(f"k{i % 70}", None if i % 13 == 4 else f"v{i}", (i % 70) % 2) for i in range(300)]
+    kafka.produce(topic, records)
+    service = make_factory().new_topic_compaction_service(topic)
+    queries = _last_query(spark_manager)
+    ctx = compact(service)
+    assert _last_query(spark_manager) == queries  # no query: the writing tasks' one stage
+    assert _read_stage_tasks(spark_manager, ctx) == [min(spark_manager.cores, 2)]
+    assert [f["name"] for f in service.ledger_info().files] == [part_name(p) for p in range(2)]
+    assert view(service, 2) == last_value_model(records)
+    more = [(f"k{i % 70}", f"w{i}", (i % 70) % 2) for i in range(40)]
+    kafka.produce(topic, more)
+    ctx = compact(service)
+    assert not ctx.stats.full_rebuild and _last_query(spark_manager) > queries  # grouped, through a query
+    assert view(service, 2) == last_value_model(records + more)
 
 
 def test_the_warm_up_also_plans_a_read_through_the_data_source(spark_manager):

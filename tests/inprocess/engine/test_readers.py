@@ -221,6 +221,95 @@ def test_a_final_read_that_writes_its_part_keeps_each_key_s_last_across_windows(
         assert written["value"].to_pylist() == [records[i][1].encode() for i in sorted(live + nulls)], name
 
 
+_SPILL_CASES = {
+    "distinct": [(f"k{i}", None if i % 10 == 3 else f"v{i}", 0) for i in range(120)],
+    "hot": [(f"hot{i % 3}" if i % 2 else f"once{i}", None if i % 29 == 1 else f"v{i}", 0) for i in range(120)],
+    # keys that come back windows later, their last record a tombstone or a value
+    "late": [(f"k{i % 40}", None if i % 17 == 5 else f"v{i}", 0) for i in range(120)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SPILL_CASES))
+def test_a_final_read_past_its_memory_budget_keeps_its_windows_on_disk(kafka, tmp_path, monkeypatch, case):
+    """A final read under publishing-order holds its windows in memory up to a budget, then writes them to
+    Arrow files under Spark's local directory (``SPARK_LOCAL_DIRS``) and reads them back at the end: a
+    partition of any size holds one window and its keys. With a budget of one byte every window of 7 keys
+    goes to disk (with one of 4,500 bytes, the first ones do); the part file it writes, and the rows a
+    preview's read hands over, are those of the read that held everything, and the spill folder is gone
+    afterwards."""
+    import pyarrow.parquet as pq
+
+    from compactord.engine import range_read
+    from compactord.engine.deletions import DeletionRules
+    from compactord.ledger.parts import part_name
+
+    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
+    local = tmp_path / "local"
+    local.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{local},{tmp_path / 'unused'}")
+    rules = DeletionRules(now_ms=0, tombstone_retention_ms=0, keeps_markers=False).to_json()
+    records = _SPILL_CASES[case]
+    topic = kafka.topic()
+    kafka.produce(topic, records)
+
+    def part(budget: int) -> tuple[pa.Table, int]:
+        out = tmp_path / f"out-{budget}"
+        out.mkdir()
+        task = RangeReadTask(spec(kafka, topic, "librdkafka", out, final=True, batch_records=5, write_to=str(out),
+                                  deletion_rules=rules, retain_null_key=False, window_memory_bytes=budget),
+                             0, 0, len(records))
+        assert list(task.run()) == []
+        return pq.read_table(out / part_name(0)), task.spilled_windows
+
+    (held, held_files), (spilled, spilled_files) = part(1 << 30), part(1)
+    # A window closes at the poll (of up to 5 records) that brings it to 7 keys.
+    assert held_files == 0 and spilled_files >= len({k for k, _, _ in records}) // (7 + 5 - 1)
+    assert spilled.equals(held)
+    # A budget of a few windows: some on disk, the last ones still in memory at the end.
+    some, some_files = part(4500)
+    assert 0 < some_files and some.equals(held)
+    last = {key: i for i, (key, _, _) in enumerate(records)}
+    live = sorted(i for i in last.values() if records[i][1] is not None)
+    assert spilled["offset"].to_pylist() == live
+    assert spilled["value"].to_pylist() == [records[i][1].encode() for i in live]
+    assert list(local.iterdir()) == []
+
+    # A preview's final read hands the same winners over, tombstones included, window by window.
+    preview = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path / "p", final=True, batch_records=5,
+                                 retain_null_key=False, window_memory_bytes=1), 0, 0, len(records))
+    handed = pa.Table.from_batches(list(preview.run()))
+    assert preview.spilled_windows > 0 and handed["offset"].to_pylist() == sorted(last.values())
+    assert list(local.iterdir()) == []
+
+
+def test_a_full_disk_under_the_spilled_windows_fails_the_read_and_leaves_nothing(kafka, tmp_path, monkeypatch):
+    """The local disk fills while a final read writes its windows to it: the read fails with the disk's
+    error, no part file is written, and what was spilled is removed (the run then fails and keeps the
+    previous ledger: ``test_disk_errors``). The disk is a real 2 MiB tmpfs."""
+    from compactord.engine import range_read
+    from compactord.engine.deletions import DeletionRules
+    from compactord.ledger.parts import part_name
+    from tests.support.disks import tmpfs
+
+    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 1000)
+    topic = kafka.topic()
+    records = [(f"key-{i:08d}", "v" * 200, 0) for i in range(12_000)]  # ~2.6 MB of rows: more than the disk
+    kafka.produce(topic, records)
+    out = tmp_path / "out"
+    out.mkdir()
+    rules = DeletionRules(now_ms=0, tombstone_retention_ms=0, keeps_markers=False).to_json()
+    with tmpfs(tmp_path / "small-disk", "2m") as disk:
+        monkeypatch.setenv("SPARK_LOCAL_DIRS", str(disk))
+        task = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path, final=True, write_to=str(out),
+                                  deletion_rules=rules, retain_null_key=False, window_memory_bytes=1),
+                             0, 0, len(records))
+        with pytest.raises(OSError, match="No space left on device"):
+            list(task.run())
+        assert task.spilled_windows > 0
+        assert list(disk.iterdir()) == []
+    assert not (out / part_name(0)).exists() and [p.name for p in out.iterdir()] == []
+
+
 def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
     """Final reads are written without a sort: the winners of many reduce windows and the retained
     null-key rows between them leave the task in offset order."""
