@@ -598,11 +598,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.compare_grouping:
                 from compactord.engine import job as engine_job
 
-                final_bound, engine_job.FINAL_READ_MAX_RECORDS = engine_job.FINAL_READ_MAX_RECORDS, 0
+                reads_are_final, engine_job.reads_are_final = engine_job.reads_are_final, lambda *_, **__: False
                 try:
                     groupings.append(compaction(True, produced, "full, grouping")[0])
                 finally:
-                    engine_job.FINAL_READ_MAX_RECORDS = final_bound
+                    engine_job.reads_are_final = reads_are_final
                 print(f"run {run + 1}: full with final reads off (the grouping job) {groupings[-1]:.2f} s", flush=True)
             for c in FLOOR_CLIENTS:
                 floors_by[c].append(floor(c))
