@@ -125,6 +125,7 @@ class TaskStats:
     removed: int = 0
     bytes_read: int = 0  # key and value bytes read from Kafka
     bytes_written: int = 0
+    spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
     tail_records: int = 0
     ledger_rows_read: int = 0
     full_rebuild: bool = False

@@ -277,6 +277,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "bytes_read": run.bytes_read,
         "records_written": run.records_written,
         "bytes_written": run.bytes_written,
+        "spilled_bytes": run.spilled_bytes,
         "removed": run.removed,
         "ledger_before": run.ledger_before,
         "ledger_after": run.ledger_after,

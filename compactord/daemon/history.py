@@ -71,6 +71,7 @@ class RunRecord:
     error: str | None
     error_type: str | None
     seq: int = 0
+    spilled_bytes: int = 0  # what its reading tasks wrote to local disk (a record from before: 0)
 
     @classmethod
     def of_task(cls, ctx: CompactionTaskCtx, final: TaskState) -> RunRecord:
@@ -89,7 +90,7 @@ class RunRecord:
             ledger_before=ctx.previous_ledger_id,
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
             full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped,
-            error=_cut(ctx.error), error_type=ctx.error_type,
+            error=_cut(ctx.error), error_type=ctx.error_type, spilled_bytes=stats.spilled_bytes,
         )
 
     def to_json(self) -> dict[str, Any]:

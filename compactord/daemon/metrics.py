@@ -86,6 +86,9 @@ class Metrics:
         self.records_written = Counter("compactord_records_written", "Entries written into new ledgers",
                                        ["topic"], registry=r)
         self.bytes_written = Counter("compactord_bytes_written", "Bytes of new ledgers", ["topic"], registry=r)
+        self.spilled_bytes = Counter("compactord_spilled_bytes",
+                                     "Bytes reading tasks wrote to their local disk (windows past their memory budget)",
+                                     ["topic"], registry=r)
         self.compacted_entries = Gauge("compactord_compacted_entries", "Live entries in the current ledger",
                                        ["topic"], registry=r)
         self.compacted_bytes = Gauge("compactord_compacted_bytes", "Size of the current ledger", ["topic"], registry=r)
@@ -141,6 +144,7 @@ class Metrics:
             self.bytes_read.labels(topic).inc(stats.bytes_read)
             self.records_written.labels(topic).inc(stats.records_kept + stats.markers)
             self.bytes_written.labels(topic).inc(stats.bytes_written)
+            self.spilled_bytes.labels(topic).inc(stats.spilled_bytes)
             self.compacted_entries.labels(topic).set(stats.records_kept)
             self.compacted_bytes.labels(topic).set(stats.bytes_written)
             if stats.records_read:
@@ -155,7 +159,7 @@ class Metrics:
         here: a series left behind lives as long as the process)."""
         for metric in (self.duration, self.recreated_rebuilds, self.switch_warnings, self.topic_broker_compacted,
                        self.removed, self.records_read, self.bytes_read, self.records_written,
-                       self.bytes_written, self.compacted_entries, self.compacted_bytes, self.backlog_records,
+                       self.bytes_written, self.spilled_bytes, self.compacted_entries, self.compacted_bytes, self.backlog_records,
                        self.backlog_bytes, self.backlog_age, self.dirty_ratio, self.topic_uncleanable,
                        self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio):
             with contextlib.suppress(KeyError):  # prometheus-client < 0.21 raises for an absent series

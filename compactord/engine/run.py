@@ -287,6 +287,7 @@ class CompactionRun:
         stats.records_read, stats.records_kept, stats.markers = manifest.records_read, manifest.records_kept, \
             manifest.markers
         stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
+        stats.spilled_bytes = tail.spilled_bytes
         stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
         stats.recreated = plan.recreated
         return manifest

@@ -37,11 +37,12 @@ class TailRead:
     throttled_seconds: float = 0.0  # the reading tasks' waits for the read budget, summed
     ended: int = 0  # reading tasks that have ended
     ended_at: float | None = None  # when the last of those read its last record (epoch seconds)
+    spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
 
 
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
-    records = size = ended = 0
+    records = size = ended = spilled = 0
     throttled = 0.0
     started: list[float] = []
     ended_at: list[float] = []
@@ -58,6 +59,7 @@ def read_progress(progress_dir: Path) -> TailRead:
         records += int(data.get("records", 0))
         size += int(data.get("bytes", 0))
         throttled += float(data.get("throttled_seconds", 0.0))
+        spilled += int(data.get("spilled_bytes", 0))
         if data.get("started_at") is not None:
             started.append(float(data["started_at"]))
         if data.get("done"):
@@ -69,7 +71,8 @@ def read_progress(progress_dir: Path) -> TailRead:
             partition = int(data["partition"])
             if partition not in last or found.offset > last[partition].offset:
                 last[partition] = found
-    return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None))
+    return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None),
+                    spilled)
 
 
 def cancel(progress_dir: Path) -> None:

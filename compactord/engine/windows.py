@@ -54,6 +54,7 @@ class SettledWindows:
         self._spilled: list[Path] = []  # the windows on disk, in order
         self._folder: Path | None = None
         self._files = 0  # files written into the folder (their names)
+        self.bytes_written = 0  # the bytes of those files
         self._seen: set[bytes] = set()
         self.repeated = False  # whether a key was in more than one window
         self.rows = 0
@@ -128,6 +129,7 @@ class SettledWindows:
         self._files += 1
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, RECORD_SCHEMA) as writer:
             writer.write_table(table)
+        self.bytes_written += path.stat().st_size
         return path
 
     def _read(self, path: Path) -> pa.Table:

@@ -59,12 +59,17 @@ def history(tmp_path: Path, clock: Clock, max_runs: int = 1000, max_age_days: fl
 
 
 def test_a_record_holds_what_the_task_did(tmp_path: Path, clock: Clock) -> None:
-    done = ended(records_read=12, records_kept=3, markers=1, removed=8, bytes_read=120, bytes_written=900)
+    done = ended(records_read=12, records_kept=3, markers=1, removed=8, bytes_read=120, bytes_written=900,
+                 spilled_bytes=4096)
     assert (done.state, done.reason, done.reason_detail) == ("Succeed", "backlog_records",
                                                              "backlog 10 records > threshold 5")
     assert (done.records_read, done.records_written, done.removed, done.bytes_read, done.bytes_written) == \
         (12, 4, 8, 120, 900)
     assert (done.ledger_before, done.ledger_after, done.error) == (3, 4, None)
+    assert done.spilled_bytes == 4096  # the windows its reading tasks wrote to local disk
+    # A record written before runs had spilled bytes reads back with none.
+    old = {k: v for k, v in done.to_json().items() if k != "spilled_bytes"}
+    assert RunRecord.from_json(old).spilled_bytes == 0
     assert done.started_at is not None and done.finished_at >= done.started_at
     failed = ended(final=S.FAILED)
     assert (failed.state, failed.error, failed.records_read, failed.records_written) == \

@@ -42,9 +42,11 @@ def test_an_ended_task_counts_under_its_reason_and_sets_the_kept_ratio() -> None
     for state in (TaskState.CREATING_RAW_READER, TaskState.RUNNING, TaskState.ENDING_WITH_SWITCH_LEDGER):
         ctx.transition(state)
     ctx.stats.records_read, ctx.stats.records_kept, ctx.stats.markers = 40, 9, 1
+    ctx.stats.spilled_bytes = 8192
     ctx.transition(TaskState.SUCCEED)
     metrics.task_ended(ctx)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
     assert samples[("compactord_tasks_total", (("reason", "max_lag"), ("result", "succeeded")))] == 1
     assert samples[("compactord_last_run_kept_ratio", (("topic", "orders"),))] == 0.25
+    assert samples[("compactord_spilled_bytes_total", (("topic", "orders"),))] == 8192

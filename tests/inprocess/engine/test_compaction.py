@@ -527,10 +527,12 @@ def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_t
     assert _read_stage_tasks(spark_manager, ctx) == [min(spark_manager.cores, 2)]
     assert [f["name"] for f in service.ledger_info().files] == [part_name(p) for p in range(2)]
     assert view(service, 2) == last_value_model(records)
+    assert ctx.stats.spilled_bytes > 0  # the tasks' reports, summed (``compactord_spilled_bytes``)
     more = [(f"k{i % 70}", f"w{i}", (i % 70) % 2) for i in range(40)]
     kafka.produce(topic, more)
     ctx = compact(service)
     assert not ctx.stats.full_rebuild and _last_query(spark_manager) > queries  # grouped, through a query
+    assert ctx.stats.spilled_bytes == 0
     assert view(service, 2) == last_value_model(records + more)
 
 
