@@ -53,9 +53,11 @@ ROWS_PER_SHUFFLE_PARTITION = 500_000
 MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
 # The largest range whose reader may hold its partition's winners to the end (final reads): with every key
 # distinct that is every row, ~400 bytes each as Python tuples (~200 MB per reading task at this bound).
-# A full rebuild under publishing-order has no such bound: its windows go to local disk past a memory
-# budget (``engine.windows``).
+# A full rebuild under publishing-order is bounded further out: its windows go to local disk past a memory
+# budget (``engine.windows``), and what it holds is the set of keys it has seen (~90 bytes a key; ~450 MB at
+# this bound, a task's peak ~650 MB). Past it, the grouping job, which spills in the JVM.
 FINAL_READ_MAX_RECORDS = 500_000
+FINAL_SPILLING_READ_MAX_RECORDS = 5_000_000
 # The most previous-ledger rows of one partition that its reading task may merge (held in Arrow, ~130 bytes
 # a row at ~100-byte values, and copied a few times while merging): past it, the grouping job, which spills.
 FINAL_READ_MAX_LEDGER_ROWS = 2_000_000
@@ -178,9 +180,9 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
     It is when the strategy is an order (its reducer keeps each key's best record: exactly the winner, a
     key living in one partition), each partition is read by a single task from at or above its log start
     (nothing is dropped after the reduction), and no range is so large that holding its winners to the
-    end costs too much memory (``FINAL_READ_MAX_RECORDS``; none under publishing-order when the run is a
-    full rebuild that retains no null-key record: its task keeps its windows on local disk past a memory
-    budget, ``engine.windows``). An incremental run merges each partition's
+    end costs too much memory (``FINAL_READ_MAX_RECORDS``; ``FINAL_SPILLING_READ_MAX_RECORDS`` under
+    publishing-order when the run is a full rebuild that retains no null-key record: its task keeps its
+    windows on local disk past a memory budget, ``engine.windows``). An incremental run merges each partition's
     previous ledger rows in its reading task (``merge.merge_into_ledger``): ``log_start`` must then name
     every partition of the topic (a task is planned for each, also one without new records), no partition
     may have more ledger rows than a task should hold (``ledger_partition_rows``, at most
@@ -199,8 +201,9 @@ def reads_are_final(strategy: CompactionStrategy, ranges: Sequence[OffsetRange],
     # What else a final read holds to its end stays in memory: another order's rows, merged ledger rows,
     # retained null-key rows.
     spills = not ledger_files and not retain_null_key and plan_for(strategy).reducer is reduce_last_offset
+    most = FINAL_SPILLING_READ_MAX_RECORDS if spills else FINAL_READ_MAX_RECORDS
     return len(set(partitions)) == len(partitions) and all(
-        (spills or r.size <= FINAL_READ_MAX_RECORDS) and r.start >= log_start.get(r.partition, 0) for r in ranges)
+        r.size <= most and r.start >= log_start.get(r.partition, 0) for r in ranges)
 
 
 def _read_ranges(spec: CompactionJobSpec) -> list[OffsetRange]:

@@ -416,10 +416,13 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], every,
                                    job.FINAL_READ_MAX_LEDGER_ROWS + 1)
     assert not job.reads_are_final(strategy.strategy, ranges, ["x.parquet"], {})
-    # A full rebuild's range has no bound under publishing-order (its task spills its windows to disk); one
-    # that retains null-key records holds them, another order holds rows, a merge holds ledger rows: bounded.
+    # A full rebuild's range is bounded further out under publishing-order (its task spills its windows to
+    # disk, and holds the keys it has seen); one that retains null-key records holds them, another order
+    # holds rows, a merge holds ledger rows: bounded as before.
     huge = [OffsetRange(p, 0, job.FINAL_READ_MAX_RECORDS + 1) for p in range(3)]
     assert job.reads_are_final(strategy.strategy, huge, [], {})
+    huger = [OffsetRange(p, 0, job.FINAL_SPILLING_READ_MAX_RECORDS + 1) for p in range(3)]
+    assert not job.reads_are_final(strategy.strategy, huger, [], {})
     assert not job.reads_are_final(strategy.strategy, huge, [], {}, retain_null_key=True)
     assert not job.reads_are_final(strategy.strategy, huge, ["x.parquet"], every)
     assert not job.reads_are_final(ResolvedStrategy.resolve("event-time", "timestamp", False).strategy, huge, [], {})
