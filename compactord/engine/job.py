@@ -54,10 +54,11 @@ MIN_ROWS_PER_SHUFFLE_PARTITION = 100_000
 # The largest range whose reader may hold its partition's winners to the end (final reads): with every key
 # distinct that is every row, ~400 bytes each as Python tuples (~200 MB per reading task at this bound).
 # A full rebuild under publishing-order is bounded further out: its windows go to local disk past a memory
-# budget (``engine.windows``), and what it holds is the set of keys it has seen (~90 bytes a key; ~450 MB at
-# this bound, a task's peak ~650 MB). Past it, the grouping job, which spills in the JVM.
+# budget (``engine.windows``), and what it holds is the set of keys it has seen: one task of 1,250,000 distinct
+# keys peaked at 442 MB, of 3,000,000 at 661 MB (~125 bytes a key). Past it, the grouping job, which spills
+# in the JVM.
 FINAL_READ_MAX_RECORDS = 500_000
-FINAL_SPILLING_READ_MAX_RECORDS = 5_000_000
+FINAL_SPILLING_READ_MAX_RECORDS = 3_000_000
 # The most previous-ledger rows of one partition that its reading task may merge (held in Arrow, ~130 bytes
 # a row at ~100-byte values, and copied a few times while merging): past it, the grouping job, which spills.
 FINAL_READ_MAX_LEDGER_ROWS = 2_000_000
