@@ -29,8 +29,9 @@ KILLED_TASK_ERRORS = (BrokenPipeError, ConnectionResetError)
 # was faulted in and zeroed again. One task reading 250,000 records took ~27,000 page faults, ~8,000 with
 # this pad. A full compaction of 1,000,000 distinct keys in 4 tasks: Spark's Python 1.28-1.33 CPU-s, against
 # 1.41-1.42 without (16 MiB: 1.38, 32 MiB: 1.35); of 10,000 keys (ten runs each): 0.58 s against 0.63, while
-# an incremental run took 0.15 s against 0.14 (its CPU the same); the workers' peak RSS, summed, +300 MB. A
-# worker keeps up to this much more memory (per heap that reached it) between tasks.
+# an incremental run took 0.15 s against 0.14 with the same CPU (in-process medians of 16 runs: 141-183 ms
+# with it, 145-148 without: noise); the workers' peak RSS, summed, +300 MB. A worker keeps up to this much
+# more memory (per heap that reached it) between tasks.
 HEAP_TOP_PAD = 64 * 1024 * 1024
 _M_TOP_PAD = -2  # mallopt's parameter number (malloc.h)
 

@@ -57,7 +57,6 @@ class SettledWindows:
         self.bytes_written = 0  # the bytes of those files
         self._seen: set[bytes] = set()
         self.repeated = False  # whether a key was in more than one window
-        self.rows = 0
 
     @property
     def files_written(self) -> int:
@@ -72,7 +71,6 @@ class SettledWindows:
         self._seen.update(keys)
         if not window.num_rows:
             return
-        self.rows += window.num_rows
         self._held.append(window)
         self._held_bytes += window.nbytes
         if self._held_bytes > self.budget_bytes:
