@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,9 +63,8 @@ class SettledWindows:
         """The window files written to disk so far (a window the reduction rewrote counts again)."""
         return self._files
 
-    def add(self, window: pa.Table, keys: Iterable[bytes]) -> None:
+    def add(self, window: pa.Table, keys: Collection[bytes]) -> None:
         """The next window (each key's last row in it, in offset order) and its keys (no null key)."""
-        keys = keys if isinstance(keys, set | dict) else set(keys)
         # A set check on key objects whose hashes the window's dict computed already.
         self.repeated = self.repeated or not self._seen.isdisjoint(keys)
         self._seen.update(keys)
