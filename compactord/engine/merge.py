@@ -12,7 +12,6 @@ as it does to a full rebuild's. ``last_of_each_key`` reduces a final read's wind
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -42,13 +41,14 @@ def records_to_batch(rows: Sequence[Row], markers: Mapping[int, int | None] | No
     return columns_to_batch(pa.array(cols[0], pa.int32()), *cols[1:], markers=markers)
 
 
-def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int], timestamps: Sequence[Any],
+def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int] | pa.Array, timestamps: Sequence[Any],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None], headers: Sequence[Any],
                      event_times: Sequence[int | None],
                      markers: Mapping[int, int | None] | None = None) -> pa.RecordBatch:
     """Records given column by column as one Arrow batch (``partitions``: one partition for every row, or a
-    column). ``headers``: per row (name, value) pairs, or None/empty. A headers column is built without a
-    Python list per row when no row has headers (the usual case)."""
+    column; ``offsets``: a list, or the Arrow column already). ``headers``: per row (name, value) pairs, or
+    None/empty. Columns that are the same on every row (no headers, no marker) are made in Arrow, without a
+    Python object per row."""
     n = len(offsets)
     if isinstance(partitions, int):
         partitions = pa.repeat(pa.scalar(partitions, pa.int32()), n)
@@ -56,20 +56,22 @@ def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int], timesta
         header_column = pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
                                  _HEADERS_TYPE)
     else:
-        header_column = pa.ListArray.from_arrays(pa.array(repeat(0, n + 1), pa.int32(), size=n + 1),
+        header_column = pa.ListArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
                                                  pa.array([], _HEADERS_TYPE.value_type), type=_HEADERS_TYPE)
+    offset_column = offsets if isinstance(offsets, pa.Array) else pa.array(offsets, pa.int64())
     if markers:
-        marker = pa.array([o in markers for o in offsets], pa.bool_())
-        marker_at = pa.array([markers.get(o) for o in offsets], pa.int64())
+        listed = offset_column.to_pylist()
+        marker = pa.array([o in markers for o in listed], pa.bool_())
+        marker_at = pa.array([markers.get(o) for o in listed], pa.int64())
     else:
-        marker, marker_at = pa.array(repeat(False, n), pa.bool_(), size=n), pa.nulls(n, pa.int64())
+        marker, marker_at = pa.repeat(pa.scalar(False), n), pa.nulls(n, pa.int64())
     timestamp_column = pa.array(timestamps, pa.int64())
     # Event times taken from the timestamps are the same list: one conversion, one buffer for both columns.
     event_time_column = timestamp_column if event_times is timestamps else pa.array(event_times, pa.int64())
     return pa.RecordBatch.from_arrays(
         [
             partitions,
-            pa.array(offsets, pa.int64()),
+            offset_column,
             timestamp_column,
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),

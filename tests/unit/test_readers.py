@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from operator import attrgetter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from compactord.config import Settings, settings_from_properties
+from compactord.engine.merge import columns_to_batch
 from compactord.engine.readers import CLIENTS, resolve_client
+from compactord.engine.readers.base import Polled, RecordFields
 from compactord.engine.readers.librdkafka import librdkafka_config, range_consumer
 from compactord.errors import ConfigError
 
@@ -92,3 +96,51 @@ def test_librdkafka_accepts_the_mapped_sasl_ssl_settings(tmp_path: Path) -> None
     props["kafkaSslPassword"] = "wrong"
     with pytest.raises(Exception, match="(?i)ssl|key"):
         range_consumer(settings(**props).kafka_client_config()).close()
+
+
+# -- the columns of a poll ---------------------------------------------------------------------------
+
+
+def _polled(offsets: list[int], counted: list[int]) -> Polled:
+    """kafka-python's record objects (its reader's fields), whose offset getter counts its calls."""
+    from kafka.consumer.fetcher import ConsumerRecord
+
+    def offset_of(record: ConsumerRecord) -> int:
+        counted.append(record.offset)
+        return record.offset
+
+    records = [ConsumerRecord("t", 0, -1, o, 1_700_000_000_000 + o, 0, b"k%d" % o, b"v", [], None, 2, 1, 0)
+               for o in offsets]
+    fields = RecordFields(offset_of, *(attrgetter(f) for f in ("timestamp", "key", "value", "headers")))
+    return Polled(records, fields)
+
+
+def test_consecutive_offsets_are_counted_out_without_reading_each_record() -> None:
+    counted: list[int] = []
+    column = _polled(list(range(1_000, 1_500)), counted).offset_column()
+    assert column.type == pa.int64()
+    assert column.to_pylist() == list(range(1_000, 1_500))
+    assert sorted(counted) == [1_000, 1_499]  # the first and the last record only
+
+
+@pytest.mark.parametrize("offsets", [[5, 6, 8, 9], [0, 2], [7], [3, 4, 5, 6, 7, 8, 9, 11]])
+def test_offsets_with_a_gap_are_read_from_every_record(offsets: list[int]) -> None:
+    counted: list[int] = []
+    polled = _polled(offsets, counted)
+    assert polled.offset_column().to_pylist() == offsets
+    assert polled.offset_column().to_pylist() == polled.offsets
+
+
+def test_a_batch_from_an_offset_column_equals_one_from_a_list_with_and_without_markers() -> None:
+    offsets = [10, 11, 12, 13]
+    columns = ([1, 2, 3, 4], [b"a", b"b", b"c", b"d"], [b"1", None, b"3", b"4"], [None, [(b"h", b"v")], None, None],
+               [1, 2, 3, 4])
+    for markers in (None, {11: 99}):
+        from_list = columns_to_batch(3, offsets, *columns, markers=markers)
+        from_arrow = columns_to_batch(3, pa.array(offsets, pa.int64()), *columns, markers=markers)
+        assert from_arrow.equals(from_list)
+        assert from_list.column("marker").to_pylist() == [False, markers is not None, False, False]
+    plain = columns_to_batch(0, pa.array(offsets, pa.int64()), *columns[:3], [None] * 4, columns[4])
+    assert plain.column("headers").to_pylist() == [[], [], [], []]
+    assert plain.column("marker").to_pylist() == [False] * 4
+    assert plain.column("marker_at").null_count == 4
