@@ -121,6 +121,7 @@ def test_consecutive_offsets_are_counted_out_without_reading_each_record() -> No
     assert column.type == pa.int64()
     assert column.to_pylist() == list(range(1_000, 1_500))
     assert sorted(counted) == [1_000, 1_499]  # the first and the last record only
+    assert _polled([], counted).offset_column().to_pylist() == []
 
 
 @pytest.mark.parametrize("offsets", [[5, 6, 8, 9], [0, 2], [7], [3, 4, 5, 6, 7, 8, 9, 11]])

@@ -98,6 +98,8 @@ class Polled:
         """The offsets as an Arrow column. Offsets grow within a partition, so records whose first and last
         offsets are as far apart as their count are consecutive (a window of distinct keys, usually): their
         column is counted out in Arrow without a call on each record (250,000 records: 1 ms against 15)."""
+        if not self.records:
+            return pa.array([], pa.int64())
         first, last = self.fields.offset_of(self.records[0]), self.last_offset
         if last - first == len(self.records) - 1:
             return pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), len(self.records)), start=first - 1)
