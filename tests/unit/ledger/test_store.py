@@ -185,6 +185,30 @@ def test_finalize_counts_checksums_and_removes_spark_leftovers(store: LedgerStor
     assert store.verify("t", ledger_id) == result
 
 
+def test_finalize_syncs_the_parts_at_once(store: LedgerStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealing describes the part files side by side: each part's fsync (the disk's time) waits here until the
+    other part's has started too, which one part after the other never reaches (the barrier breaks)."""
+    from compactord.ledger import manifests
+
+    both = threading.Barrier(2, timeout=10)
+    synced: list[str] = []
+    real_fsync = manifests.fsync_path
+
+    def fsync_path(path: Path) -> None:
+        if path.is_file():
+            both.wait()
+            synced.append(path.name)
+        real_fsync(path)
+
+    monkeypatch.setattr(manifests, "fsync_path", fsync_path)
+    ledger_id, path = store.allocate_ledger("t")
+    spark_write(path, rows(0, range(50)), rows(1, range(20)))
+    result = store.finalize_ledger("t", ledger_id, manifest("t", ledger_id))
+    assert sorted(synced) == ["part-00000-c000.snappy.parquet", "part-00001-c000.snappy.parquet"]
+    assert [f["rows"] for f in result.files] == [50, 20]  # in the parts' order, whichever finished first
+    assert store.verify("t", ledger_id) == result
+
+
 def test_finalize_without_files_writes_one_empty_file(store: LedgerStore) -> None:
     ledger_id, path = store.allocate_ledger("t")
     result = store.finalize_ledger("t", ledger_id, manifest("t", ledger_id))
