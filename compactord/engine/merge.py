@@ -60,7 +60,7 @@ def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int] | pa.Arr
                                                  pa.array([], _HEADERS_TYPE.value_type), type=_HEADERS_TYPE)
     offset_column = offsets if isinstance(offsets, pa.Array) else pa.array(offsets, pa.int64())
     if markers:
-        listed = offset_column.to_pylist()
+        listed = offsets.to_pylist() if isinstance(offsets, pa.Array) else offsets
         marker = pa.array([o in markers for o in listed], pa.bool_())
         marker_at = pa.array([markers.get(o) for o in listed], pa.int64())
     else:

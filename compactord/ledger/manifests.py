@@ -54,11 +54,8 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
             # A ledger always has a file, so that readers and verify need no special case.
             parts = [path / "part-00000-empty.parquet"]
             pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
-        if len(parts) == 1:
-            files = [_describe_part(where, parts[0])]
-        else:
-            with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
-                files = list(pool.map(partial(_describe_part, where), parts))  # in order; the first error raised
+        with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
+            files = list(pool.map(partial(_describe_part, where), parts))  # in order; the first error raised
         manifest.markers = sum(f.pop("markers") for f in files)
         manifest.files = files
         manifest.bytes = sum(f["bytes"] for f in files)
