@@ -27,6 +27,8 @@ from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
 from compactord.kafka.librdkafka import (
     LIBRDKAFKA,
+    close_in_background,
+    end_reader,
     first_records,
     librdkafka_available,
     read_ends,
@@ -241,12 +243,18 @@ class KafkaAdmin(BrokerMetadata):
 
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         tps = [TopicPartition(topic, p) for p in partitions]
-        starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
-        # Each end is confirmed by a read_committed read: with librdkafka after (``_read_ends``), else here.
-        ends = listed if self._librdkafka else \
-            self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
-        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
-        return self._read_ends(topic, found) if self._librdkafka else found
+        if not self._librdkafka:  # each end is confirmed by a read_committed read, with kafka-python
+            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
+            ends = self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
+            return {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
+        reader = end_reader(self._client_config)  # connects while the ends are listed
+        try:
+            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
+            found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp]))
+                     for tp in tps}
+            return self._read_ends(topic, found, reader)
+        finally:
+            close_in_background(reader)
 
     def _list_offsets(self, admin: Any, tps: list[TopicPartition]) -> tuple[dict[Any, int], dict[Any, int]]:
         """ListOffsets, read_committed: each partition's log start and end, as the broker lists them. The
@@ -261,14 +269,15 @@ class KafkaAdmin(BrokerMetadata):
 
         return listed(OffsetSpec.EARLIEST), listed(OffsetSpec.LATEST)
 
-    def _read_ends(self, topic: str, listed: dict[int, PartitionOffsets]) -> dict[int, PartitionOffsets]:
-        """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``), as
-        ``_walk_to_end`` does with kafka-python."""
+    def _read_ends(self, topic: str, listed: dict[int, PartitionOffsets], reader: Any) -> dict[int, PartitionOffsets]:
+        """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``, on the
+        consumer ``reader``), as ``_walk_to_end`` does with kafka-python."""
         walk = {p: o.end for p, o in listed.items() if o.end > o.log_start}
         if not walk:
             return listed
         try:
-            ends, pending = read_ends(self._client_config, topic, walk, self._settings.kafka_request_timeout_ms / 1000)
+            ends, pending = read_ends(self._client_config, topic, walk, self._settings.kafka_request_timeout_ms / 1000,
+                                      reader)
         except RuntimeError as exc:
             raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") from exc
         if pending:

@@ -7,6 +7,7 @@ confluent-kafka is optional: nothing here imports it until a function needs it.
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 from collections.abc import Mapping
 from functools import cache
@@ -14,7 +15,8 @@ from typing import Any
 
 from compactord.model import RecordFingerprint
 
-__all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "consumer_config", "first_records",
+__all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "close_in_background", "consumer_config", "end_reader",
+           "first_records",
            "librdkafka_available", "librdkafka_config", "out_of_range_errors", "read_ends", "resolve_client",
            "transient_errors"]
 
@@ -23,6 +25,11 @@ KAFKA_PYTHON = "kafka-python"
 LIBRDKAFKA = "librdkafka"
 CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
+# The log-identity probe wants one record per partition, at the previous horizon: a fetch there of 1 MB
+# also brought the new tail's first ~1 MB of every partition, which librdkafka checked and decoded (an
+# incremental run's planning: 25-31 ms with it, 16-22 ms with one batch per fetch; medians 28 and 20).
+_FIRST_RECORD_FETCH_BYTES = 64 << 10
+_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes (a consumer sends none)
 _PROBE_FETCH_WAIT_MS = 10  # how long the broker may hold a probe's fetch at a log's end
 _PROBE_WAIT_S = 0.01  # one wait of the probe for its records (it waits again until its deadline)
 # A partition whose read got nothing for this long after the broker's answer is at its end (an open
@@ -122,15 +129,17 @@ def out_of_range_errors() -> frozenset[int]:
     return frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 
 
-def _probe_consumer(client_config: Mapping[str, Any]) -> Any:
+def _probe_consumer(client_config: Mapping[str, Any], fetch_bytes: int = _PROBE_FETCH_BYTES) -> Any:
     """A consumer for the driver's small reads at known offsets (``first_records``, ``read_ends``): the first
-    batch at each offset is all they need, so small fetches. (Its prefetch queue stays unbounded: past a
-    bound librdkafka waits ``fetch.queue.backoff.ms``, 1 s, before it fetches again; with a bound of 1 MB
-    the probe took 1.0-2.0 s.)"""
+    batch at each offset is all they need, so small fetches (a broker answers with the first batch whole
+    whatever the limit). (Its prefetch queue stays unbounded: past a bound librdkafka waits
+    ``fetch.queue.backoff.ms``, 1 s, before it fetches again; with a bound of 1 MB the probe took 1.0-2.0 s.)"""
     from confluent_kafka import Consumer
 
     cfg = consumer_config(client_config)
-    cfg.update({"max.partition.fetch.bytes": _PROBE_FETCH_BYTES, "fetch.max.bytes": _PROBE_FETCH_BYTES,
+    cfg.update({"max.partition.fetch.bytes": fetch_bytes, "fetch.max.bytes": fetch_bytes,
+                # librdkafka wants fetch.max.bytes >= message.max.bytes (a producer's limit: unused here).
+                "message.max.bytes": min(fetch_bytes, _MESSAGE_MAX_BYTES),
                 # A read at a log's end is answered when this wait ends (librdkafka's default: 500 ms); the
                 # answer's high watermark is what the probe wanted to know.
                 "fetch.wait.max.ms": _PROBE_FETCH_WAIT_MS})
@@ -168,7 +177,7 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
     from confluent_kafka import TopicPartition
 
     found: dict[int, RecordFingerprint] = {}
-    consumer = _probe_consumer(client_config)
+    consumer = _probe_consumer(client_config, _FIRST_RECORD_FETCH_BYTES)
     try:
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
         pending = set(at)
@@ -203,8 +212,20 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
     return found
 
 
+def end_reader(client_config: Mapping[str, Any]) -> Any:
+    """A consumer for ``read_ends``, made before the ends are listed: it connects and learns the cluster while
+    ListOffsets is asked. The caller closes it (``close_in_background``)."""
+    return _probe_consumer(client_config)
+
+
+def close_in_background(consumer: Any) -> None:
+    """Close ``consumer`` on a thread of its own: librdkafka's close joins its threads (0.5-7 ms here, more
+    on a busy machine), which the caller need not wait for."""
+    threading.Thread(target=consumer.close, name="probe-close", daemon=True).start()
+
+
 def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int, int],
-              timeout_s: float) -> tuple[dict[int, int], set[int]]:
+              timeout_s: float, consumer: Any = None) -> tuple[dict[int, int], set[int]]:
     """Per partition ``p`` (one that holds records below ``listed[p]``, its ListOffsets end), where a
     read_committed read from ``listed[p] - 1`` ends: the consumer's position once it has read up to the
     high watermark the broker first gave (transaction markers occupy offsets, and the position moves past
@@ -219,7 +240,9 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
     from confluent_kafka import TopicPartition
 
     ends = dict(listed)
-    consumer = _probe_consumer(client_config)
+    own = consumer is None
+    if own:
+        consumer = _probe_consumer(client_config)
     try:
         consumer.assign([TopicPartition(topic, p, end - 1) for p, end in listed.items()])
         pending = set(listed)
@@ -255,4 +278,5 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
                     pending.discard(p)
         return ends, pending
     finally:
-        consumer.close()
+        if own:
+            consumer.close()

@@ -362,6 +362,93 @@ def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka,
         admin.close()
 
 
+def test_the_log_identity_probe_fetches_little_past_its_record_and_still_finds_a_larger_one(kafka, monkeypatch):
+    """librdkafka's probe at the previous horizon asks for 64 KB per fetch: a fetch of 1 MB also brought the
+    new tail behind the record (here ~470 KB after it), which librdkafka checked and decoded for one record.
+    A record larger than the limit is answered whole (KIP-74) and found. The settings are read where the
+    client library receives them (``confluent_kafka.Consumer``, the seam; the probe's code is the
+    production one)."""
+    import confluent_kafka
+    from kafka import KafkaProducer
+
+    from compactord.config import Settings
+    from compactord.kafka import librdkafka
+
+    topic = kafka.topic()
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, linger_ms=100, batch_size=1 << 20,
+                             max_request_size=1 << 20)
+    try:
+        for i in range(6000):
+            producer.send(topic, key=b"k%d" % i, value=b"v" * 100, partition=0)
+        producer.send(topic, key=b"large", value=b"w" * 150_000, partition=0)  # offset 6000
+        producer.flush()
+    finally:
+        producer.close()
+    made: list[dict[str, Any]] = []
+
+    class Recording(confluent_kafka.Consumer):
+        def __init__(self, config: dict[str, Any]) -> None:
+            made.append(config)
+            super().__init__(config)
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Recording)
+    client = Settings(kafka_bootstrap_servers=kafka.bootstrap).kafka_client_config()
+    found = librdkafka.first_records(client, topic, {0: 1500}, {0: 6001}, 10)
+    assert found == {0: librdkafka.RecordFingerprint.of(1500, found[0].timestamp, b"k1500", b"v" * 100)}
+    [config] = made
+    assert config["max.partition.fetch.bytes"] <= 64 << 10 and config["fetch.max.bytes"] <= 64 << 10
+    found = librdkafka.first_records(client, topic, {0: 6000}, {0: 6001}, 10)
+    assert found == {0: librdkafka.RecordFingerprint.of(6000, found[0].timestamp, b"large", b"w" * 150_000)}
+
+
+def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed(kafka, tmp_path, monkeypatch):
+    """The consumer that confirms the ends is made before the ends are listed (it connects meanwhile) and
+    closed on a thread of its own once they are known; every consumer the driver's offsets and probe make
+    is closed. Read where the client library makes and closes them
+    (``confluent_kafka.Consumer``, the seam)."""
+    import confluent_kafka
+    from kafka import KafkaAdminClient
+
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+    from tests.support.waiting import wait_for
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i}", f"v{i}", i % 2) for i in range(100)])
+    made, closed, events = [], [], []
+
+    class Recording(confluent_kafka.Consumer):
+        def __init__(self, config: dict[str, Any]) -> None:
+            made.append(self)
+            events.append("consumer")
+            super().__init__(config)
+
+        def close(self) -> None:
+            super().close()
+            closed.append(self)
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Recording)
+    listing = KafkaAdminClient.list_partition_offsets
+
+    def listed(*args: Any, **kwargs: Any) -> Any:
+        events.append("ListOffsets")
+        return listing(*args, **kwargs)
+
+    monkeypatch.setattr(KafkaAdminClient, "list_partition_offsets", listed)
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client="librdkafka",
+                                compacted_ledger_root=str(tmp_path / "l")))
+    try:
+        assert admin.offsets(topic)[0].end == 50
+        assert events == ["consumer", "ListOffsets", "ListOffsets"]  # the earliest and the latest offsets
+        offsets, found = admin.offsets_with_records(topic, {0: 10, 1: 20})
+        assert {p: o.end for p, o in offsets.items()} == {0: 50, 1: 50}
+        assert found[0] is not None and found[0].offset == 10 and found[1] is not None
+    finally:
+        admin.close()
+    assert len(made) == 3  # the end reader of each call, and the probe's
+    wait_for(lambda: len(closed) == len(made), 10, "every probe consumer to be closed")
+
+
 def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_them(kafka, tx_producer, tmp_path,
                                                                                    reader_client):
     """A run's planning asks for the offsets and the log-identity probe at once (``offsets_with_records``:
