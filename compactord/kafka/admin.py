@@ -59,6 +59,8 @@ class KafkaAdmin(BrokerMetadata):
         # The log-identity probe reads with librdkafka when the reading tasks do (``first_records``), and
         # with kafka-python where confluent-kafka is not installed (the reading tasks then fail, saying so).
         self._librdkafka = resolve_client(settings.compaction_reader_client) == LIBRDKAFKA and librdkafka_available()
+        self._closing: set[threading.Thread] = set()  # end readers being closed (``close_in_background``)
+        self._closing_lock = threading.Lock()
 
     def close(self) -> None:
         # A call under way (a broker that does not answer holds one for the request timeout) keeps its
@@ -68,6 +70,10 @@ class KafkaAdmin(BrokerMetadata):
                 self._reset()
             finally:
                 self._lock.release()
+        with self._closing_lock:
+            closing = list(self._closing)
+        for closer in closing:
+            closer.join(CLOSE_WAIT_S)
 
     def _reset(self) -> None:
         admin, self._admin = self._admin, None
@@ -254,7 +260,9 @@ class KafkaAdmin(BrokerMetadata):
                      for tp in tps}
             return self._read_ends(topic, found, reader)
         finally:
-            close_in_background(reader)
+            closer = close_in_background(reader)
+            with self._closing_lock:
+                self._closing = {t for t in self._closing if t.is_alive()} | {closer}
 
     def _list_offsets(self, admin: Any, tps: list[TopicPartition]) -> tuple[dict[Any, int], dict[Any, int]]:
         """ListOffsets, read_committed: each partition's log start and end, as the broker lists them. The

@@ -411,7 +411,6 @@ def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed
 
     from compactord.config import Settings
     from compactord.kafka.admin import KafkaAdmin
-    from tests.support.waiting import wait_for
 
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, [(f"k{i}", f"v{i}", i % 2) for i in range(100)])
@@ -444,9 +443,9 @@ def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed
         assert {p: o.end for p, o in offsets.items()} == {0: 50, 1: 50}
         assert found[0] is not None and found[0].offset == 10 and found[1] is not None
     finally:
-        admin.close()
+        admin.close()  # waits for the end readers' closes under way
     assert len(made) == 3  # the end reader of each call, and the probe's
-    wait_for(lambda: len(closed) == len(made), 10, "every probe consumer to be closed")
+    assert len(closed) == len(made)
 
 
 def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_them(kafka, tx_producer, tmp_path,
