@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.strategies.rows import Reducer, Row
 from compactord.model import RECORD_SCHEMA
 
@@ -107,6 +108,12 @@ def merge_into_ledger(winners: pa.Table, ledger: pa.Table, reduce: Reducer) -> p
     contested = _in(ledger["key"], pc.drop_null(winners["key"]))
     if not pc.any(contested).as_py():
         return _sorted(ledger, winners)
+    if reduce is reduce_last_offset:
+        # publishing-order: a key's last record wins, and the tail's are after every ledger row, so the
+        # tail's winner beats its key's ledger row without a comparison. 2,500 contested keys: 0.3 ms,
+        # against 2.5 ms through rows (a reading task of an incremental run merges one such partition per
+        # range; 100,000 contested keys took ~0.1 s).
+        return _sorted(ledger.filter(pc.invert(contested)), winners)
     old = ledger.filter(contested)
     challengers = _in(winners["key"], old["key"])  # a null key is never contested
     markers = {o: at for o, m, at in zip(old["offset"].to_pylist(), old["marker"].to_pylist(),
