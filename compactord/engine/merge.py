@@ -110,9 +110,8 @@ def merge_into_ledger(winners: pa.Table, ledger: pa.Table, reduce: Reducer) -> p
         return _sorted(ledger, winners)
     if reduce is reduce_last_offset:
         # publishing-order: a key's last record wins, and the tail's are after every ledger row, so the
-        # tail's winner beats its key's ledger row without a comparison. 2,500 contested keys: 0.3 ms,
-        # against 2.5 ms through rows (a reading task of an incremental run merges one such partition per
-        # range; 100,000 contested keys took ~0.1 s).
+        # tail's winner beats its key's ledger row without a comparison. 2,500 contested keys: 0.08 ms,
+        # against 2.5 ms through rows; 100,000: 3.4 ms, against 190 ms.
         return _sorted(ledger.filter(pc.invert(contested)), winners)
     old = ledger.filter(contested)
     challengers = _in(winners["key"], old["key"])  # a null key is never contested

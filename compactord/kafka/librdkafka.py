@@ -16,9 +16,8 @@ from typing import Any
 from compactord.model import RecordFingerprint
 
 __all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "close_in_background", "consumer_config", "end_reader",
-           "first_records",
-           "librdkafka_available", "librdkafka_config", "out_of_range_errors", "read_ends", "resolve_client",
-           "transient_errors"]
+           "first_records", "librdkafka_available", "librdkafka_config", "out_of_range_errors", "read_ends",
+           "resolve_client", "transient_errors"]
 
 AUTO = "auto"
 KAFKA_PYTHON = "kafka-python"
@@ -27,7 +26,7 @@ CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
 # The log-identity probe wants one record per partition, at the previous horizon: a fetch there of 1 MB
 # also brought the new tail's first ~1 MB of every partition, which librdkafka checked and decoded (an
-# incremental run's planning: 25-31 ms with it, 16-22 ms with one batch per fetch; medians 28 and 20).
+# incremental run's planning: 25-31 ms with it, 16-24 ms with 64 KB fetches; medians 28 and 20).
 _FIRST_RECORD_FETCH_BYTES = 64 << 10
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes (a consumer sends none)
 _PROBE_FETCH_WAIT_MS = 10  # how long the broker may hold a probe's fetch at a log's end
