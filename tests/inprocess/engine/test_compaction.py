@@ -508,6 +508,50 @@ def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(k
     assert view(service, 2) == last_value_model(records)
 
 
+def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, make_factory, monkeypatch):
+    """Each writing task fsyncs its part and leaves the part's manifest entry beside it
+    (``parts.write_part``): the driver seals the ledger without reading a part (its checksum pass fails
+    here), the entries are the files' own, none is left in the ledger, and the ledger verifies. A run through
+    the grouping job (Spark's writer leaves no entry) is sealed from its files, as before."""
+    from compactord.engine import job as engine_job
+    from compactord.ledger import files, manifests
+    from compactord.ledger.parts import is_seal
+
+    topic = kafka.topic(partitions=2)
+    records = [(f"k{i % 25}", None if i % 11 == 3 else f"v{i}", (i % 25) % 2) for i in range(150)]
+    kafka.produce(topic, records)
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+
+    def read_by_the_driver(path: Path) -> int:
+        raise AssertionError(f"the driver read {path} to seal the ledger")
+
+    monkeypatch.setattr(manifests, "file_crc32c", read_by_the_driver)
+    compact(service)
+    monkeypatch.undo()
+    manifest = service.ledger_info()
+    path = factory.store.ledger_path(topic, manifest.ledger_id)
+    assert [f["name"] for f in manifest.files] == [part_name(p) for p in range(2)]
+    for entry in manifest.files:
+        part = path / entry["name"]
+        assert entry["crc32c"] == files.file_crc32c(part) and entry["bytes"] == part.stat().st_size
+    assert sum(f["rows"] for f in manifest.files) == manifest.records_kept + manifest.markers > 0
+    assert not [p.name for p in path.iterdir() if is_seal(p.name)]
+    factory.store.verify(topic, manifest.ledger_id)
+    assert view(service, 2) == last_value_model(records)
+
+    monkeypatch.setattr(engine_job, "reads_are_final", _never)
+    monkeypatch.setattr(manifests, "file_crc32c", read_by_the_driver)
+    task = service.compact(rebuild=True)
+    assert task.result(TASK_TIMEOUT_S) is TaskState.FAILED and "the driver read" in str(task.error)
+    task.worker_done.wait(TASK_TIMEOUT_S)
+    assert service.ledger_info().ledger_id == manifest.ledger_id
+    monkeypatch.setattr(manifests, "file_crc32c", files.file_crc32c)
+    compact(service, rebuild=True)
+    factory.store.verify(topic, service.ledger_info().ledger_id)
+    assert view(service, 2) == last_value_model(records)
+
+
 def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_that_spill(
         kafka, make_factory, spark_manager, monkeypatch):
     """A full rebuild under publishing-order reads each partition in one task whatever its size (the tasks

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compactord.ledger import parts
-from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, part_name, write_part
+from compactord.ledger import files, manifests, parts
+from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, is_seal, part_name, seal_name, write_part
 from compactord.ledger.row_groups import (
     ledger_row_groups,
     max_partition_rows,
@@ -132,7 +132,7 @@ def test_a_part_written_from_tables_one_after_another(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="cancelled"):
         write_part(cut_short(), tmp_path, part_name(1))
-    assert [p.name for p in tmp_path.iterdir()] == [part_name(0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [seal_name(part_name(0)), part_name(0)]
 
 
 def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) -> None:
@@ -149,4 +149,65 @@ def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) 
         sealed = store.finalize_ledger("t", ledger_id, manifest)
         assert [f["name"] for f in sealed.files] == [part_name(0)] and sealed.records_kept == 10
         assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0)]
+        store.verify("t", ledger_id)
+
+
+def _marked(n: int, at: dict[int, int], partition: int = 0) -> pa.Table:
+    """``table(n)`` with the rows of offsets in ``at`` made deletion markers, each entered at ``at[offset]``."""
+    rows = table(n, partition=partition).to_pylist()
+    for row in rows:
+        if row["offset"] in at:
+            row.update(value=None, marker=True, marker_at=at[row["offset"]])
+    return pa.Table.from_pylist(rows, RECORD_SCHEMA)
+
+
+def _manifest(ledger_id: int) -> LedgerManifest:
+    return LedgerManifest(ledger_id=ledger_id, topic="t", horizon={0: 99}, files=[], records_read=100,
+                          strategy=StrategySettings("publishing-order", "timestamp", False))
+
+
+def test_a_part_is_sealed_by_its_writer_and_the_ledger_then_reads_none(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write_part`` leaves the part's manifest entry beside it (rows, deletion markers and the oldest of them,
+    CRC-32C, size): sealing the ledger takes it without opening or reading the part, and removes it."""
+    with LedgerStore(tmp_path / "root") as store:
+        ledger_id, path = store.allocate_ledger("t")
+        path.mkdir()
+        write_part(iter([_marked(60, {7: 5_000}), _marked(40, {}), _marked(30, {2: 4_000, 9: 6_000})]), path,
+                   part_name(0))
+        assert sorted(p.name for p in path.iterdir()) == [seal_name(part_name(0)), part_name(0)]
+        assert is_seal(seal_name(part_name(0))) and not is_seal(part_name(0))
+        crc = files.file_crc32c(path / part_name(0))
+
+        def not_here(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the part was read to seal the ledger")
+
+        monkeypatch.setattr(manifests, "file_crc32c", not_here)
+        monkeypatch.setattr(manifests.pq, "ParquetFile", not_here)
+        sealed = store.finalize_ledger("t", ledger_id, _manifest(ledger_id))
+        monkeypatch.undo()
+        assert sealed.files == [{"name": part_name(0), "bytes": (path / part_name(0)).stat().st_size, "crc32c": crc,
+                                 "rows": 130}]
+        assert (sealed.markers, sealed.records_kept, sealed.oldest_marker_at_ms) == (3, 127, 4_000)
+        assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0)]
+        store.verify("t", ledger_id)
+
+
+def test_an_entry_that_no_longer_describes_its_part_is_not_taken(tmp_path: Path) -> None:
+    """A part written again after its entry (another task attempt; here a file renamed over it), and an entry
+    that does not parse: each part is read and checksummed when the ledger is sealed, as Spark's are."""
+    with LedgerStore(tmp_path / "root") as store:
+        ledger_id, path = store.allocate_ledger("t")
+        path.mkdir()
+        write_part(_marked(50, {3: 1_000}), path, part_name(0))
+        again = path / "again.parquet"
+        pq.write_table(_marked(20, {}), again)
+        again.replace(path / part_name(0))  # the entry beside it still says 50 rows and one marker
+        write_part(table(10, partition=1), path, part_name(1))
+        (path / seal_name(part_name(1))).write_text("{not json")
+        sealed = store.finalize_ledger("t", ledger_id, _manifest(ledger_id))
+        assert [(f["name"], f["rows"], f["crc32c"]) for f in sealed.files] == [
+            (part_name(p), n, files.file_crc32c(path / part_name(p))) for p, n in ((0, 20), (1, 10))]
+        assert (sealed.markers, sealed.records_kept) == (0, 30)
+        assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0), part_name(1)]
         store.verify("t", ledger_id)
