@@ -47,9 +47,12 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
     where = f"ledger {manifest.ledger_id} of topic {manifest.topic!r}"
     with disk_errors(f"finalizing {where}"):
         path.mkdir(parents=True, exist_ok=True)
+        seals = []  # the entries the reading tasks left beside their parts: taken below, then removed
         for child in path.iterdir():
             if child.name == "_SUCCESS" or child.name.endswith(".crc") or is_partial_part(child.name):
                 child.unlink()
+            elif is_seal(child.name):
+                seals.append(child)
         parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
         if not parts:
             # A ledger always has a file, so that readers and verify need no special case.
@@ -57,9 +60,8 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
             pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
         with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
             files = list(pool.map(partial(_describe_part, where), parts))  # in order; the first error raised
-        for child in path.iterdir():
-            if is_seal(child.name):
-                child.unlink()
+        for seal in seals:
+            seal.unlink()
         manifest.markers = sum(f.pop("markers") for f in files)
         manifest.files = files
         manifest.bytes = sum(f["bytes"] for f in files)

@@ -76,7 +76,7 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
     tmp = directory / f".{name}.{os.getpid()}{TMP_SUFFIX}"
     writer: pq.ParquetWriter | None = None
     rows = markers = 0
-    oldest: int | None = None
+    oldest: list[int | None] = []  # each table's oldest marker time
     try:
         for table in [tables] if isinstance(tables, pa.Table) else tables:
             if not table.num_rows:
@@ -90,8 +90,7 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
             flagged = pc.sum(table["marker"]).as_py() or 0
             if flagged:
                 markers += flagged
-                first = pc.min(table["marker_at"]).as_py()
-                oldest = first if oldest is None or (first is not None and first < oldest) else oldest
+                oldest.append(pc.min(table["marker_at"]).as_py())
         if writer is None:
             return
         writer.close()
@@ -106,8 +105,8 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
                 writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    seal = {"rows": rows, "markers": markers, "oldest_marker_at": oldest, "crc32c": crc, "bytes": written.st_size,
-            "inode": written.st_ino, "mtime_ns": written.st_mtime_ns}
+    seal = {"rows": rows, "markers": markers, "oldest_marker_at": min((t for t in oldest if t is not None), default=None),
+            "crc32c": crc, "bytes": written.st_size, "inode": written.st_ino, "mtime_ns": written.st_mtime_ns}
     seal_tmp = directory / f"{seal_name(name)}.{os.getpid()}{TMP_SUFFIX}"
     try:  # a hint only (not fsynced): without it, sealing the ledger reads the part
         seal_tmp.write_text(json.dumps(seal))
