@@ -25,7 +25,14 @@ _ERROR = Message.error
 # value's (0 when null).
 _FIELDS = RecordFields(Message.offset, Message.timestamp, Message.key, Message.value, Message.headers,
                        timestamp_ms=itemgetter(1), value_size=len)
-# Prefetched data a consumer may hold (librdkafka's default is 64 MiB): two fetches of a partition.
+# What one fetch brings: librdkafka's own default for a partition (max.partition.fetch.bytes), and the whole
+# request's bound too (fetch.max.bytes), as a reading consumer fetches one partition. A record reaches the
+# reader only once librdkafka has the whole response that carries it and has parsed it: with 8 MiB fetches
+# a task's first records came 20-30 ms after its consumer was made (an incremental run's ranges are ~3 MB);
+# with 1 MiB, 4-5 ms alone, 17-24 ms in a job beside three other consumers. One pass over a partition of
+# 250,000 records took as long either way (prefetching goes on while the reader works: _QUEUED_KBYTES).
+_FETCH_BYTES = 1024 * 1024
+# Prefetched data a consumer may hold (librdkafka's default is 64 MiB).
 _QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 _QUEUE_BACKOFF_MS = 10  # how soon a full prefetch queue is looked at again (librdkafka: 1000)
@@ -37,11 +44,11 @@ def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consume
     reader. ``rate``: the task's read budget in bytes per second (0: unlimited): its fetches and its
     prefetch queue are sized to about one and two seconds of it, so that the cap is on what is fetched.
     (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
-    size = fetch_bytes(rate, READ_FETCH_BYTES)
+    size = fetch_bytes(rate, _FETCH_BYTES)
     cfg = consumer_config(client_config)
     cfg.update({
         "max.partition.fetch.bytes": size,
-        "fetch.max.bytes": max(size, _MESSAGE_MAX_BYTES) if rate > 0 else READ_FETCH_BYTES * 4,
+        "fetch.max.bytes": max(size, _MESSAGE_MAX_BYTES),
         # The prefetch queue is bounded by its bytes alone (queued.min.messages stays at librdkafka's
         # 100,000): once past a bound, librdkafka waits ``fetch.queue.backoff.ms`` (1 s by default)
         # before it looks again. With a bound of 10,000 records (~1 MB here) and that wait, a reader
@@ -68,11 +75,15 @@ class LibrdkafkaRangeReader(RangeReader):
             raise
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled | None:
-        # ``consume`` returns once it has ``num_messages`` or the timeout passed: asking for no more than
-        # the range holds keeps the last poll of a range from waiting out the timeout.
-        messages = self._consumer.consume(num_messages=self._wanted(max_records), timeout=timeout_s)
+        # ``consume`` returns once it has ``num_messages`` or the timeout passed: asked for a whole batch, it
+        # held the records that had come until the next fetch brought the rest. A poll waits for the first
+        # record, then takes what else has come, up to the batch (and no more than the range holds).
+        wanted = self._wanted(max_records)
+        messages = self._consumer.consume(num_messages=1, timeout=timeout_s)
         if not messages:
             return None
+        if wanted > 1:
+            messages += self._consumer.consume(num_messages=wanted - 1, timeout=0)
         if any(map(_ERROR, messages)):
             messages = self._without_errors(messages)
             if not messages:

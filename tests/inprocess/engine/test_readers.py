@@ -558,3 +558,44 @@ def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tm
     for p in (0, 1):
         task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, offsets[p].end)
         assert len(read_rows(task)) == {0: 50, 1: 3}[p]
+
+
+def test_a_librdkafka_poll_hands_over_the_records_that_came_without_waiting_for_a_whole_batch(kafka, monkeypatch):
+    """A poll asks for up to a batch (10,000 records here) and the topic holds 50: it hands them over as
+    they come, instead of holding them until the batch is full or its time limit (far longer than this
+    test) has passed. Each fetch of a reading consumer is bounded to 1 MiB, per partition and per request,
+    so that the first records come with the first MiB (read where the client library makes the consumer,
+    ``confluent_kafka.Consumer``, the seam)."""
+    import threading
+
+    import confluent_kafka
+
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", f"v{i}", 0) for i in range(50)])
+    made: list[dict[str, Any]] = []
+
+    class Recording(confluent_kafka.Consumer):
+        def __init__(self, config: dict[str, Any]) -> None:
+            made.append(config)
+            super().__init__(config)
+
+    monkeypatch.setattr("compactord.engine.readers.librdkafka.Consumer", Recording)
+    reader = LibrdkafkaRangeReader({"bootstrap_servers": [kafka.bootstrap]}, topic, 0, 0, batch_records=10_000)
+    offsets: list[int] = []
+
+    def read() -> None:
+        while len(offsets) < 50:
+            polled = reader.poll(600)  # a time limit no run of this test reaches
+            offsets.extend(polled.offsets if polled else [])
+
+    polling = threading.Thread(target=read, daemon=True)
+    try:
+        polling.start()
+        polling.join(120)
+        assert not polling.is_alive(), f"the polls held {len(offsets)} records back, waiting for a whole batch"
+        assert offsets == list(range(50))
+        [config] = made
+        assert config["max.partition.fetch.bytes"] == config["fetch.max.bytes"] == 1 << 20
+    finally:
+        if not polling.is_alive():
+            reader.close()
