@@ -15,7 +15,6 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from compactord.engine.readers.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
-from compactord.kafka.client import READ_FETCH_BYTES
 from compactord.kafka.librdkafka import consumer_config, librdkafka_config, transient_errors
 
 __all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
@@ -32,16 +31,16 @@ _FIELDS = RecordFields(Message.offset, Message.timestamp, Message.key, Message.v
 # A pass over a whole partition takes as long (prefetching goes on while the reader works: _QUEUED_KBYTES):
 # the floor's pass over 1,000,000 records, 0.556 s against 0.566 s (medians of 10, alternating).
 _FETCH_BYTES = 1024 * 1024
-# Prefetched data a consumer may hold (librdkafka's default is 64 MiB).
-_QUEUED_KBYTES = 2 * READ_FETCH_BYTES // 1024
+# Prefetched data a consumer may hold: 16 MiB, sixteen fetches (librdkafka's default is 64 MiB).
+_QUEUED_KBYTES = 16 * 1024
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 _QUEUE_BACKOFF_MS = 10  # how soon a full prefetch queue is looked at again (librdkafka: 1000)
 
 
 def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consumer:
     """The consumer a reading task uses (also the benchmark's floor): ``kafka.librdkafka.consumer_config``
-    (assigned, read_committed, no offset reset, CRCs checked) with the same fetch sizes as kafka-python's
-    reader. ``rate``: the task's read budget in bytes per second (0: unlimited): its fetches and its
+    (assigned, read_committed, no offset reset, CRCs checked) with fetches of ``_FETCH_BYTES``. ``rate``: the
+    task's read budget in bytes per second (0: unlimited): its fetches (at most ``_FETCH_BYTES``) and its
     prefetch queue are sized to about one and two seconds of it, so that the cap is on what is fetched.
     (librdkafka wants ``fetch.max.bytes`` >= ``message.max.bytes``.)"""
     size = fetch_bytes(rate, _FETCH_BYTES)
