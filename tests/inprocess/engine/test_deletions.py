@@ -67,3 +67,15 @@ def test_spark_and_arrow_apply_the_same_rules(spark_manager, rules: DeletionRule
         marker = next(r for r in by_spark if r["key"] == b"tombstone")
         assert marker["marker"] and marker["value"] is None and marker["marker_at"] == NOW
         assert next(r for r in by_spark if r["key"] == b"young-marker")["marker_at"] == NOW - 100
+
+
+@pytest.mark.parametrize("rules", [r for r in RULES if not r.keeps_markers],
+                         ids=lambda r: f"ttl={r.key_ttl_ms},by_event={r.ttl_by_event_time}")
+def test_winners_the_rules_keep_every_one_of_come_back_as_the_same_table(rules: DeletionRules) -> None:
+    """A filter copies every column, keys and values included, also when it drops nothing: the rules hand
+    back the very table when they keep every row (their own answer, applied again), and filter it when not."""
+    table = winners()
+    kept = rules.apply_arrow(table)
+    assert kept.num_rows < table.num_rows
+    assert rules.apply_arrow(kept) is kept
+    assert rules.apply_arrow(RECORD_SCHEMA.empty_table()).num_rows == 0
