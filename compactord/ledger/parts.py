@@ -48,8 +48,9 @@ def part_name(partition: int) -> str:
 
 
 def is_partial_part(name: str) -> bool:
-    """A part file a task attempt was still writing when it died (``write_part``'s temporary file)."""
-    return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)
+    """A part file, or the entry beside it (``seal_name``), that a task attempt was still writing when it died
+    (``write_part``'s temporary files)."""
+    return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)  # a seal's name is its part's, dotted
 
 
 def seal_name(name: str) -> str:

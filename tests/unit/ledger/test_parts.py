@@ -136,13 +136,18 @@ def test_a_part_written_from_tables_one_after_another(tmp_path: Path) -> None:
 
 
 def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) -> None:
+    """A task attempt killed while it wrote its part, or the entry beside it, leaves a temporary file of
+    either: sealing the ledger removes both."""
     with LedgerStore(tmp_path / "root") as store:
         ledger_id, path = store.allocate_ledger("t")
         path.mkdir()
         write_part(table(10), path, part_name(0))
         partial = path / f".{part_name(1)}.4242.tmp"
         partial.write_bytes(b"PAR1 cut short")
+        partial_seal = path / f"{seal_name(part_name(0))}.4243.tmp"
+        partial_seal.write_text('{"rows": 1')
         assert is_partial_part(partial.name) and not is_partial_part(part_name(1))
+        assert is_partial_part(partial_seal.name) and not is_partial_part(seal_name(part_name(0)))
         manifest = LedgerManifest(ledger_id=ledger_id, topic="t", horizon={0: 9},
                                   strategy=StrategySettings("publishing-order", "timestamp", False), files=[],
                                   records_read=10)
