@@ -131,6 +131,7 @@ class TaskStats:
     full_rebuild: bool = False
     skipped: bool = False
     recreated: bool = False  # rebuilt in full because the topic's log is a new one
+    early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
     switch_warning: str | None = None  # the switch committed, then a step after it failed
 
 

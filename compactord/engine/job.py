@@ -44,7 +44,7 @@ from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, 
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
-           "shuffle_partitions_for"]
+           "shuffle_partitions_for", "writing_tasks_spec"]
 
 _COLUMNS = [f.name for f in RECORD_SCHEMA]
 # Rows per shuffle partition when the width is sized from the job's rows (~64 MiB of 130-byte records,
@@ -352,16 +352,24 @@ def deletion_rules(spec: CompactionJobSpec, strategy: CompactionStrategy) -> Del
                          ttl_by_event_time=spec.ttl_by_event_time)
 
 
+def writing_tasks_spec(spec: CompactionJobSpec, strategy: CompactionStrategy) -> dict[str, Any] | None:
+    """The reading tasks' spec when they write the ledger's part files themselves (final reads), else None.
+
+    No exchange, no sort, and no row into the JVM: each reading task holds its partition's winners in offset
+    order (``RangeReadTask._flush``), applies the deletion rules in Arrow and writes its part file
+    (``ledger.parts.write_part``); the job's only rows are none. Through Spark's writer, the rows' way from
+    Arrow to Parquet cost the JVM ~6.7 CPU-s per million rows."""
+    if not spec.final_reads:
+        return None
+    return json.loads(_reader_spec(spec, write=deletion_rules(spec, strategy)))
+
+
 def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrategy) -> None:
     """Compute the winners and write them, sorted by (partition, offset), to ``spec.output_path``."""
-    if spec.final_reads:
-        # No exchange, no sort, and no row into the JVM: each reading task holds its partition's
-        # winners in offset order (``RangeReadTask._flush``), applies the deletion rules in Arrow and
-        # writes its part file (``ledger.parts.write_part``); the job's only rows are none. Through
-        # Spark's writer, the rows' way from Arrow to Parquet cost the JVM ~6.7 CPU-s per million rows.
+    tasks = writing_tasks_spec(spec, strategy)
+    if tasks is not None:
         Path(spec.output_path).mkdir()  # a folder that exists already is an error, as for Spark's writer
-        rules = deletion_rules(spec, strategy)
-        run_writing_tasks(spark, json.loads(_reader_spec(spec, write=rules)))
+        run_writing_tasks(spark, tasks)
         return
     result = build_winners(spark, spec, strategy)
     if spec.output_files:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import heapq
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,8 @@ from compactord.engine.task_files import CANCEL_FILE, RATE_FILE
 from compactord.model import RECORD_DDL
 
 __all__ = ["CANCEL_FILE", "FORMAT", "RATE_FILE", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges",
-           "plan_ranges", "range_consumer", "read_tasks", "run_writing_tasks"]
+           "plan_ranges", "range_consumer", "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd",
+           "write_ranges"]
 
 FORMAT = "compactord_kafka"
 # Records a Spark task reads, at the least, before a job's ranges get a task each (``read_tasks``): a
@@ -113,18 +114,33 @@ def run_writing_tasks(spark: Any, spec: dict[str, Any]) -> None:
     ``collect``) end in ``collectAndServe``, which serves the results to the driver's Python over a socket of
     their own: an empty job of two tasks took 34.0 ms that way and 29.2 ms this way (medians of 75 each, in
     alternating blocks of 15, warm session)."""
-    groups = [p.ranges for p in KafkaRangeReader(spec).partitions()]
+    run_task_groups(spark, [p.ranges for p in KafkaRangeReader(spec).partitions()],
+                    functools.partial(_write_groups, spec))
+
+
+def run_task_groups(spark: Any, groups: Sequence[Any], task: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
+    """One stage of plain Python tasks: ``task`` is given its group (one of ``groups``) and hands nothing back."""
     if groups:
-        tasks = spark.sparkContext.parallelize(groups, len(groups))
-        tasks.mapPartitions(functools.partial(_write_groups, spec))._jrdd.count()
+        task_groups_rdd(spark, groups, task).count()
+
+
+def task_groups_rdd(spark: Any, groups: Sequence[Any], task: Callable[[Iterator[Any]], Iterator[Any]]) -> Any:
+    """The JVM's RDD of ``run_task_groups``' tasks (``groups`` not empty), its job not submitted yet: ``count()``
+    runs it."""
+    return spark.sparkContext.parallelize(groups, len(groups)).mapPartitions(task)._jrdd
 
 
 def _write_groups(spec: dict[str, Any], groups: Iterator[list[Range]]) -> Iterator[Any]:
-    reader = KafkaRangeReader(spec)
-    for index, ranges in enumerate(groups):
-        for _ in reader.read(RangePartition(index, ranges)):
-            raise RuntimeError("a writing task handed rows over")  # its spec names no folder to write to
+    for ranges in groups:
+        write_ranges(spec, ranges)
     return iter(())
+
+
+def write_ranges(spec: dict[str, Any], ranges: Sequence[Range],
+                 opened: dict[tuple[int, int], RangeReader] | None = None) -> None:
+    """A writing task's ranges, read one after the other (``KafkaRangeReader.read_ranges``)."""
+    for _ in KafkaRangeReader(spec).read_ranges(ranges, opened or {}):
+        raise RuntimeError("a writing task handed rows over")  # its spec names no folder to write to
 
 
 class KafkaRangeDataSource(DataSource):
@@ -153,17 +169,24 @@ class KafkaRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             return  # Spark reads one placeholder partition when ``partitions()`` is empty
-        tasks = [RangeReadTask(self.spec, p, start, end) for p, start, end in partition.ranges]
+        yield from self.read_ranges(partition.ranges, {})
+
+    def read_ranges(self, ranges: Sequence[Range], opened: dict[tuple[int, int], RangeReader]
+                    ) -> Iterator[pa.RecordBatch]:
+        """Read ``ranges`` one after the other. ``opened``: readers already open at (partition, start), each
+        taken by the range that starts there (``early_start``); the task closes those no range takes."""
         # The next range's reader is opened while this one reads: librdkafka connects and fetches on its own
         # threads, so that its start (23-88 ms to a first record here) is not waited for between ranges.
         readers: dict[int, RangeReader | None] = {}  # opened, not yet handed to their task
         try:
+            tasks = [RangeReadTask(self.spec, p, start, end) for p, start, end in ranges]
             for i, task in enumerate(tasks):
                 for j in range(i, min(i + 2, len(tasks))):
                     if j not in readers:
-                        readers[j] = tasks[j].open_ahead()
+                        ahead = opened.pop((tasks[j].partition, tasks[j].start), None)
+                        readers[j] = tasks[j].open_ahead() if ahead is None else tasks[j].take_ahead(ahead)
                 yield from task.run(readers.pop(i))
         finally:
-            for reader in readers.values():
+            for reader in [*readers.values(), *opened.values()]:
                 if reader is not None:
                     reader.close()

@@ -118,6 +118,14 @@ class RangeReadTask:
             return None
         return self._open()
 
+    def take_ahead(self, reader: RangeReader) -> RangeReader | None:
+        """``reader``, opened at this range's start before the range was known (``early_start``), for ``run``;
+        closed, and None, where ``open_ahead`` would open none."""
+        if self.end <= self.start or self.throttle is not None:
+            reader.close()
+            return None
+        return reader
+
     def _open(self) -> RangeReader:
         return open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
                                  self.start, self.batch_records, self.rate)

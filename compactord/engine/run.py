@@ -1,7 +1,8 @@
 """One compaction task's work, on its own thread (PIP-387's states in order):
 
 1. Creating_Raw_Reader: fix every partition's end, load and verify the current ledger, plan an
-   incremental run (ledger + tail after the horizon) or a full rebuild.
+   incremental run (ledger + tail after the horizon) or a full rebuild. Where there is a ledger, the reading
+   tasks are launched first, and open their readers while the run is planned (``early_start``).
 2. Running: the Spark job writes the new ledger; checksums, manifest and fsync.
 3. Ending_with_switch_ledger: replace the CURRENT pointer (atomic), swap the in-memory ledger, delete
    the old ledger once no read uses it.
@@ -16,14 +17,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from compactord.engine.job import job_spec, run_compaction_job
+from compactord.engine.early_start import EarlyStart
+from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_spec
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
+from compactord.engine.readers import resolve_client
 from compactord.engine.task_files import TailRead, cancel, read_progress, write_rate
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
+from compactord.interfaces import OrderedCompactionStrategy
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, TaskState
@@ -62,11 +66,14 @@ class CompactionRun:
         new_path: Path | None = None
         switched = False
         progress_dir = self.store.progress_dir(ctx.task_id)
+        early: EarlyStart | None = None
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
             self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
+            cancel_hook = self._cancel_hook(progress_dir)
+            early = self._start_early(progress_dir, cancel_hook)
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
@@ -75,6 +82,9 @@ class CompactionRun:
                 ctx.transition(TaskState.SUCCEED)
                 return
             if plan.nothing_to_do(self.factory.settings, self.key_ttl_ms):
+                if early is not None:
+                    early.abort()
+                    ctx.remove_cancel_hook(cancel_hook)
                 log.info("topic %s: nothing new since the horizon; the ledger stays", self.topic)
                 ctx.progress.records_read = 0
                 ctx.stats.skipped = True
@@ -85,10 +95,10 @@ class CompactionRun:
             self.store.check_free_space(plan.previous.bytes if plan.previous else 0)
             ledger_id, new_path = self.store.allocate_ledger(self.topic)
             progress_dir.mkdir(parents=True, exist_ok=True)
-            cancel_hook = self._cancel_hook(progress_dir)
-            ctx.add_cancel_hook(cancel_hook)
+            if early is None:
+                ctx.add_cancel_hook(cancel_hook)
             started = time.time()
-            tail = self._spark_job(plan, str(new_path), progress_dir)
+            tail = self._spark_job(plan, str(new_path), progress_dir, early=early)
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(plan, ledger_id, tail, started)
@@ -121,6 +131,8 @@ class CompactionRun:
                 ctx.fail(exc)
         finally:
             try:  # never raises: the task's slot is released below whatever happens here
+                if early is not None:
+                    early.abort()  # tasks not handed a plan end without a read; the job is waited for
                 if new_path is not None and not switched:
                     self.store.discard(new_path)
                 shutil.rmtree(progress_dir, ignore_errors=True)
@@ -183,6 +195,36 @@ class CompactionRun:
         topic_id = broker.topic_id(self.topic)
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
+    def _start_early(self, progress_dir: Path, cancel_hook: Callable[[], None]) -> EarlyStart | None:
+        """Launch the reading tasks of a run before it is planned (``early_start``), where the current ledger
+        gives every partition's likely start (an incremental run's horizon; a rebuild's log start) and the
+        run is likely to be read by a task per partition (an ordered strategy, no read budget).
+        ``cancel_hook`` is then in force from now on."""
+        ctx = self.ctx
+        if ctx.kind != "compaction" or ctx.progress.max_read_bytes_per_second:
+            return None
+        try:
+            handle = self.service.current()
+        except LedgerCorrupt:
+            return None  # planning finds it again
+        previous = handle.manifest if handle is not None else None
+        strategy = self.factory.strategy_for(self.topic)
+        if previous is None or not previous.horizon or not isinstance(strategy.strategy, OrderedCompactionStrategy):
+            return None
+        if ctx.rebuild or previous.strategy != strategy.settings:  # a full rebuild: from each log start
+            starts = {p: previous.log_start.get(p, 0) for p in previous.horizon}
+        else:
+            starts = {p: h + 1 for p, h in previous.horizon.items()}
+        settings = self.factory.settings
+        stub = {"client": settings.kafka_client_config(), "topic": self.topic,
+                "reader_client": resolve_client(settings.compaction_reader_client),
+                "batch_records": settings.compaction_reader_batch_records}
+        progress_dir.mkdir(parents=True, exist_ok=True)
+        ctx.add_cancel_hook(cancel_hook)
+        spark = self.factory.spark
+        return EarlyStart.launch(spark, ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})", progress_dir,
+                                 starts, stub, spark.cores)
+
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:
             # The group first: a reader stopped by the file fails the job, which must be seen as
@@ -219,9 +261,10 @@ class CompactionRun:
         }
 
     def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path,
-                   count: dict[str, int] | None = None) -> TailRead:
+                   count: dict[str, int] | None = None, early: EarlyStart | None = None) -> TailRead:
         """Run the job: write the ledger to ``output``, or (``count``) fill ``count`` with the
-        preview's counts of what it would write."""
+        preview's counts of what it would write. ``early``: the run's tasks launched before it was planned,
+        which write it if they can, and are otherwise ended first."""
         spark = self.factory.spark
         cores = spark.cores  # a call into the JVM each time (0.2-0.3 ms)
         budget = self.ctx.progress.max_read_bytes_per_second
@@ -234,6 +277,10 @@ class CompactionRun:
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
             read_bytes_per_second=per_task_rate(budget, len(plan.ranges), cores), cores=cores,
         )
+        tasks = writing_tasks_spec(spec, plan.strategy.strategy) if early is not None and count is None else None
+        if early is not None and (tasks is None or not early.fits(tasks)):
+            early.abort()
+            early = None
         stop = threading.Event()
         share = (budget, len(plan.ranges), cores)
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop, share), daemon=True)
@@ -242,6 +289,9 @@ class CompactionRun:
             if count is not None:
                 count.update(spark.run(self.ctx.task_id, f"preview of {self.topic} ({self.ctx.task_id})",
                                        lambda: exact_preview(spark.spark, spec, plan.strategy.strategy)))
+            elif early is not None and tasks is not None and self._hand_over(early, tasks, output):
+                self.ctx.stats.early_tasks = True
+                early.wait()
             else:
                 spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
                           lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
@@ -249,6 +299,18 @@ class CompactionRun:
             stop.set()
             poller.join()
         return read_progress(progress_dir)
+
+    @staticmethod
+    def _hand_over(early: EarlyStart, tasks: dict[str, Any], output: str) -> bool:
+        """Give the early tasks the run's spec; False (the early job ended) when they had stopped waiting."""
+        Path(output).mkdir()  # a folder that exists already is an error, as for Spark's writer
+        if early.go(tasks):
+            return True
+        early.abort()
+        Path(output).rmdir()  # the job that now runs makes it again
+        log.info("the early reading tasks of %s stopped waiting for their plan; the run's job starts now",
+                 early.description)
+        return False
 
     def _poll_progress(self, plan: CompactionPlan, progress_dir: Path, stop: threading.Event,
                        share: tuple[int, int, int]) -> None:
