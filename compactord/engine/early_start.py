@@ -93,8 +93,9 @@ class EarlyStart:
 
     def go(self, spec: dict[str, Any]) -> bool:
         """Hand the tasks the writing tasks' ``spec`` (``fits``); False when they had stopped waiting for a
-        plan (``task_files.wait_for_plan``), or were never launched: the run's job is then still to run."""
-        if self._handed:
+        plan (``task_files.wait_for_plan``), were never launched, or their job has ended already (a task
+        failed: e.g. its reader could not be made): the run's job is then still to run."""
+        if self._handed or not self._thread.is_alive():  # never launched, or its job ended (failed)
             return False
         handed = write_plan(self._progress_dir, spec)
         self._handed = True  # either way, the PLAN file is written: the tasks follow it
