@@ -89,7 +89,12 @@ class RangeReadTask:
         # publishing-order: each key's last record so far, as the backend's own record object; rows are
         # built only for the records still here when the window ends (``_add_latest``).
         self._latest: dict[bytes, Any] | None = {} if self.reduce is reduce_last_offset else None
-        self._latest_added = 0  # records put into ``_latest`` since it was last emptied
+        self._latest_added = 0  # keyed records read in the window
+        # Final reads under publishing-order: while every key read is new to the partition, the window's rows
+        # made poll by poll (``_add_latest``), and its records (to fill ``_latest`` once a key comes again).
+        self._fresh: list[pa.RecordBatch] | None = [] if self._latest is not None and self.final else None
+        self._fresh_keys: list[bytes] = []
+        self._fresh_records: list[Any] = []
         self._fields: RecordFields | None = None  # how the backend's records give their fields
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
@@ -215,7 +220,7 @@ class RangeReadTask:
         # The last records by key are the reduction itself, kept as the read goes: a final read holds
         # them to the end (as it would hold every window's survivors).
         if self.final:
-            return len(self._latest) >= FINAL_WINDOW_KEYS
+            return (self._latest_added if self._fresh is not None else len(self._latest)) >= FINAL_WINDOW_KEYS
         return len(self._latest) + len(nulls) >= REDUCE_WINDOW
 
     def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
@@ -255,8 +260,22 @@ class RangeReadTask:
                 nulls.extend(self._rows(polled.of([r for r, k in zip(records, keys) if k is None])))
             keyed = [k is not None for k in keys]
             keys, records = list(compress(keys, keyed)), list(compress(records, keyed))
-        self._latest.update(zip(keys, records))  # type: ignore[union-attr]
         self._latest_added += len(keys)
+        if self._fresh is not None:
+            if self._settled.note(keys):
+                # Every key is new to the partition: each record is its key's last so far. Its row is made
+                # now, while the poll's records are in the CPU's caches, and no dict is filled: a final read of
+                # 250,000 distinct keys took 0.280 CPU-s against 0.299 (medians of 6, alternating; values
+                # into Arrow right after a poll ~57 ns a record, at the window's end from the dict ~155).
+                fresh = Polled(records, polled.fields, keys)
+                self._fresh.append(columns_to_batch(self.partition, *self._columns(fresh, fresh.offset_column())))
+                self._fresh_keys.extend(keys)
+                self._fresh_records.extend(records)
+                return
+            # A key came again: the window goes on as each key's last record, its earlier records included.
+            self._latest.update(zip(self._fresh_keys, self._fresh_records))  # type: ignore[union-attr]
+            self._fresh, self._fresh_keys, self._fresh_records = None, [], []
+        self._latest.update(zip(keys, records))  # type: ignore[union-attr]
 
     def _columns(self, polled: Polled, offsets: Sequence[int] | pa.Array | None = None) -> tuple[Any, ...]:
         """The records' columns ``(offset, timestamp, key, value, headers, event_time)``; ``offsets``: their
@@ -275,7 +294,9 @@ class RangeReadTask:
         """Each key's last record so far and the null-key rows, in offset order, straight from the records'
         columns into Arrow (no row tuples); the window starts again."""
         tables = [self._table(nulls)] if nulls else []
-        if self._latest and self._fields is not None:
+        if self._fresh:  # every key of the window new: its rows, made as it was read
+            tables.append(pa.Table.from_batches(self._fresh, RECORD_SCHEMA))
+        elif self._latest and self._fields is not None:
             records = list(self._latest.values())
             keys: list[bytes | None] | None = None
             if len(records) < self._latest_added:  # a key came again: its record moved past others
@@ -286,6 +307,8 @@ class RangeReadTask:
             batch = columns_to_batch(self.partition, *self._columns(polled, polled.offset_column()))
             tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
         self._latest, self._latest_added = {}, 0
+        self._fresh = [] if self.final else None
+        self._fresh_keys, self._fresh_records = [], []
         if not tables:
             return RECORD_SCHEMA.empty_table()
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables).sort_by("offset")
@@ -331,7 +354,7 @@ class RangeReadTask:
                 return
             # Final reads: the window's last record of each key becomes Arrow rows; a key may come again in a
             # later window, so the rows of all windows are reduced once more at the end.
-            keys = self._latest
+            keys = len(self._latest) if self._fresh is None else self._latest_added  # the window's, each once
             self._settled.add(self._latest_table([]), keys)
             self._held_nulls.extend(nulls)
             if last:

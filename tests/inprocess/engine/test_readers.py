@@ -187,6 +187,22 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
     assert [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()] == list(range(100))
 
 
+def test_a_final_read_of_new_keys_that_meets_a_key_again_in_the_same_window_keeps_each_key_s_last(
+        kafka, tmp_path, reader_client):
+    """A final read under publishing-order makes the rows of a window's records poll by poll while every key is
+    new to the partition; once a key comes again (here in the window's second poll of 5), the window goes on
+    as each key's last record, the rows made so far included: every key leaves once, as its last record."""
+    topic = kafka.topic()
+    records = [(f"k{i}", f"v{i}", 0) for i in range(7)] + [("k3", "again", 0)] + [(f"k{i}", f"v{i}", 0)
+                                                                                 for i in range(7, 12)]
+    kafka.produce(topic, records)
+    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, final=True, batch_records=5), 0, 0, 13)
+    rows = pa.Table.from_batches(list(task.run())).to_pylist()
+    last = {key: i for i, (key, _, _) in enumerate(records)}
+    assert [r["offset"] for r in rows] == sorted(last.values())
+    assert {r["key"]: r["value"] for r in rows} == {k.encode(): records[i][1].encode() for k, i in last.items()}
+
+
 def test_a_final_read_that_writes_its_part_keeps_each_key_s_last_across_windows(kafka, tmp_path, monkeypatch):
     """A compaction's final read writes its partition's part file itself. Windows of 7 keys: where no key
     comes back in a later window the windows go through the deletion rules into the file one at a time;
