@@ -30,6 +30,11 @@ def _job_statuses(spark_context: Any, group: str) -> list[str]:
     return [str(info.status) for info in map(tracker.getJobInfo, tracker.getJobIdsForGroup(group)) if info]
 
 
+def _job_running(spark_context: Any, service: Any) -> Callable[[], bool]:
+    """Whether the service's task has a job running now: what a held planning waits for."""
+    return lambda: service.task is not None and "RUNNING" in _job_statuses(spark_context, service.task.task_id)
+
+
 def _within(check: Callable[[], bool], seconds: float = _SEEN_WITHIN_S) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -75,6 +80,15 @@ def _records(start: int, count: int, keys: int, partitions: int) -> list[tuple[A
             for i in range(start, start + count)]
 
 
+def _compacted(kafka: Any, held: Any, records: list[tuple[Any, ...]], partitions: int = 2) -> tuple[Any, Any, int]:
+    """A topic of ``records``, compacted once: (its service, its held planning, the ledger's id)."""
+    topic = kafka.topic(partitions=partitions)
+    factory, planning = held()
+    service = factory.new_topic_compaction_service(topic)
+    kafka.produce(topic, records)
+    return service, planning, compact(service).ledger_id
+
+
 def _model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
     last: dict[str, Any] = {}
     for key, value, _p in records:
@@ -97,7 +111,7 @@ def test_the_reading_tasks_run_while_the_run_is_planned(kafka: Any, held: Any, s
     kafka.produce(topic, tail)
 
     sc = spark_manager.spark.sparkContext
-    planning.until = lambda: service.task is not None and "RUNNING" in _job_statuses(sc, service.task.task_id)
+    planning.until = _job_running(sc, service)
     ctx = compact(service)
 
     assert planning.seen == [True], "no job of the run ran while the run was planned"
@@ -107,15 +121,11 @@ def test_the_reading_tasks_run_while_the_run_is_planned(kafka: Any, held: Any, s
 
 
 def test_a_run_with_nothing_new_ends_its_early_tasks_unread(kafka: Any, held: Any, spark_manager: Any) -> None:
-    topic = kafka.topic(partitions=2)
-    factory, planning = held()
-    service = factory.new_topic_compaction_service(topic)
     records = _records(0, 100, 30, 2)
-    kafka.produce(topic, records)
-    ledger = compact(service).ledger_id
+    service, planning, ledger = _compacted(kafka, held, records)
 
     sc = spark_manager.spark.sparkContext
-    planning.until = lambda: service.task is not None and "RUNNING" in _job_statuses(sc, service.task.task_id)
+    planning.until = _job_running(sc, service)
     ctx = compact(service)
 
     assert planning.seen == [True]
@@ -171,14 +181,10 @@ def test_tasks_that_wait_too_long_for_their_plan_end_and_the_run_still_writes(
     """A planning that outlasts the tasks' wait (the broker answers slowly): the tasks end without reading and
     give their cores back, and the run's job is launched once it is planned."""
     monkeypatch.setattr(early_start, "PLAN_WAIT_S", 0.2)
-    topic = kafka.topic(partitions=2)
-    factory, planning = held()
-    service = factory.new_topic_compaction_service(topic)
     first = _records(0, 100, 30, 2)
-    kafka.produce(topic, first)
-    compact(service)
+    service, planning, _ = _compacted(kafka, held, first)
     tail = _records(100, 80, 40, 2)
-    kafka.produce(topic, tail)
+    kafka.produce(service.topic, tail)
 
     sc = spark_manager.spark.sparkContext
     planning.until = lambda: service.task is not None and _job_statuses(sc, service.task.task_id) == ["SUCCEEDED"]
@@ -193,16 +199,12 @@ def test_tasks_that_wait_too_long_for_their_plan_end_and_the_run_still_writes(
 def test_a_cancel_while_the_run_is_planned_stops_its_early_tasks_and_keeps_the_ledger(
     kafka: Any, held: Any, spark_manager: Any
 ) -> None:
-    topic = kafka.topic(partitions=2)
-    factory, planning = held()
-    service = factory.new_topic_compaction_service(topic)
     first = _records(0, 100, 30, 2)
-    kafka.produce(topic, first)
-    ledger = compact(service).ledger_id
-    kafka.produce(topic, _records(100, 80, 40, 2))
+    service, planning, ledger = _compacted(kafka, held, first)
+    kafka.produce(service.topic, _records(100, 80, 40, 2))
 
     sc = spark_manager.spark.sparkContext
-    planning.until = lambda: service.task is not None and "RUNNING" in _job_statuses(sc, service.task.task_id)
+    planning.until = _job_running(sc, service)
     planning.then = lambda: service.task.cancel()
     ctx = service.compact()
 
