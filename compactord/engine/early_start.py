@@ -1,17 +1,18 @@
 """Reading tasks launched while the run is planned.
 
 An incremental run reads each partition from its previous horizon on, a rebuild from each log start the
-current ledger recorded: the starts are known before the broker is asked anything. A run's planning (the partitions, their log starts and ends, the log's identity: four
-round trips and a read, ~20 ms here) and Spark's launch of the job's tasks (~25 ms from the call to a task's
-Python) used to come one after the other. ``EarlyStart`` launches the job first: each task opens its
-partitions' readers at their horizons, so that their first fetches are under way, and waits for the
-``PLAN`` file (``task_files.write_plan``). The driver plans meanwhile, then writes the writing tasks' spec
-there (``job.writing_tasks_spec``), or that the tasks are not needed (nothing new, a run that groups in
-Spark, partitions added): they then end without reading, and the run goes on as planned without them.
+current ledger recorded: the starts are known before the broker is asked anything. A run's planning (the
+partitions, their log starts and ends, the log's identity: four round trips and a read, ~20 ms here) and
+Spark's launch of the job's tasks (~25 ms from the call to a task's Python) used to come one after the other.
+``EarlyStart`` launches the job first: each task opens its partitions' readers at those starts, so that their
+first fetches are under way, and waits for the ``PLAN`` file (``task_files.wait_for_plan``). The driver plans
+meanwhile, then writes the writing tasks' spec there (``job.writing_tasks_spec``), or that the tasks are not
+needed (nothing new, a run that groups in Spark, partitions added): they then end without reading, and the
+run goes on as planned without them.
 
 A task reads the planned range of each of its partitions; a reader opened at another start (retention moved
-the log start, a rebuild) is closed and one is opened at the planned start. A cancel reaches waiting tasks
-through the ``CANCEL`` file, as it reaches reading ones.
+the log start) is closed and one is opened at the planned start. A task waits for its plan at most
+``PLAN_WAIT_S``; a cancel reaches waiting tasks through the ``CANCEL`` file, as it reaches reading ones.
 """
 
 from __future__ import annotations
@@ -140,8 +141,7 @@ def _early_task(stub: dict[str, Any], progress_dir: Path, openings: list[Opening
             return
         planned = {int(p): (int(p), int(s), int(e)) for p, s, e in spec["ranges"]}
         ranges = [planned[p] for p, _ in openings]
-        write_ranges(spec, ranges, opened)  # it closes the readers, also those no range takes
-        opened = {}
+        write_ranges(spec, ranges, opened)  # it closes the readers, also those no range takes (and empties opened)
     finally:
         for reader in opened.values():
             reader.close()

@@ -187,6 +187,8 @@ class KafkaRangeReader(DataSourceReader):
                         readers[j] = tasks[j].open_ahead() if ahead is None else tasks[j].take_ahead(ahead)
                 yield from task.run(readers.pop(i))
         finally:
-            for reader in [*readers.values(), *opened.values()]:
+            left = [*readers.values(), *opened.values()]
+            opened.clear()  # closed here, once
+            for reader in left:
                 if reader is not None:
                     reader.close()

@@ -219,11 +219,16 @@ class CompactionRun:
         stub = {"client": settings.kafka_client_config(), "topic": self.topic,
                 "reader_client": resolve_client(settings.compaction_reader_client),
                 "batch_records": settings.compaction_reader_batch_records}
+        spark = self.factory.spark
+        try:
+            cores = spark.cores  # starts the session if it is not up
+        except Exception as exc:  # noqa: BLE001 (the run's own job meets it again, where a run that needs one does)
+            log.debug("topic %s: no early reading tasks: %s", self.topic, exc)
+            return None
         progress_dir.mkdir(parents=True, exist_ok=True)
         ctx.add_cancel_hook(cancel_hook)
-        spark = self.factory.spark
         return EarlyStart.launch(spark, ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})", progress_dir,
-                                 starts, stub, spark.cores)
+                                 starts, stub, cores)
 
     def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
         def hook() -> None:
