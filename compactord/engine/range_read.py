@@ -354,6 +354,8 @@ class RangeReadTask:
                 return
             # Final reads: the window's last record of each key becomes Arrow rows; a key may come again in a
             # later window, so the rows of all windows are reduced once more at the end.
+            if self._fresh is None:  # a window that met a key again noted its keys only up to then: all of them
+                self._settled.note(self._latest)
             keys = len(self._latest) if self._fresh is None else self._latest_added  # the window's, each once
             self._settled.add(self._latest_table([]), keys)
             self._held_nulls.extend(nulls)
