@@ -5,8 +5,9 @@ workers, with librdkafka (confluent-kafka) or kafka-python (``readers/``, ``comp
 The driver fixes every range's end before the job (``kafka/admin.py``); records produced during the run
 are left for the next one.
 
-- One reading task per (Kafka partition, offset range); large partitions are split so that every
-  core works (``plan_ranges``). A small job's ranges are packed into one task per core
+- One reading task per (Kafka partition, offset range); where a run groups its rows in Spark anyway, large
+  partitions are split so that every core works (``plan_ranges``); a run whose reads are final reads each
+  partition in one task. A small job's ranges are packed into one task per core
   (``read_tasks``, ``pack_ranges``), read one after the other: each Spark task costs a fixed start.
 - Each range is read by a ``range_read.RangeReadTask`` (read_committed, the end reached by position, a
   key's losers dropped in the task, final reads, progress and the CANCEL file); the next range's reader
@@ -55,12 +56,23 @@ class OffsetRange:
         return max(0, self.end - self.start)
 
 
-def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_size: int = 20_000) -> list[OffsetRange]:
-    """Split ranges so that there are about ``cores * per_core`` of them, none smaller than ``min_size``."""
+def plan_ranges(ranges: Sequence[OffsetRange], cores: int, per_core: int, min_size: int = 20_000, *,
+                whole_partitions: bool = False) -> list[OffsetRange]:
+    """Split ranges so that there are about ``cores * per_core`` of them, none smaller than ``min_size``.
+
+    ``whole_partitions``: the run's reads can be final (``job.reads_are_final``) if each partition is read by
+    one task: no range is split. A split partition's rows must then be grouped in Spark (a shuffle, and the
+    ledger written by the JVM), which cost more than the split's parallel reads gained: a full compaction of
+    4 partitions took 2.3x one read of the topic with ``local[4]`` on 2 cores (8 ranges, grouped), against
+    1.06x with ``local[2]`` (4 ranges, final). Spark's slots are not cores (a cluster's executors may be given
+    more than they have, or share them), so how many slots there are must not decide it.
+    """
     live = [r for r in ranges if r.size > 0]
     total = sum(r.size for r in live)
     if not live:
         return []
+    if whole_partitions:
+        return sorted(live, key=lambda r: -r.size)
     target = max(len(live), cores * per_core)
     chunk = max(min_size, -(-total // target))
     out: list[OffsetRange] = []

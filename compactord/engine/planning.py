@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compactord.config import Settings
+from compactord.engine.job import reads_are_final
 from compactord.engine.kafka_source import OffsetRange, plan_ranges
 from compactord.engine.strategies import ResolvedStrategy, plan_for
 from compactord.model import Horizon, LedgerManifest, PartitionOffsets, RecordFingerprint
@@ -149,9 +150,12 @@ def plan_compaction(
     for p, o in sorted(offsets.items()):
         start = max(previous.horizon.get(p, -1) + 1, o.log_start) if incremental and previous else o.log_start
         ranges.append(OffsetRange(p, start, o.end))
-    split = plan_ranges(ranges, cores, ranges_per_core)
     files = [str(previous_dir / f["name"]) for f in previous.files] if incremental and previous and previous_dir \
         else []
+    split = plan_ranges(ranges, cores, ranges_per_core,
+                        whole_partitions=reads_are_final(strategy.strategy, [r for r in ranges if r.size > 0], files,
+                                                         {p: o.log_start for p, o in offsets.items()},
+                                                         retain_null_key=strategy.settings.retain_null_key))
     horizon = {p: o.end - 1 for p, o in offsets.items()}
     if incremental and previous is not None:
         horizon = {p: max(h, previous.horizon.get(p, -1)) for p, h in horizon.items()}

@@ -8,7 +8,17 @@ traceback is not printed (every other one is). Spark starts it as its Python dae
 Kafka data source.
 
 It also sets the C heap's top pad (``keep_heap_pad``) before ``pyspark.daemon`` forks its workers, who
-inherit it.
+inherit it, and imports what a reading task runs (``preload``), so that a new worker starts with it:
+
+- Spark stops a Python worker that has been idle for a minute (``PythonWorkerFactory``, not configurable),
+  so the first run after a pause, and any run with more tasks than live workers (more slots than the last
+  run used), forks new ones. Each imported pyspark's worker, pyarrow, confluent-kafka and the engine again:
+  0.5 CPU-s a worker, 1.8-2.3 s of wall time on a busy 2-core machine, before its first record. Forked
+  from a daemon that has them, a worker starts in milliseconds.
+- A worker Spark stops finds its socket closed when it flushes its output, and ends on the error (the JVM
+  sets ``PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE``), which ``print_exc`` keeps quiet, as a killed task's.
+  The data source planner's workers run under the stock ``pyspark.daemon``: ``engine/jvm_stderr.py`` folds
+  theirs.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import sys
 import traceback
 from typing import Any
 
-__all__ = ["HEAP_TOP_PAD", "keep_heap_pad", "print_exc"]
+__all__ = ["HEAP_TOP_PAD", "keep_heap_pad", "preload", "print_exc"]
 
 _original_print_exc = traceback.print_exc
 # The socket to the JVM was closed under the worker: Spark killed its task.
@@ -47,6 +57,18 @@ def keep_heap_pad(pad: int = HEAP_TOP_PAD) -> bool:
     return mallopt(_M_TOP_PAD, pad) == 1
 
 
+def preload() -> None:
+    """Import what every reading task runs, in the daemon, before it forks its workers. pyarrow starts a
+    memory allocator's background thread (jemalloc's); jemalloc's fork handlers leave a forked child's
+    allocator consistent, without that thread."""
+    import confluent_kafka  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    import pyspark.worker  # noqa: F401
+
+    import compactord.engine.early_start  # noqa: F401
+    import compactord.engine.kafka_source  # noqa: F401
+
+
 def print_exc(*args: Any, **kwargs: Any) -> None:
     """``traceback.print_exc``, silent for the exception of a killed task."""
     if isinstance(sys.exc_info()[1], KILLED_TASK_ERRORS):
@@ -57,6 +79,7 @@ def print_exc(*args: Any, **kwargs: Any) -> None:
 if __name__ == "__main__":
     traceback.print_exc = print_exc  # pyspark.daemon calls traceback.print_exc() in its forked workers
     keep_heap_pad()
+    preload()
     from pyspark import daemon
 
     daemon.manager()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
+from compactord.engine import jvm_stderr
 from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError
 
 if TYPE_CHECKING:
@@ -101,6 +103,20 @@ def _cause(text: str, exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:2000]
 
 
+def _launch_jvm(app_name: str, master: str, conf: dict[str, str]) -> None:
+    """Start the Spark JVM as the builder would, but with its standard error read through a pipe
+    (``jvm_stderr``), unless this process has one already or was started by spark-submit (which made it)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(conf.items()))
+    gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.PIPE})
+    jvm_stderr.watch(gateway.proc.stderr)
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
 def _ask_alive(spark: Any) -> bool:
     try:
         return not spark.sparkContext._jsc.sc().isStopped()
@@ -151,6 +167,7 @@ class SparkSessionManager:
             for key, value in conf.items():
                 builder = builder.config(key, value)
             try:
+                _launch_jvm(self._app_name, master, conf)
                 spark = builder.getOrCreate()
             except Exception as exc:
                 raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc

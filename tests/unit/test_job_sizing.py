@@ -51,3 +51,36 @@ def test_ranges_are_packed_into_tasks_of_about_equal_records_every_range_once():
     assert groups[0][0] == (0, 0, 500)  # each task reads its largest range first
     assert pack_ranges(ranges, 0) == [[r] for r in ranges] == pack_ranges(ranges, 7) == pack_ranges(ranges, 9)
     assert pack_ranges([], 2) == []
+
+
+def _plan(strategy: str, cores: int, partitions: int = 4, records: int = 250_000):
+    from compactord.engine.planning import plan_compaction
+    from compactord.engine.strategies import ResolvedStrategy
+    from compactord.model import PartitionOffsets
+
+    return plan_compaction(
+        "t", offsets={p: PartitionOffsets(p, 0, records) for p in range(partitions)}, previous=None,
+        previous_dir=None, strategy=ResolvedStrategy.resolve(strategy, "timestamp", False), rebuild=False,
+        reasons=[], cores=cores, ranges_per_core=2)
+
+
+@pytest.mark.parametrize("cores", [2, 4, 8, 64])
+def test_final_reads_keep_each_partition_whole_whatever_the_slots(cores):
+    """An ordered strategy's partitions are read by one task each, however many slots Spark has: a split
+    partition would have to be grouped in Spark."""
+    plan = _plan("publishing-order", cores)
+    assert sorted(r.partition for r in plan.ranges) == [0, 1, 2, 3]
+    assert all(r.size == 250_000 for r in plan.ranges)
+
+
+def test_a_grouping_run_still_splits_partitions_for_the_cores():
+    plan = _plan("first-value", cores=4)
+    assert len(plan.ranges) == 8
+    assert sum(r.size for r in plan.ranges) == 1_000_000
+
+
+def test_a_partition_past_the_final_read_bound_is_split():
+    from compactord.engine.job import FINAL_SPILLING_READ_MAX_RECORDS
+
+    plan = _plan("publishing-order", cores=2, partitions=1, records=FINAL_SPILLING_READ_MAX_RECORDS + 1)
+    assert len(plan.ranges) > 1
