@@ -271,7 +271,8 @@ KEYS_BY_NAME = {key.name: key for key in KEYS}
 
 def _unknown_key(name: str) -> str:
     """The error text for an unknown key ``name``, with the nearest known key when one is close (a typo)."""
-    nearest = difflib.get_close_matches(name, KEYS_BY_NAME, n=1)
+    # Above difflib's default cutoff (0.6): most keys share the prefix "compaction", which alone would match.
+    nearest = difflib.get_close_matches(name, KEYS_BY_NAME, n=1, cutoff=0.8)
     hint = f"; did you mean {nearest[0]}?" if nearest else ""
     return f"unknown key {name}{hint} (docs/configuration.md lists every key)"
 
