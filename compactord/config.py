@@ -153,8 +153,8 @@ class Settings:
     compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),
         "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
     compaction_history_max_runs: int = _key("compactionHistoryMaxRuns", int_range(1, 100_000), "1000",
-        "compaction", "Runs kept in each topic's run history (GET /v1/topics/{topic}/history, compactord history "
-        "TOPIC), under @compactord/history/ of the ledger root; older ones are dropped.")
+        "compaction", "Runs kept in each topic's run history (GET /v1/topics/{topic}/history, compactord "
+        "history TOPIC), under @compactord/history/ of the ledger root; older ones are dropped.")
     compaction_history_max_age_days: int = _key("compactionHistoryMaxAgeDays", int_range(1, 36500), "30",
         "compaction", "Days a run stays in its topic's run history.")
     compaction_reader_client: str = _key("compactionReaderClient", choice("auto", "librdkafka", "kafka-python"),
@@ -208,14 +208,15 @@ class Settings:
     http_tls_key_file: str = _key("httpTlsKeyFile", text, "", "http",
         "Private key (PEM) of the HTTPS certificate.")
     http_read_max_bytes: int = _key("httpReadMaxBytes", int_range(1), "8388608", "http",
-        "Most bytes of keys, values and headers in one page of GET .../compacted (counted before base64); a page "
-        "always holds one entry, and says next_start when it stopped early.")
+        "Most bytes of keys, values and headers in one page of GET .../compacted (counted before base64); a "
+        "page always holds one entry, and says next_start when it stopped early.")
     http_max_request_bytes: int = _key("httpMaxRequestBytes", int_range(1), "1048576", "http",
         "Largest request body accepted; a larger one is answered 413 request_too_large.")
     http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", int_range(1, 3600), "30",
         "http", "Time to receive a request's body, in seconds; a slower one is answered 408 request_timeout.")
     http_max_connections: int = _key("httpMaxConnections", int_range(1, 100000), "200", "http",
-        "Requests served at once (/healthz, /readyz and /metrics not counted); more are answered 503 server_busy. "
+        "Requests served at once (/healthz, /readyz and /metrics not counted); more are answered 503 "
+        "server_busy. "
         "Open connections are capped at twice this plus 50.")
     http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", int_range(1, 3600), "5", "http",
         "A connection that sends no request (a first one, or the next one on a kept-alive connection) "

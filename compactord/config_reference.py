@@ -26,7 +26,7 @@ _SOURCE = "compactord/config.py"
 _COMMAND = "python -m compactord.config_reference"
 _WIDTH = 105  # the comment width of the shipped .conf files
 
-# The rules of the file, written once for both outputs (``code`` in backquotes: broker.conf.example drops them).
+# The rules of the file, written once for both outputs (code in backquotes, which broker.conf.example drops).
 _RULES = (
     "The file is parsed like `java.util.Properties`: `key=value` (or `key: value`, or `key value`), one a "
     "line; `#` and `!` start comments; a line ending in `\\` continues on the next line; a backslash stands "
@@ -81,7 +81,8 @@ def example() -> str:
     for group, title in GROUPS.items():
         lines += ["", "", "#" * 100, f"# {title}", "#" * 100]
         for key in _keys_of(group):
-            lines += ["", *_comment(("[Pulsar] " if key.pulsar else "") + key.doc), f"{key.name}={key.default}"]
+            doc = ("[Pulsar] " if key.pulsar else "") + key.doc
+            lines += ["", *_comment(doc), f"{key.name}={key.default}"]
     return "\n".join(lines) + "\n"
 
 
@@ -124,8 +125,8 @@ def reference() -> str:
         flags = "".join((" [Pulsar]" if key.pulsar else "", " (secret)" if key.secret else ""))
         lines.append(f"| [`{key.name}`](#{key.name.lower()}){flags} | {key.group} | {_code(key.default)} "
                      f"| {key.allowed} |")
-    lines += ["", "A key marked [Pulsar] is also a key of Apache Pulsar's broker.conf, with the same meaning; "
-                  "one marked (secret) may be written `file:/path`."]
+    lines += ["", "A key marked [Pulsar] is also a key of Apache Pulsar's broker.conf, with the same "
+                  "meaning; one marked (secret) may be written `file:/path`."]
     for group, title in GROUPS.items():
         lines += ["", f"## {title}"]
         for key in _keys_of(group):
@@ -157,7 +158,7 @@ def stale(root: Path) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=_COMMAND, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=_COMMAND, description="Generate (or check) the configuration reference and broker.conf.example.")
     parser.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the repository (default: the checkout this module is in)")
