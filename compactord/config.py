@@ -7,18 +7,20 @@
 - An unknown key or a bad value fails with the key, the value and what is allowed.
 
 Each key is written once, as a ``Settings`` field (``_key``); ``KEYS`` is derived from the fields.
-``broker.conf.example`` documents every key (a test checks).
+``docs/configuration.md`` and ``broker.conf.example`` are generated from them (``config_reference``).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from compactord.config_values import (
+    Parser,
     bind_address,
     boolean,
     bootstrap,
@@ -34,15 +36,26 @@ from compactord.config_values import (
     regex,
     text,
 )
-from compactord.errors import ConfigError
+from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
-__all__ = ["ENV_PREFIX", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
+__all__ = ["ENV_PREFIX", "GROUPS", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
 
 ENV_PREFIX = "COMPACTORD_CONF_"
 DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"
 PULSAR_DEFAULT_FACTORY = "org.apache.pulsar.compaction.PulsarCompactionServiceFactory"
 PULSAR_EVENT_TIME_FACTORY = "org.apache.pulsar.compaction.EventTimeCompactionServiceFactory"
+
+#: The sections of the keys, in order, each with its title.
+GROUPS = {
+    "broker": "Broker: the Kafka-protocol brokers compactord reads topics from",
+    "storage": "Storage: where the compacted ledgers are kept",
+    "compaction": "Compaction: how a topic is compacted",
+    "spark": "Spark: the engine that does the compaction",
+    "scheduler": "Scheduler: when topics are compacted (the backlog monitor)",
+    "http": "HTTP: the API",
+    "logging": "Logging",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +64,20 @@ class Key:
 
     name: str  # as spelled in broker.conf
     attr: str  # Settings attribute
-    parse: Callable[[str, str], Any]
+    parse: Parser[Any]
     default: str  # as it would be written in the file ("" = none)
     group: str
     doc: str
     pulsar: bool = False  # the key is also in Pulsar's broker.conf
     secret: bool = False  # may be given as file:/path
 
+    @property
+    def allowed(self) -> str:
+        """What the key accepts, in the words of its error message."""
+        return self.parse.allowed
 
-def _key(name: str, parse: Callable[[str, str], Any], default: str, group: str, doc: str, *,
+
+def _key(name: str, parse: Parser[Any], default: str, group: str, doc: str, *,
          pulsar: bool = False, secret: bool = False) -> Any:
     """A ``Settings`` field read from the key ``name``; its default is ``default`` as the loader parses it."""
     value = parse(name, default) if default != "" else default
@@ -125,7 +143,7 @@ class Settings:
     compaction_key_ttl_ms: int = _key("compactionKeyTtlMs", int_range(0), "0", "compaction",
         "Key expiry (0 = off): a key whose winning record is older than this many milliseconds (its record "
         "timestamp, or its event time under event-time) leaves the compacted view at the next compaction, "
-        "as if deleted. Per topic: the policy field keyTtlMs.")
+        "as if deleted. Per topic: the policy field keyTtlMs. Expiry alone starts no run.")
     compaction_max_read_bytes_per_second: int = _key("compactionMaxReadBytesPerSecond", int_range(0), "0",
         "compaction", "Most bytes (keys and values) per second one compaction reads from the brokers, summed "
         "over its reading tasks (0 = unlimited; Kafka's log.cleaner.io.max.bytes.per.second). Per topic: the "
@@ -135,8 +153,8 @@ class Settings:
     compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),
         "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
     compaction_history_max_runs: int = _key("compactionHistoryMaxRuns", int_range(1, 100_000), "1000",
-        "compaction", "Runs kept in each topic's run history (GET /v1/topics/{topic}/history); older ones are "
-        "dropped.")
+        "compaction", "Runs kept in each topic's run history (GET /v1/topics/{topic}/history, compactord "
+        "history TOPIC), under @compactord/history/ of the ledger root; older ones are dropped.")
     compaction_history_max_age_days: int = _key("compactionHistoryMaxAgeDays", int_range(1, 36500), "30",
         "compaction", "Days a run stays in its topic's run history.")
     compaction_reader_client: str = _key("compactionReaderClient", choice("auto", "librdkafka", "kafka-python"),
@@ -190,18 +208,19 @@ class Settings:
     http_tls_key_file: str = _key("httpTlsKeyFile", text, "", "http",
         "Private key (PEM) of the HTTPS certificate.")
     http_read_max_bytes: int = _key("httpReadMaxBytes", int_range(1), "8388608", "http",
-        "Most bytes of keys, values and headers in one page of GET .../compacted (before base64); a page "
-        "always holds one entry, and says next_start when it stopped early.")
+        "Most bytes of keys, values and headers in one page of GET .../compacted (counted before base64); a "
+        "page always holds one entry, and says next_start when it stopped early.")
     http_max_request_bytes: int = _key("httpMaxRequestBytes", int_range(1), "1048576", "http",
         "Largest request body accepted; a larger one is answered 413 request_too_large.")
     http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", int_range(1, 3600), "30",
-        "http", "Time to receive a request's body; a slower one is answered 408 request_timeout.")
+        "http", "Time to receive a request's body, in seconds; a slower one is answered 408 request_timeout.")
     http_max_connections: int = _key("httpMaxConnections", int_range(1, 100000), "200", "http",
-        "Requests served at once (the probes and /metrics not counted); more are answered 503 server_busy. "
+        "Requests served at once (/healthz, /readyz and /metrics not counted); more are answered 503 "
+        "server_busy. "
         "Open connections are capped at twice this plus 50.")
     http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", int_range(1, 3600), "5", "http",
         "A connection that sends no request (a first one, or the next one on a kept-alive connection) "
-        "for this long is closed.")
+        "for this many seconds is closed.")
     # Logging
     log_format: str = _key("logFormat", choice("text", "json"), "text", "logging",
         "text or json (one object a line).")
@@ -249,6 +268,14 @@ KEYS: tuple[Key, ...] = tuple(
     replace(f.metadata["key"], attr=f.name) for f in fields(Settings) if "key" in f.metadata
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
+
+
+def _unknown_key(name: str) -> str:
+    """The error text for an unknown key ``name``, with the nearest known key when one is close (a typo)."""
+    # Above difflib's default cutoff (0.6): most keys share the prefix "compaction", which alone would match.
+    nearest = difflib.get_close_matches(name, KEYS_BY_NAME, n=1, cutoff=0.8)
+    hint = f"; did you mean {nearest[0]}?" if nearest else ""
+    return f"unknown key {name}{hint} (docs/configuration.md lists every key)"
 
 
 def _read_secret(key: str, raw: str) -> str:
@@ -307,7 +334,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
         if name.startswith("spark."):
             spark_conf[name] = raw
         elif name not in KEYS_BY_NAME:
-            raise ConfigError(name, raw, "unknown key; see broker.conf.example for the keys compactord knows")
+            raise ConfigError(name, raw, _unknown_key(name))
         else:
             merged[name] = raw
     for env_name, raw in env.items():
@@ -317,7 +344,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
         if name.startswith("spark."):
             raise ConfigError(env_name, raw, "spark.* keys can be set in the config file only")
         if name not in KEYS_BY_NAME:
-            raise ConfigError(env_name, raw, "unknown key; see broker.conf.example for the keys compactord knows")
+            raise ConfigError(env_name, raw, _unknown_key(name))
         merged[name] = raw
         from_env[name] = env_name
     values: dict[str, Any] = {}
@@ -349,10 +376,12 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] | 
     if path is not None:
         try:
             text = Path(path).read_text(encoding="latin-1")  # Properties.load reads ISO 8859-1
+        except FileNotFoundError:
+            raise ConfigFileError(path, "does not exist") from None
         except OSError as exc:
-            raise ConfigError("--config", str(path), f"the file cannot be read ({exc.strerror})") from None
+            raise ConfigFileError(path, f"cannot be read ({exc.strerror})") from None
         try:
             props = load_properties(text)
         except ValueError as exc:
-            raise ConfigError("--config", str(path), f"not valid properties text ({exc})") from None
+            raise ConfigFileError(path, f"is not valid properties text ({exc})") from None
     return settings_from_properties(props, env)

@@ -1,16 +1,21 @@
-"""The value parsers of broker.conf keys: each takes (key, raw string) and returns the typed value or
-raises ``ConfigError`` naming the key, the value and what is allowed. A leaf module of ``config``."""
+"""The value parsers of broker.conf keys: each ``Parser`` takes (key, raw string) and returns the typed value
+or raises ``ConfigError`` naming the key, the value and what is allowed, its ``allowed`` text, which the
+configuration reference shows too. A leaf module of ``config``."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from compactord.errors import ConfigError
-from compactord.event_time import validate_event_time_source
+from compactord.event_time import EVENT_TIME_SOURCES, validate_event_time_source
 
 __all__ = [
+    "Parser",
+    "Rejected",
     "bind_address",
     "boolean",
     "bootstrap",
@@ -27,91 +32,140 @@ __all__ = [
     "text",
 ]
 
-def text(key: str, raw: str) -> str:
+T = TypeVar("T")
+
+
+class Rejected(ValueError):
+    """Raised by a ``Parser``'s conversion: the raw text is not allowed; ``what`` names the bad part."""
+
+    def __init__(self, what: str = "") -> None:
+        super().__init__(what)
+        self.what = what
+
+
+@dataclass(frozen=True, slots=True)
+class Parser(Generic[T]):
+    """A key's parser and the text of what it allows: the configuration reference shows ``allowed`` and
+    the error for a bad value says it, so the two cannot tell different stories."""
+
+    allowed: str
+    convert: Callable[[str], T]  # raw text -> value; raises Rejected
+
+    def __call__(self, key: str, raw: str) -> T:
+        try:
+            return self.convert(raw)
+        except Rejected as exc:
+            problem = f"{exc.what}: expected" if exc.what else "expected"
+            raise ConfigError(key, raw, f"{problem} {self.allowed}") from None
+
+
+def _text(raw: str) -> str:
     return raw
 
 
-def int_range(lo: int, hi: int | None = None) -> Callable[[str, str], int]:
-    def parse(key: str, raw: str) -> int:
+text = Parser("any text", _text)
+
+
+def int_range(lo: int, hi: int | None = None) -> Parser[int]:
+    def convert(raw: str) -> int:
         try:
             value = int(raw.strip())
         except ValueError:
-            raise ConfigError(key, raw, "expected a whole number") from None
+            raise Rejected() from None
         if value < lo or (hi is not None and value > hi):
-            bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
-            raise ConfigError(key, raw, f"expected a whole number {bound}")
+            raise Rejected()
         return value
 
-    return parse
+    bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+    return Parser(f"a whole number {bound}", convert)
 
 
-def float_range(lo: float, hi: float) -> Callable[[str, str], float]:
-    def parse(key: str, raw: str) -> float:
+def float_range(lo: float, hi: float) -> Parser[float]:
+    def convert(raw: str) -> float:
         try:
             value = float(raw.strip())
         except ValueError:
-            raise ConfigError(key, raw, "expected a number") from None
-        if not lo <= value <= hi:
-            raise ConfigError(key, raw, f"expected a number from {lo} to {hi}")
+            raise Rejected() from None
+        if not lo <= value <= hi:  # NaN included
+            raise Rejected()
         return value
 
-    return parse
+    return Parser(f"a number from {lo} to {hi}", convert)
 
 
-def boolean(key: str, raw: str) -> bool:
+def _boolean(raw: str) -> bool:
     lowered = raw.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    raise ConfigError(key, raw, "expected true or false")
+    if lowered not in ("true", "false"):
+        raise Rejected()
+    return lowered == "true"
 
 
-def choice(*allowed: str) -> Callable[[str, str], str]:
-    def parse(key: str, raw: str) -> str:
+boolean = Parser("true or false", _boolean)
+
+
+def choice(*allowed: str) -> Parser[str]:
+    def convert(raw: str) -> str:
         if raw.strip() not in allowed:
-            raise ConfigError(key, raw, f"expected one of {', '.join(allowed)}")
+            raise Rejected()
         return raw.strip()
 
-    return parse
+    return Parser(f"one of {', '.join(allowed)}", convert)
 
 
-def class_ref(key: str, raw: str) -> str:
+def _class_ref(raw: str) -> str:
     return raw.strip()
 
 
-def class_refs(key: str, raw: str) -> str:
+# Resolved when the daemon starts (``refs.py``), where a reference that names nothing refuses the start.
+class_ref = Parser("a built-in name or module:Class, resolved when the daemon starts", _class_ref)
+
+
+def _class_refs(raw: str) -> str:
     refs = [r.strip() for r in raw.split(",") if r.strip()]
     for ref in refs:
         module_name, sep, qualname = ref.partition(":") if ":" in ref else ref.rpartition(".")
         if not sep or not module_name or not qualname:
-            raise ConfigError(key, raw, f"{ref!r} is not a reference: expected module:Class[,module:Class...]")
+            raise Rejected(f"{ref!r} is not a reference")
     return ",".join(refs)
 
 
-def local_path(key: str, raw: str) -> str:
+class_refs = Parser("module:Class[,module:Class...]", _class_refs)
+
+
+def _local_path(raw: str) -> str:
     value = raw.strip()
     if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
-        raise ConfigError(key, raw, "expected a file-system path (on a cluster: a shared mount at the same path "
-                                    "on every executor); URLs such as hdfs:// or s3a:// are not supported")
+        raise Rejected()
     return value
 
 
-def regex(key: str, raw: str) -> str:
+local_path = Parser("a file-system path (on a cluster: a shared mount at the same path on every executor); "
+                    "URLs such as hdfs:// or s3a:// are not supported", _local_path)
+
+
+def _regex(raw: str) -> str:
     try:
         re.compile(raw)
     except re.error as exc:
-        raise ConfigError(key, raw, f"expected a Python regular expression ({exc})") from None
+        raise Rejected(f"not a regular expression ({exc})") from None
     return raw
 
 
-def bind_address(key: str, raw: str) -> str:
+regex = Parser("a Python regular expression", _regex)
+
+
+def _bind_address(raw: str) -> str:
     value = raw.strip()
     if value in ("localhost", "0.0.0.0", "::"):
         return value
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        raise ConfigError(key, raw, "expected an IP address such as 127.0.0.1 or 0.0.0.0") from None
+        raise Rejected() from None
     return value
+
+
+bind_address = Parser("an IP address such as 127.0.0.1 or 0.0.0.0, or localhost", _bind_address)
 
 
 def is_loopback(address: str) -> bool:
@@ -119,25 +173,36 @@ def is_loopback(address: str) -> bool:
     return address == "localhost" or ipaddress.ip_address(address).is_loopback
 
 
-def host_list(key: str, raw: str) -> str:
+def _host_list(raw: str) -> str:
     hosts = [h.strip().lower() for h in raw.split(",") if h.strip()]
     for host in hosts:
         if not re.fullmatch(r"[a-z0-9._-]+(:[0-9]{1,5})?|\[[0-9a-f:.]+\](:[0-9]{1,5})?", host):
-            raise ConfigError(key, raw, f"{host!r} is not a host name: expected name[:port][,name[:port]...], "
-                                        "e.g. compactord.example.com,10.0.0.5:8642")
+            raise Rejected(f"{host!r} is not a host name")
     return ",".join(hosts)
 
 
-def bootstrap(key: str, raw: str) -> str:
+host_list = Parser("name[:port][,name[:port]...], e.g. compactord.example.com,10.0.0.5:8642", _host_list)
+
+
+def _bootstrap(raw: str) -> str:
     servers = [s.strip() for s in raw.split(",") if s.strip()]
     if not servers:
-        raise ConfigError(key, raw, "expected host:port[,host:port...]")
+        raise Rejected()
     for server in servers:
         host, sep, port = server.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(key, raw, f"{server!r} is not host:port (port 1 to 65535)")
+            raise Rejected(f"{server!r} is not host:port")
     return ",".join(servers)
 
 
-def event_time_source(key: str, raw: str) -> str:
-    return validate_event_time_source(raw.strip(), key)
+bootstrap = Parser("host:port[,host:port...] (port 1 to 65535)", _bootstrap)
+
+
+def _event_time_source(raw: str) -> str:
+    try:
+        return validate_event_time_source(raw.strip())
+    except ConfigError:
+        raise Rejected() from None
+
+
+event_time_source = Parser(EVENT_TIME_SOURCES, _event_time_source)

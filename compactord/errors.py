@@ -7,6 +7,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     CompactordError                     internal_error               500
     +-- ConfigError (ValueError)        bad_config                   422
     |   +-- PluginLoadError             bad_plugin_reference         422
+    |   +-- ConfigFileError             bad_config_file              422
     +-- InvalidTopicName (ValueError)   invalid_topic_name           422
     +-- InvalidArgument (ValueError)    invalid_argument             422
     +-- TopicNotFound (LookupError)     topic_not_found              404
@@ -74,6 +75,18 @@ class ConfigError(CompactordError, ValueError):
         super().__init__(f"config key {key}={value!r} is invalid: {allowed}", key=key, value=value)
         self.key = key
         self.value = value
+
+
+class ConfigFileError(ConfigError):
+    """The config file given to ``run --config`` does not exist, cannot be read or is not properties text."""
+
+    code = "bad_config_file"
+    status = 422
+
+    def __init__(self, path: object, problem: str) -> None:
+        CompactordError.__init__(self, f"config file {path} {problem}", key="--config", value=str(path))
+        self.key = "--config"
+        self.value = str(path)
 
 
 class InvalidTopicName(CompactordError, ValueError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from compactord.errors import ConfigError
 
 __all__ = [
+    "EVENT_TIME_SOURCES",
     "EventTimeExtractor",
     "event_time_extractor",
     "event_time_rank",
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 EventTimeExtractor = Callable[[int | None, Sequence[tuple[str, bytes]]], int | None]
+#: What compactionEventTimeSource allows, as its error and the configuration reference say it.
+EVENT_TIME_SOURCES = "timestamp, or header:NAME (a non-empty header name)"
 _DECIMAL = re.compile(rb"-?[0-9]+")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -55,7 +58,7 @@ def validate_event_time_source(value: str, key: str = "compactionEventTimeSource
         return value
     if value.startswith("header:") and len(value) > len("header:"):
         return value
-    raise ConfigError(key, value, "use 'timestamp' or 'header:NAME' (a non-empty header name)")
+    raise ConfigError(key, value, f"expected {EVENT_TIME_SOURCES}")
 
 
 def event_time_extractor(source: str) -> EventTimeExtractor:

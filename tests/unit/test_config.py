@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ from compactord.config import (
     load_settings,
     settings_from_properties,
 )
-from compactord.errors import ConfigError
+from compactord.embedded import DEFAULT_PORT
+from compactord.errors import ConfigError, ConfigFileError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "broker.conf.example"
 
@@ -96,6 +99,18 @@ def test_unknown_key_is_named() -> None:
         settings(compactionBogus="1")
     assert info.value.key == "compactionBogus"
     assert "unknown key" in str(info.value)
+    assert "did you mean" not in str(info.value)  # nothing close enough to suggest
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("compactionMaxLagSecond", "compactionMaxLagSeconds"),
+    ("httpPrt", "httpPort"),
+    ("kafkabootstrapservers", "kafkaBootstrapServers"),
+])
+def test_unknown_key_suggests_the_nearest_known_one(typo: str, meant: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(**{typo: "1"})
+    assert f"unknown key {typo}; did you mean {meant}?" in str(info.value)
 
 
 @pytest.mark.parametrize("value", ["", "   "])
@@ -151,6 +166,12 @@ def test_environment_unknown_key_is_rejected() -> None:
     with pytest.raises(ConfigError, match=f"{ENV_PREFIX}bogusKey") as info:
         settings({f"{ENV_PREFIX}bogusKey": "1"})
     assert "unknown key" in str(info.value)
+
+
+def test_environment_unknown_key_suggests_the_nearest_known_one() -> None:
+    with pytest.raises(ConfigError, match=f"{ENV_PREFIX}httpPrt") as info:
+        settings({f"{ENV_PREFIX}httpPrt": "1"})
+    assert "did you mean httpPort?" in str(info.value)
 
 
 def test_process_environment_is_used_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -357,16 +378,31 @@ def test_load_settings_without_a_file_uses_defaults_and_environment() -> None:
     assert load_settings(None, env={f"{ENV_PREFIX}httpPort": "1"}).http_port == 1
 
 
-def test_load_settings_of_a_missing_file_fails(tmp_path: Path) -> None:
+def test_load_settings_of_a_missing_file_says_the_file_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "missing.conf"
-    with pytest.raises(ConfigError, match=re.escape(str(missing))):
+    with pytest.raises(ConfigFileError) as info:
         load_settings(missing, env={})
+    assert str(info.value) == f"config file {missing} does not exist"  # a file, not a key
+    assert isinstance(info.value, ConfigError) and info.value.key == "--config"
+
+
+def test_load_settings_of_a_folder_says_the_file_cannot_be_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError, match=re.escape(f"config file {tmp_path} cannot be read")):
+        load_settings(tmp_path, env={})
+
+
+def test_run_with_a_missing_config_file_says_so_and_exits_2(tmp_path: Path) -> None:
+    """The daemon refuses to start, before any broker or Spark, naming the file as a file."""
+    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "brokr.conf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "compactord: cannot start: config file brokr.conf does not exist"
 
 
 def test_load_settings_of_a_malformed_file_fails_with_config_error(tmp_path: Path) -> None:
     conf = tmp_path / "broker.conf"
     conf.write_text("httpAuthToken=\\u12\n", encoding="latin-1")
-    with pytest.raises(ConfigError, match=re.escape(str(conf))):
+    with pytest.raises(ConfigFileError, match=re.escape(f"config file {conf} is not valid properties text")):
         load_settings(conf, env={})
 
 
@@ -464,6 +500,14 @@ def test_ready_config_file_loads(path: Path, tmp_path: Path) -> None:
     copy = tmp_path / path.name
     copy.write_text(text, encoding="latin-1")
     _CONFIG_CHECKS[path.name](load_settings(copy, env={}))
+
+
+def test_embedded_conf_says_where_the_embedded_broker_listens() -> None:
+    """As ``EmbeddedBroker.on_default_port`` does: Kafka's usual port when it is free, else a free one."""
+    comment = " ".join(line.lstrip("# ") for line in (CONFIG_DIR / "embedded.conf").read_text().splitlines()
+                       if line.startswith("#"))
+    assert f"127.0.0.1:{DEFAULT_PORT} when that port is free" in comment
+    assert "otherwise on a free loopback port" in comment
 
 
 def test_every_check_has_its_config_file() -> None:
