@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import logging
 import multiprocessing as mp
 import os
@@ -38,319 +37,13 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_MASK = (1 << 64) - 1
-TOPIC = "bench"
-WARMUP_TOPIC = "bench-warm-up"
-
-# -- the workload ----------------------------------------------------------------------------------
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a cheap, well-spread, deterministic hash of an index."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Record ``i`` of the topic, as a pure function of ``i`` (so that producer processes agree)."""
-
-    keys: int  # 0: every record has its own key
-    partitions: int
-    value_bytes: int
-    tombstone_ratio: float
-    seed: int = 1
-
-    def key_id(self, i: int) -> int:
-        return i if self.keys == 0 else _mix(i ^ (self.seed << 40)) % self.keys
-
-    def partition(self, key_id: int) -> int:
-        # Explicit partitions (no pure-Python murmur2 per record); a key stays in one partition.
-        return key_id % self.partitions
-
-    def is_tombstone(self, i: int) -> bool:
-        return (_mix(i ^ (self.seed << 48) ^ 0x5A5A) % 1_000_000) < self.tombstone_ratio * 1_000_000
-
-    @staticmethod
-    def key(key_id: int) -> bytes:
-        return b"key-%010d" % key_id
-
-    def value_pool(self) -> bytes:
-        return bytes(_mix(self.seed * 7919 + j) & 0xFF for j in range(4096 + self.value_bytes))
-
-    @functools.lru_cache(maxsize=8)  # noqa: B019 (a handful of workloads per process)
-    def live_keys(self, records: int) -> int:
-        """How many keys a compaction of records ``0 .. records-1`` keeps (publishing order)."""
-        if self.keys == 0:
-            return sum(1 for i in range(records) if not self.is_tombstone(i))
-        last: dict[int, int] = {}
-        for i in range(records):
-            last[self.key_id(i)] = i
-        return sum(1 for i in last.values() if not self.is_tombstone(i))
-
-
-def _produce_share(args: tuple[Workload, str, str, int, int, list[int]]) -> int:
-    """A producer process: records ``lo .. hi-1`` whose partition it owns, in index order.
-
-    Owning whole partitions (so whole keys) keeps each key's records in index order in the log, which
-    makes the expected result of a compaction independent of how the processes interleave.
-    """
-    from kafka import KafkaProducer
-
-    workload, bootstrap, topic, lo, hi, owned = args
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=1 << 20, max_request_size=8 << 20,
-        compression_type=None,
-    )
-    pool = workload.value_pool()
-    owned_set = set(owned)
-    vb = workload.value_bytes
-    sent = 0
-    send = producer.send
-    for i in range(lo, hi):
-        key_id = workload.key_id(i)
-        p = workload.partition(key_id)
-        if p not in owned_set:
-            continue
-        if workload.is_tombstone(i):
-            value = None
-        else:
-            start = _mix(i) % 4096
-            value = pool[start : start + vb]
-        send(topic, key=workload.key(key_id), value=value, partition=p)
-        sent += 1
-    producer.flush()
-    producer.close()
-    return sent
-
-
-def produce(
-    pool: Any, processes: int, workload: Workload, bootstrap: str, lo: int, hi: int, topic: str = TOPIC
-) -> tuple[int, float]:
-    """Produce records ``lo .. hi-1`` with one process per group of partitions; (records, seconds)."""
-    groups = [list(range(g, workload.partitions, processes)) for g in range(processes)]
-    started = time.monotonic()
-    shares = [(workload, bootstrap, topic, lo, hi, g) for g in groups if g]
-    sent = sum(pool.map(_produce_share, shares, chunksize=1))
-    return sent, time.monotonic() - started
-
-
-# -- the floor -------------------------------------------------------------------------------------
-
-
-FLOOR_CLIENTS = ("kafka-python", "librdkafka")
-
-
-def _floor_range(args: tuple[str, dict[str, Any], str, int, int, int, int]) -> int:
-    """Read one offset range with the data source's consumer of ``client``, only counting the records."""
-    client_name, client, topic, partition, start, end, batch_records = args
-    if client_name == "librdkafka":
-        return _floor_range_librdkafka(client, topic, partition, start, end, batch_records)
-    from kafka import TopicPartition
-
-    from compactord.engine.readers.kafka_python import range_consumer
-
-    cons = range_consumer(client, batch_records)
-    try:
-        tp = TopicPartition(topic, partition)
-        cons.assign([tp])
-        cons.seek(tp, start)
-        n = 0
-        position = start
-        while position < end:
-            for r in cons.poll(timeout_ms=500, max_records=max(1, min(batch_records, end - position))).get(tp, ()):
-                if r.offset >= end:
-                    break
-                n += 1
-            position = cons.position(tp)
-        return n
-    finally:
-        cons.close()
-
-
-def _floor_range_librdkafka(client: dict[str, Any], topic: str, partition: int, start: int, end: int,
-                            batch_records: int) -> int:
-    from confluent_kafka import TopicPartition
-
-    from compactord.engine.readers.librdkafka import range_consumer
-
-    cons = range_consumer(client)
-    try:
-        cons.assign([TopicPartition(topic, partition, start)])
-        tp = TopicPartition(topic, partition)
-        n = 0
-        position = start
-        while position < end:
-            for m in cons.consume(num_messages=max(1, min(batch_records, end - position)), timeout=0.5):
-                if m.error() is not None:
-                    raise RuntimeError(f"the librdkafka floor read failed: {m.error()}")
-                if m.offset() >= end:
-                    break
-                n += 1
-            position = max(position, cons.position([tp])[0].offset)
-        return n
-    finally:
-        cons.close()
-
-
-def _warm_worker(_: int) -> int:
-    import confluent_kafka  # noqa: F401
-    import kafka  # noqa: F401
-
-    import compactord.engine.kafka_source  # noqa: F401
-
-    return os.getpid()
-
-
-# -- memory ----------------------------------------------------------------------------------------
-
-
-def _status_kb(pid: int | str, field: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _descendants(root: int) -> Iterator[int]:
-    tree = _children()
-    todo = list(tree.get(root, []))
-    while todo:
-        pid = todo.pop()
-        yield pid
-        todo.extend(tree.get(pid, []))
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and of its children that have ended."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
-
-
-ROLES = ("daemon", "spark jvm", "spark python", "floor readers", "broker")
-
-
-def cpu_by_role(broker: int | None, jvm: int | None) -> dict[str, float]:
-    """CPU seconds used so far by this process and its descendants, by role.
-
-    ``daemon`` is this process (the daemon's own, with the py4j client); ``spark python`` are the JVM's
-    Python workers and planning daemons; ``floor readers`` the floor's processes (and producers that ended).
-    """
-    tree = _children()
-    roles = dict.fromkeys(ROLES, 0.0)
-    roles["daemon"] = _cpu_seconds(os.getpid())
-
-    def walk(root: int, role: str) -> None:
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            roles[role] += _cpu_seconds(pid)
-            todo.extend(tree.get(pid, []))
-
-    for child in tree.get(os.getpid(), []):
-        if child == broker:
-            walk(child, "broker")
-        elif child == jvm:
-            roles["spark jvm"] += _cpu_seconds(child)
-            for worker in tree.get(child, []):
-                walk(worker, "spark python")
-        else:
-            walk(child, "floor readers")
-    return roles
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-class MemorySampler:
-    """Peak RSS of the Spark driver JVM and of Spark's Python workers (the JVM's Python children).
-
-    VmHWM is the kernel's own peak of a process, so the JVM's figure is exact; the workers come and go,
-    so their peak is sampled (every 0.5 s) as the largest sum over live workers.
-    """
-
-    def __init__(self) -> None:
-        self.jvm_pid: int | None = None
-        self.jvm_hwm_kb = 0
-        self.workers_peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
-
-    def start(self) -> MemorySampler:
-        self._sample()  # finds the JVM now, so that CPU accounting sees it from the first measurement
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-    def _find_jvm(self) -> int | None:
-        for pid in _descendants(os.getpid()):
-            if _comm(pid) == "java":
-                return pid
-        return None
-
-    def _sample(self) -> None:
-        if self.jvm_pid is None:
-            self.jvm_pid = self._find_jvm()
-        if self.jvm_pid is None:
-            return
-        self.jvm_hwm_kb = max(self.jvm_hwm_kb, _status_kb(self.jvm_pid, "VmHWM"))
-        workers = sum(_status_kb(pid, "VmRSS") for pid in _descendants(self.jvm_pid) if _comm(pid).startswith("python"))
-        self.workers_peak_kb = max(self.workers_peak_kb, workers)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self._sample()
-
-
-# -- the run ---------------------------------------------------------------------------------------
-
-
-def _mb(kb: int) -> str:
-    return f"{kb / 1024:.0f} MB"
+from floors import FLOOR_CLIENTS, floor_range, warm_worker
+from usage import ROLES, MemorySampler, cpu_by_role, mb, status_kb
+from workload import TOPIC, WARMUP_TOPIC, Workload, produce
 
 
 def _median(xs: list[float]) -> float:
@@ -513,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         service = factory.new_topic_compaction_service(TOPIC)
 
         workers = ctx.Pool(cores)  # the floor's readers: one process per Spark core, started once
-        workers.map(_warm_worker, range(cores), chunksize=1)
+        workers.map(warm_worker, range(cores), chunksize=1)
         client = settings.kafka_client_config()
 
         cpu: dict[str, list[dict[str, float]]] = {
@@ -538,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                       settings.compaction_reader_batch_records) for r in ranges]
             c0 = cpu_now()
             t0 = time.monotonic()
-            n = sum(workers.map(_floor_range, tasks, chunksize=1))  # largest first, handed out as cores free
+            n = sum(workers.map(floor_range, tasks, chunksize=1))  # largest first, handed out as cores free
             elapsed = time.monotonic() - t0
             cpu[f"floor {client_name}"].append(cpu_since(c0))
             total = sum(o.end - o.log_start for o in offsets.values())
@@ -629,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
         throttled = throttled_run(service, factory, args.throttle) if args.throttle else None
         sampler.stop()
-        py_hwm = _status_kb("self", "VmHWM")
+        py_hwm = status_kb("self", "VmHWM")
         floor_m, full_m, inc_m = _median(floors), _median(fulls), _median(incrementals)
         print()
         for c in FLOOR_CLIENTS:
@@ -650,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                 total = _median([sum(v for k, v in r.items() if k != "broker") for r in runs])
                 parts = ", ".join(f"{role} {_median([r[role] for r in runs]):.2f}" for role in ROLES)
                 print(f"CPU seconds (medians), {name}: {total:.2f} without the broker; {parts}")
-        print(f"peak RSS, daemon Python process (VmHWM): {_mb(py_hwm)}")
-        print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {_mb(sampler.jvm_hwm_kb)}")
-        print(f"peak RSS, Spark Python workers (sum, sampled): {_mb(sampler.workers_peak_kb)}")
+        print(f"peak RSS, daemon Python process (VmHWM): {mb(py_hwm)}")
+        print(f"peak RSS, Spark driver JVM (VmHWM, pid {sampler.jvm_pid}): {mb(sampler.jvm_hwm_kb)}")
+        print(f"peak RSS, Spark Python workers (sum, sampled): {mb(sampler.workers_peak_kb)}")
         if throttled is not None:
             rate, seconds, nbytes = throttled
             print(f"throttled full compaction (cap {args.throttle:,} B/s): read {nbytes:,} bytes in {seconds:.1f} s, "

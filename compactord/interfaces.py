@@ -82,11 +82,11 @@ class BrokerMetadata(ABC):
 
     @abstractmethod
     def first_records(self, topic: str, at: Mapping[int, int],
-                      offsets: Mapping[int, PartitionOffsets] | None = None) -> dict[int, RecordFingerprint | None]:
+                      offsets: Mapping[int, PartitionOffsets]) -> dict[int, RecordFingerprint | None]:
         """Per partition of ``at``: the first data record at or after that offset, read_committed (one
         small fetch each), or None when the log holds none there (the offset is below the log start or
-        at its end). ``offsets``: the topic's offsets as the caller fetched them for the same run (they
-        are fetched again when not given).
+        at its end). ``offsets``: the topic's offsets as the caller fetched them for the same run: whether an
+        offset is in the log, and where each read stops, are judged against them.
 
         :raises TopicNotFound: the broker has no such topic.
         """

@@ -47,7 +47,6 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
                 self._topic_strategies[topic] = self._resolve(ref, "strategy")
 
     def strategy_for(self, topic: str) -> ResolvedStrategy:
-        """The strategy in force for ``topic`` (its policy's, else the configured one)."""
         with self._lock:
             return self._topic_strategies.get(topic, self.strategy)
 
@@ -61,13 +60,11 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
                 self._topic_limits[topic] = (key_ttl_ms, max_read_bytes_per_second)
 
     def key_ttl_ms_for(self, topic: str) -> int:
-        """The key expiry in force for ``topic`` in milliseconds (0: off)."""
         with self._lock:
             ttl = self._topic_limits.get(topic, (None, None))[0]
         return self.settings.compaction_key_ttl_ms if ttl is None else ttl
 
     def max_read_rate_for(self, topic: str) -> int:
-        """The read budget of one compaction of ``topic`` in bytes per second (0: unlimited)."""
         with self._lock:
             rate = self._topic_limits.get(topic, (None, None))[1]
         return self.settings.compaction_max_read_bytes_per_second if rate is None else rate

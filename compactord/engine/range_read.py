@@ -5,7 +5,8 @@
   because transaction markers occupy offsets.
 - A key's losers are dropped inside the reading task (``strategies.reducer_for``): per window of rows,
   only what the final choice may still need goes to Spark (the lever on speed: per-row Python work in
-  Spark). With ``final`` (``job.reads_are_final``: the task reads its whole partition), the windows'
+  Spark); under publishing-order, each key's last record is kept as the read goes (``latest_records``),
+  and rows are made from the records' columns (``record_columns``). With ``final`` (``job.reads_are_final``: the task reads its whole partition), the windows'
   survivors are reduced once more at the end, so that only each key's winner leaves the task and Spark
   need not group. An incremental run merges the partition's ledger rows there (``merge_into_ledger``);
   a compaction's task (``write``) applies the deletion rules and writes the partition's part file
@@ -21,8 +22,7 @@ from __future__ import annotations
 import gc
 import heapq
 import time
-from collections.abc import Iterator, Sequence
-from itertools import compress, repeat
+from collections.abc import Iterator
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,10 @@ from typing import Any
 import pyarrow as pa
 
 from compactord.engine.deletions import DeletionRules
-from compactord.engine.merge import columns_to_batch, merge_into_ledger, records_to_batch
+from compactord.engine.latest_records import LatestRecords
+from compactord.engine.merge import merge_into_ledger
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
-from compactord.engine.readers.base import RecordFields
+from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.task_files import TaskFiles
 from compactord.engine.throttle import ReadThrottle
@@ -63,17 +64,16 @@ class RangeReadTask:
     """Reads one offset range in a Spark Python worker and yields reduced Arrow batches."""
 
     def __init__(self, spec: dict[str, Any], partition: int, start: int, end: int) -> None:
-        from compactord.engine.strategies import event_time_extractor, load_strategy, plan_for
+        from compactord.engine.strategies import load_strategy, plan_for
 
         self.spec = spec
         self.partition, self.start, self.end = partition, start, end
-        self.event_time_source = spec["event_time_source"]
-        self.event_time = event_time_extractor(self.event_time_source)
         self.reduce = plan_for(load_strategy(spec["strategy"])).reducer
         self.retain_null_key = bool(spec["retain_null_key"])
-        self.empty_deletes = bool(spec.get("empty_value_is_tombstone", False))
         self.last: RecordFingerprint | None = None  # the last data record read (the log's identity)
         self.batch_records = int(spec["batch_records"])
+        self.columns = RecordColumns(partition, spec["event_time_source"],
+                                     bool(spec.get("empty_value_is_tombstone", False)), self.batch_records)
         self.client = spec.get("reader_client", AUTO)
         self.final = bool(spec.get("final", False))
         # Final reads of an incremental run: the previous ledger's files and row groups that may hold this
@@ -86,21 +86,15 @@ class RangeReadTask:
         # partition's part file into this folder, and hands no row to Spark.
         self.write: tuple[Path, DeletionRules] | None = (
             (Path(spec["write_to"]), DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
-        # publishing-order: each key's last record so far, as the backend's own record object; rows are
-        # built only for the records still here when the window ends (``_add_latest``).
-        self._latest: dict[bytes, Any] | None = {} if self.reduce is reduce_last_offset else None
-        self._latest_added = 0  # keyed records read in the window
-        # Final reads under publishing-order: while every key read is new to the partition, the window's rows
-        # made poll by poll (``_add_latest``), and its records (to fill ``_latest`` once a key comes again).
-        self._fresh: list[pa.RecordBatch] | None = [] if self._latest is not None and self.final else None
-        self._fresh_keys: list[bytes] = []
-        self._fresh_records: list[Any] = []
-        self._fields: RecordFields | None = None  # how the backend's records give their fields
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         # Final reads, publishing-order: each window's last rows by key, in memory up to a budget, then on
         # the executor's local disk.
         self._settled = SettledWindows(int(spec.get("window_memory_bytes", MEMORY_BUDGET_BYTES)), self._check_cancel)
+        # publishing-order: each key's last record so far (``latest_records``).
+        self._latest = LatestRecords(self.columns, self._settled, final=self.final,
+                                     retain_null_key=self.retain_null_key) \
+            if self.reduce is reduce_last_offset else None
         self._windows = 0
         self.files = TaskFiles(Path(spec["progress_dir"]) if spec.get("progress_dir") else None, partition, start)
         self.records = 0
@@ -220,8 +214,8 @@ class RangeReadTask:
         # The last records by key are the reduction itself, kept as the read goes: a final read holds
         # them to the end (as it would hold every window's survivors).
         if self.final:
-            return (self._latest_added if self._fresh is not None else len(self._latest)) >= FINAL_WINDOW_KEYS
-        return len(self._latest) + len(nulls) >= REDUCE_WINDOW
+            return self._latest.keys >= FINAL_WINDOW_KEYS
+        return self._latest.keys + len(nulls) >= REDUCE_WINDOW
 
     def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
         """Take one poll's records: the one record path of both backends.
@@ -229,7 +223,6 @@ class RangeReadTask:
         Per-record work here is what a compaction costs beyond the client's own decoding, so it runs in
         C (``map``, ``zip``, ``dict.update``) rather than as a Python loop over the records.
         """
-        self._fields = polled.fields
         tail = polled.of(polled.records[-1:])
         self.last = RecordFingerprint.of(tail.offsets[0], tail.timestamps[0], tail.keys[0], tail.values[0])
         self.records += len(polled)
@@ -238,10 +231,10 @@ class RangeReadTask:
         if self.throttle is not None:
             self.throttle.consume(nbytes)
         if self._latest is not None:
-            self._add_latest(polled, nulls)
+            self._latest.add(polled, nulls)
             return
         keys = polled.keys
-        rows = self._rows(polled)
+        rows = self.columns.rows(polled)
         if None not in keys:
             keyed.extend(rows)
         elif self.retain_null_key:
@@ -249,69 +242,6 @@ class RangeReadTask:
                 (keyed if row[3] is not None else nulls).append(row)
         else:
             keyed.extend(row for row in rows if row[3] is not None)
-
-    def _add_latest(self, polled: Polled, nulls: list[tuple[Any, ...]]) -> None:
-        """publishing-order: a record replaces its key's earlier one in ``_latest``. Only the keys are read
-        from every record; a row is built for each record that is still its key's last when the window ends:
-        measured on 250,000 records of 2,500 keys, ~0.2 CPU-s less per task than a row for every record."""
-        keys, records = polled.keys, polled.records
-        if None in keys:
-            if self.retain_null_key:
-                nulls.extend(self._rows(polled.of([r for r, k in zip(records, keys) if k is None])))
-            keyed = [k is not None for k in keys]
-            keys, records = list(compress(keys, keyed)), list(compress(records, keyed))
-        self._latest_added += len(keys)
-        if self._fresh is not None:
-            if self._settled.note(keys):
-                # Every key is new to the partition: each record is its key's last so far. Its row is made
-                # now, while the poll's records are in the CPU's caches, and no dict is filled: a final read of
-                # 250,000 distinct keys took 0.280 CPU-s against 0.299 (medians of 6, alternating; values
-                # into Arrow right after a poll ~57 ns a record, at the window's end from the dict ~155).
-                fresh = Polled(records, polled.fields, keys)
-                self._fresh.append(columns_to_batch(self.partition, *self._columns(fresh, fresh.offset_column())))
-                self._fresh_keys.extend(keys)
-                self._fresh_records.extend(records)
-                return
-            # A key came again: the window goes on as each key's last record, its earlier records included.
-            self._latest.update(zip(self._fresh_keys, self._fresh_records))  # type: ignore[union-attr]
-            self._fresh, self._fresh_keys, self._fresh_records = None, [], []
-        self._latest.update(zip(keys, records))  # type: ignore[union-attr]
-
-    def _columns(self, polled: Polled, offsets: Sequence[int] | pa.Array | None = None) -> tuple[Any, ...]:
-        """The records' columns ``(offset, timestamp, key, value, headers, event_time)``; ``offsets``: their
-        offset column, when the caller has it."""
-        timestamps, headers, values = polled.timestamps, polled.headers, polled.values
-        if self.empty_deletes and b"" in values:  # Pulsar's rule: an empty value deletes like a null one
-            values = [None if v == b"" else v for v in values]
-        return (polled.offsets if offsets is None else offsets, timestamps, polled.keys, values, headers,
-                self._event_times(timestamps, headers))
-
-    def _rows(self, polled: Polled) -> Iterator[tuple[Any, ...]]:
-        """The records as rows ``(partition, offset, timestamp, key, value, headers, event_time)``."""
-        return zip(repeat(self.partition, len(polled)), *self._columns(polled))
-
-    def _latest_table(self, nulls: list[tuple[Any, ...]]) -> pa.Table:
-        """Each key's last record so far and the null-key rows, in offset order, straight from the records'
-        columns into Arrow (no row tuples); the window starts again."""
-        tables = [self._table(nulls)] if nulls else []
-        if self._fresh:  # every key of the window new: its rows, made as it was read
-            tables.append(pa.Table.from_batches(self._fresh, RECORD_SCHEMA))
-        elif self._latest and self._fields is not None:
-            records = list(self._latest.values())
-            keys: list[bytes | None] | None = None
-            if len(records) < self._latest_added:  # a key came again: its record moved past others
-                records.sort(key=self._fields.offset_of)
-            else:
-                keys = list(self._latest)  # in the records' order, and no key read from them again
-            polled = Polled(records, self._fields, keys)
-            batch = columns_to_batch(self.partition, *self._columns(polled, polled.offset_column()))
-            tables.append(pa.Table.from_batches([batch], RECORD_SCHEMA))
-        self._latest, self._latest_added = {}, 0
-        self._fresh = [] if self.final else None
-        self._fresh_keys, self._fresh_records = [], []
-        if not tables:
-            return RECORD_SCHEMA.empty_table()
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables).sort_by("offset")
 
     def _final_latest(self) -> pa.Table:
         """Final reads under publishing-order: each key's last record of the partition, with the retained
@@ -322,7 +252,7 @@ class RangeReadTask:
         else:
             table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if self._held_nulls:
-            nulls = self._table(self._held_nulls)
+            nulls = self.columns.table(self._held_nulls)
             self._held_nulls = []
             table = pa.concat_tables([table, nulls]).sort_by("offset")
         return table
@@ -334,30 +264,13 @@ class RangeReadTask:
         self._check_cancel()
         write_part(map(rules.apply_arrow, self._settled.last_rows()), folder, part_name(self.partition))
 
-    def _event_times(self, timestamps: list[Any], headers: list[Any]) -> Sequence[int | None]:
-        if self.event_time_source == "timestamp":
-            # The rule (``strategies.event_time_extractor``): a timestamp is the event time unless it
-            # is negative or missing. Usually every one is valid, and the column is the timestamps.
-            try:
-                if not timestamps or min(timestamps) >= 0:
-                    return timestamps
-            except TypeError:  # a missing (None) timestamp: old message format
-                pass
-        # librdkafka gives None for "no headers", kafka-python an empty list.
-        return list(map(self.event_time, timestamps, [h or () for h in headers]))
-
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
                last: bool = False) -> Iterator[pa.RecordBatch]:
         if self._latest is not None:
             if not self.final:
-                yield from self._latest_table(nulls).to_batches(max_chunksize=self.batch_records)
+                yield from self._latest.table(nulls).to_batches(max_chunksize=self.batch_records)
                 return
-            # Final reads: the window's last record of each key becomes Arrow rows; a key may come again in a
-            # later window, so the rows of all windows are reduced once more at the end.
-            if self._fresh is None:  # a window that met a key again noted its keys only up to then: all of them
-                self._settled.note(self._latest)
-            keys = len(self._latest) if self._fresh is None else self._latest_added  # the window's, each once
-            self._settled.add(self._latest_table([]), keys)
+            self._latest.settle()
             self._held_nulls.extend(nulls)
             if last:
                 if self.ledger_groups or self._held_nulls:  # a bounded partition (``job.reads_are_final``)
@@ -371,7 +284,7 @@ class RangeReadTask:
         kept = list(map(keyed.__getitem__, self.reduce(keyed))) if keyed else []
         if not self.final:
             kept.extend(nulls)  # order does not matter: the job sorts the ledger by (partition, offset)
-            yield from self._batches(kept)
+            yield from self.columns.batches(kept)
             return
         # Final reads: survivors are in offset order (reducers return sorted indexes), window after
         # window; the reducer over all of them picks each key's winner among every record of the
@@ -387,7 +300,7 @@ class RangeReadTask:
         if self._held_nulls:
             kept = list(heapq.merge(kept, self._held_nulls, key=_ROW_OFFSET))
             self._held_nulls = []
-        yield from self._finish(self._table(kept))
+        yield from self._finish(self.columns.table(kept))
 
     def _finish(self, winners: pa.Table) -> Iterator[pa.RecordBatch]:
         """Final reads: the partition's winners in offset order, with its previous ledger rows merged in
@@ -404,13 +317,6 @@ class RangeReadTask:
         self._check_cancel()
         folder, rules = self.write
         write_part(rules.apply_arrow(table), folder, part_name(self.partition))
-
-    def _table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
-        return pa.Table.from_batches(list(self._batches(rows)), RECORD_SCHEMA)
-
-    def _batches(self, kept: list[tuple[Any, ...]]) -> Iterator[pa.RecordBatch]:
-        for i in range(0, len(kept), self.batch_records):
-            yield records_to_batch(kept[i : i + self.batch_records])
 
     def _progress(self, now: float) -> None:
         if now - self._last_progress < PROGRESS_EVERY_S:

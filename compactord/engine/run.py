@@ -17,13 +17,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from compactord.engine.early_start import EarlyStart
 from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_spec
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.readers import resolve_client
+from compactord.engine.resources import TopicLedger
 from compactord.engine.task_files import TailRead, cancel, read_progress, write_rate
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
@@ -31,9 +32,6 @@ from compactord.interfaces import OrderedCompactionStrategy
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, TaskState
-
-if TYPE_CHECKING:
-    from compactord.engine.service import SparkTopicCompactionService
 
 __all__ = ["CompactionRun"]
 
@@ -53,7 +51,7 @@ def log_stopped(ctx: CompactionTaskCtx) -> None:
 class CompactionRun:
     """The work of one task of ``service``: plan, Spark job, finalise, switch."""
 
-    def __init__(self, service: SparkTopicCompactionService, ctx: CompactionTaskCtx) -> None:
+    def __init__(self, service: TopicLedger, ctx: CompactionTaskCtx) -> None:
         self.service = service
         self.ctx = ctx
         self.factory = service.factory

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+from compactord.engine.resources import EngineResources
 from compactord.engine.run import CompactionRun
 from compactord.errors import (
     CompactionAlreadyRunning,
@@ -21,9 +22,6 @@ from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
 from compactord.task import CompactionTaskCtx
 
-if TYPE_CHECKING:
-    from compactord.engine.factory import SparkCompactionServiceFactory
-
 __all__ = ["SparkTopicCompactionService"]
 
 log = logging.getLogger(__name__)
@@ -34,7 +32,7 @@ _READ_ATTEMPTS = 10
 
 
 class SparkTopicCompactionService(TopicCompactionService):
-    def __init__(self, topic: str, factory: SparkCompactionServiceFactory) -> None:
+    def __init__(self, topic: str, factory: EngineResources) -> None:
         self.topic = validate_topic_name(topic)
         self.factory = factory
         self._lock = threading.RLock()

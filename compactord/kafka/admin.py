@@ -167,12 +167,9 @@ class KafkaAdmin(BrokerMetadata):
     # -- offsets ----------------------------------------------------------------------------------
 
     def first_records(self, topic: str, at: Mapping[int, int],
-                      offsets: Mapping[int, PartitionOffsets] | None = None) -> dict[int, RecordFingerprint | None]:
+                      offsets: Mapping[int, PartitionOffsets]) -> dict[int, RecordFingerprint | None]:
         if not at:
             return {}
-        if offsets is None:
-            offsets = self.offsets(topic)
-
         found: dict[int, RecordFingerprint | None] = dict.fromkeys(at)
         wanted = _in_log(at, offsets)
         if not wanted:

@@ -55,7 +55,7 @@ class Answers(BrokerMetadata):
         return offsets
 
     def first_records(self, topic: str, at: Mapping[int, int],
-                      offsets: Mapping[int, PartitionOffsets] | None = None) -> dict[int, RecordFingerprint | None]:
+                      offsets: Mapping[int, PartitionOffsets]) -> dict[int, RecordFingerprint | None]:
         starts = self.log_start.get(topic, {})
         found = self.real.first_records(topic, {p: o for p, o in at.items() if o >= starts.get(p, 0)}, offsets)
         return {p: found.get(p) for p in at}  # below a given log start: gone, as on a real broker

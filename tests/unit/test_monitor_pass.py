@@ -52,7 +52,7 @@ class UnreachableBroker(BrokerMetadata):
     def offsets(self, topic: str) -> Any:
         return self._unreachable(topic)
 
-    def first_records(self, topic: str, at: Mapping[int, int], offsets: Any = None) -> Any:
+    def first_records(self, topic: str, at: Mapping[int, int], offsets: Any) -> Any:
         return self._unreachable(topic)
 
     def topic_configs(self, topic: str) -> Any:

@@ -1,0 +1,193 @@
+"""compactord's modules import one another without a cycle, ``TYPE_CHECKING`` imports included.
+
+The graph is read from the source with ``ast``, so it covers imports under ``if TYPE_CHECKING:`` and inside
+functions, which a run-time check never sees; it is built from whatever modules the package holds.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import compactord
+
+PACKAGE = "compactord"
+ROOT = Path(compactord.__file__).resolve().parent
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name, not ``__init__``)."""
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (PACKAGE, *path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The dotted name a ``from`` import of ``level`` dots names, written in ``module``."""
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``module`` imports anywhere in its source: ``import a.b`` imports
+    ``a.b``; ``from pkg import name`` imports ``pkg.name`` where that is a module, else ``pkg`` (whose
+    ``__init__`` defines ``name``). The packages Python runs on the way to a module are not counted:
+    a package that re-exports its own submodules is no cycle."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, is_package, node.level, node.module)
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                if target in modules:
+                    found.add(target)
+                elif source in modules:
+                    found.add(source)
+    found.discard(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    names = set(files)
+    return {name: imports_of(name, path, names) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of each strongly connected group of two or more modules: the shortest cycle through each
+    of its modules, each cycle once."""
+    edges = graph
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(edges.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            group: set[str] = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    found: list[list[str]] = []
+    seen: set[frozenset[tuple[str, str]]] = set()
+    for group in groups:
+        for start in sorted(group):
+            cycle = _cycle_through(start, group, edges)
+            steps = frozenset(zip(cycle, cycle[1:]))
+            if steps not in seen:
+                seen.add(steps)
+                found.append(cycle)
+    return found
+
+
+def _cycle_through(start: str, group: set[str], edges: dict[str, set[str]]) -> list[str]:
+    """The shortest cycle from ``start`` back to it within the strongly connected ``group``."""
+    paths: dict[str, list[str]] = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following: list[str] = []
+        for node in frontier:
+            for succ in sorted(edges[node] & group):
+                if succ == start:
+                    return [*paths[node], start]
+                if succ not in paths:
+                    paths[succ] = [*paths[node], succ]
+                    following.append(succ)
+        frontier = following
+    raise AssertionError(f"{sorted(group)} is not strongly connected")
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles among compactord's modules:\n" + "\n".join(
+        " -> ".join(cycle) for cycle in found)
+
+
+# STYLE.md's layers, lowest first: "cli/api -> daemon -> engine -> kafka/ledger -> interfaces/task/model/
+# errors/config". The modules named by the first part of their name below ``compactord``; ``config_values``,
+# ``properties``, ``event_time`` and ``refs`` are the leaves' own parts. Modules not named here (``client``,
+# ``demo``, ``embedded``, the CLI's helpers) are not ranked.
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(("interfaces", "task", "model", "errors", "config", "config_values", "properties",
+                     "event_time", "refs"), 0),
+    "kafka": 1, "ledger": 1, "engine": 2, "daemon": 3, "api": 4, "cli": 4,
+}
+# The layers whose every import is checked. The daemon's is not: ``daemon/server.py`` is the process that
+# serves the API, so it builds the app of the layer above it.
+CHECKED_UP_TO = LAYERS["engine"]
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import from the engine's layer or below into a layer above the importing module."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        rank = layer_of(module)
+        if rank is None or rank > CHECKED_UP_TO:
+            continue
+        found += [f"{module} -> {target}" for target in sorted(targets)
+                  if (above := layer_of(target)) is not None and above > rank]
+    return found
+
+
+def test_the_engine_and_below_import_nothing_above_them() -> None:
+    found = upward_imports(import_graph())
+    assert not found, "imports against the layering of STYLE.md:\n" + "\n".join(found)
+
+
+def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The walk itself, on a package made for it: an import under ``TYPE_CHECKING``, one inside a
+    function, a relative one and a ``from pkg import submodule`` each make an edge, and the cycle they
+    close is named."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..sub.c import x\n")
+    (pkg / "sub" / "c.py").write_text("from compactord import a\n")
+    files = module_files(pkg)
+    graph = {name: imports_of(name, path, set(files)) for name, path in files.items()}
+    assert graph["compactord.a"] == {"compactord.sub.b"}
+    assert graph["compactord.sub.b"] == {"compactord.sub.c"}
+    assert cycles(graph) == [["compactord.a", "compactord.sub.b", "compactord.sub.c", "compactord.a"]]
+
+
+def test_an_upward_import_is_named() -> None:
+    graph = {"compactord.engine.run": {"compactord.daemon.core", "compactord.model"},
+             "compactord.kafka.admin": {"compactord.engine.job"}, "compactord.daemon.server": {"compactord.api.app"}}
+    assert upward_imports(graph) == ["compactord.engine.run -> compactord.daemon.core",
+                                     "compactord.kafka.admin -> compactord.engine.job"]
