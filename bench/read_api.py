@@ -11,7 +11,7 @@ for each variant builds a topic (``--records`` records, 4 partitions, 100-byte v
 over ``--keys`` keys, or every key distinct), compacts it through the API, then asks, one request at a
 time from one client, ``--requests`` pages ``GET .../compacted?limit=1000`` at random partitions and
 starts, and as many ``GET .../compacted/last``, after a few untimed warm-up requests. It prints p50/p99
-of each and, last, ``read_p99_ms=<value>``: the worst page p99 of the variants. Targets (issue 13): page
+of each and, last, ``read_p99_ms=<value>``: the worst page p99 of the variants. Targets (see #13): page
 p99 < 50 ms, ``/last`` p99 < 15 ms. Figures, not assertions: timings here depend on the machine.
 """
 

@@ -2,7 +2,7 @@
 
 The public surface: what an application reads with (``CompactedReader``, ``Entry``), what a plug-in
 author implements (the service, factory and strategy bases, ``TaskProbe``), and the errors. The rest
-of the tree is the daemon's own (see README, "How the code is laid out").
+of the tree is the daemon's own (see docs/design.md, "How the code is laid out").
 """
 
 from __future__ import annotations

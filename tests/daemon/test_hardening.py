@@ -1,4 +1,4 @@
-"""Issue 10, points 0 to 2, against the real daemon: one rule for refusing to start, no code loaded
+"""Against the real daemon (see #10): one rule for refusing to start, no code loaded
 over HTTP, and an API that is not open by accident.
 
 A refused start is ``python -m compactord run --config FILE`` in a subprocess (no broker is asked: the

@@ -1,4 +1,4 @@
-"""Bounded memory and connections (issue 10, point 3), against a real daemon over HTTP: the byte bound of
+"""Bounded memory and connections (see #10), against a real daemon over HTTP: the byte bound of
 a page of the compacted view, the bounds on requests (body size, time to send it, requests at once,
 idle connections), each refusal in the API's JSON error shape; and no state kept for topics that do
 not exist.

@@ -1,4 +1,4 @@
-"""Probes that answer whatever the broker does (issue 10, point 4): with the broker hung (SIGSTOP) and
+"""Probes that answer whatever the broker does (see #10): with the broker hung (SIGSTOP) and
 80 requests waiting on it, /healthz answers, /readyz says "degraded" (ledger reads go on, compactions
 cannot run), requests to the broker get 503 broker_unavailable; after SIGCONT it is ready again.
 
