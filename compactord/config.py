@@ -149,7 +149,9 @@ class Settings:
         "over its reading tasks (0 = unlimited; Kafka's log.cleaner.io.max.bytes.per.second). Per topic: the "
         "policy field maxReadBytesPerSecond.")
     compaction_read_ranges_per_core: int = _key("compactionReadRangesPerCore", int_range(1, 64), "2",
-        "compaction", "Offset ranges per Spark core that the topic is split into for reading.")
+        "compaction", "Offset ranges per Spark core that the topic is split into for reading, in runs that group "
+        "their rows in Spark (a plug-in strategy, first-value, a partition past the final-read bounds); a run "
+        "of an ordered strategy reads each partition in one task, however many cores Spark has.")
     compaction_reader_batch_records: int = _key("compactionReaderBatchRecords", int_range(100, 1_000_000),
         "10000", "compaction", "Records per Arrow batch read from Kafka inside Spark.")
     compaction_history_max_runs: int = _key("compactionHistoryMaxRuns", int_range(1, 100_000), "1000",
