@@ -6,23 +6,28 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/compaction.py --quick              # a smoke run of a few seconds per figure
     .venv/bin/python bench/compaction.py --distinct-keys-check  # 1,000,000 distinct keys, default driver memory
     .venv/bin/python bench/compaction.py --distinct-keys-mode   # 5,000,000 distinct keys, spark.driver.memory=1g
+    .venv/bin/python bench/compaction.py --slots 4              # Spark on local[4] (bench/contention.py compares)
+    .venv/bin/python bench/compaction.py --concurrent           # two topics compacted at once, against one by one
 
 It starts the bundled broker, builds the topic with several kafka-python producer processes, then
 measures, in one run and on one warm Spark session:
 
 - two **floors**: the data source's own consumers (same settings), kafka-python and librdkafka
-  (confluent-kafka), each reading the whole topic once outside Spark, with Spark's parallelism: as many
-  processes as Spark has cores, over the offset ranges ``plan_ranges`` gives the compaction, only
-  iterating the records;
+  (confluent-kafka), each reading the whole topic once outside Spark: as many processes as the machine
+  has cores (whatever ``--slots`` gives Spark), over the offset ranges ``plan_ranges`` gives the
+  compaction, only iterating the records;
 - a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
   one of the topic; a full and ``--warmup-incrementals`` incremental ones of a side topic, which warm the
   incremental path as a daemon that has been up for a while has);
-- an **incremental** compaction after producing 10% more records (ledger + tail).
+- an **incremental** compaction after producing 10% more records (ledger + tail);
+- with ``--concurrent``, full compactions of two topics of the workload, one after the other and then both
+  at once (as a daemon with ``compactionMaxConcurrentTasks=2`` runs them): ``concurrent/sequential=<ratio>``.
 
 The floors and the full compaction alternate; each figure is the median of ``--runs`` runs. Every
 compaction's ledger is checked against the number of live keys the generator implies. The last three
 lines are ``full/floor_fastest=<ratio>`` (against the faster floor), ``full/floor=<ratio>`` (against
-kafka-python's) and ``incremental/full=<ratio>`` (ratios of medians). ``--reader-client`` sets the
+kafka-python's) and ``incremental/full=<ratio>`` (ratios of medians); ``--concurrent`` adds
+``concurrent/sequential=<ratio>`` before them. ``--reader-client`` sets the
 compaction's ``compactionReaderClient`` (default auto: librdkafka).
 """
 
@@ -43,7 +48,7 @@ from typing import Any
 
 from floors import FLOOR_CLIENTS, floor_range, warm_worker
 from usage import ROLES, MemorySampler, cpu_by_role, mb, status_kb
-from workload import TOPIC, WARMUP_TOPIC, Workload, produce
+from workload import CONCURRENT_TOPIC, TOPIC, WARMUP_TOPIC, Workload, produce
 
 
 def _median(xs: list[float]) -> float:
@@ -107,6 +112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--throttle", type=int, default=0, metavar="R",
                     help="after the timed runs, one full compaction capped at R bytes/s (maxReadBytesPerSecond): "
                          "prints the measured read rate against R")
+    ap.add_argument("--slots", type=int, default=0, metavar="N",
+                    help="Spark's task slots: sparkMaster=local[N] (default: local[*], one per core)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="also time two topics' full compactions at once against one after the other")
     ap.add_argument("--keep-logs", action="store_true", help="keep the broker log and ledger root (printed)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -122,6 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.distinct_keys_mode = True
         args.records = args.records or 1_000_000
     args.records = args.records or 1_000_000
+    if args.slots < 0:
+        ap.error(f"--slots must be positive (or 0: one per core), got: {args.slots}")
     for name in ("records", "partitions", "runs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be positive, got: {getattr(args, name)}")
@@ -168,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
             from kafka.admin import NewTopic
 
             admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-            admin.create_topics([NewTopic(TOPIC, args.partitions, 1), NewTopic(WARMUP_TOPIC, args.partitions, 1)])
+            topics = [TOPIC, WARMUP_TOPIC] + ([CONCURRENT_TOPIC] if args.concurrent else [])
+            admin.create_topics([NewTopic(name, args.partitions, 1) for name in topics])
             admin.close()
             sent, seconds = produce(pool, producers, workload, broker.bootstrap, 0, args.records)
+            if args.concurrent:
+                produce(pool, producers, workload, broker.bootstrap, 0, args.records, topic=CONCURRENT_TOPIC)
             if args.warmup:
                 # The warm-up topic: one incremental-sized slice to compact fully, and one more after it.
                 step = max(1, int(args.records * args.incremental_ratio))
@@ -191,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.driver_memory:
             spark_conf["spark.driver.memory"] = args.driver_memory
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap, compacted_ledger_root=str(tmp / "ledgers"),
-                            spark_conf=spark_conf, compaction_reader_client=args.reader_client)
+                            spark_conf=spark_conf, compaction_reader_client=args.reader_client,
+                            spark_master=f"local[{args.slots}]" if args.slots else "local[*]")
         started = time.monotonic()
         manager = SparkSessionManager(settings)
         manager.start()
@@ -205,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         factory.initialize(ServiceContext(settings, spark=manager))
         service = factory.new_topic_compaction_service(TOPIC)
 
-        workers = ctx.Pool(cores)  # the floor's readers: one process per Spark core, started once
-        workers.map(warm_worker, range(cores), chunksize=1)
+        readers = os.cpu_count() or 1
+        workers = ctx.Pool(readers)  # the floor's readers: one process per core, started once
+        workers.map(warm_worker, range(readers), chunksize=1)
         client = settings.kafka_client_config()
 
         cpu: dict[str, list[dict[str, float]]] = {
-            **{f"floor {c}": [] for c in FLOOR_CLIENTS}, "full": [], "full, grouping": [], "incremental": []}
+            **{f"floor {c}": [] for c in FLOOR_CLIENTS}, "full": [], "full, grouping": [], "incremental": [],
+            "two at once": []}
 
         def cpu_now() -> dict[str, float]:
             return cpu_by_role(broker.pid, sampler.jvm_pid if sampler else None)
@@ -226,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 kafka_admin.close()
             ranges = plan_ranges([OffsetRange(p, o.log_start, o.end) for p, o in sorted(offsets.items())],
-                                 cores, settings.compaction_read_ranges_per_core)
+                                 readers, settings.compaction_read_ranges_per_core, whole_partitions=True)
             tasks = [(client_name, client, TOPIC, r.partition, r.start, r.end,
                       settings.compaction_reader_batch_records) for r in ranges]
             c0 = cpu_now()
@@ -239,24 +256,39 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"the floor read {n} records, the topic has {total}")
             return elapsed
 
-        def compaction(rebuild: bool, expect_records: int, role: str = "") -> tuple[float, dict[str, Any]]:
+        def compaction(rebuild: bool, expect_records: int, role: str | None = "", on: Any = None) -> tuple[float, dict[str, Any]]:
             c0 = cpu_now()
             t0 = time.monotonic()
-            task = service.compact(rebuild=rebuild)
+            task = (on or service).compact(rebuild=rebuild)
             state = task.result(3600)
             elapsed = time.monotonic() - t0
-            cpu[role or ("full" if rebuild else "incremental")].append(cpu_since(c0))
+            if role is not None:
+                cpu[role or ("full" if rebuild else "incremental")].append(cpu_since(c0))
+            checked(on or service, task, state, expect_records)
+            return elapsed, dataclasses.asdict(task.stats)
+
+        def checked(on: Any, task: Any, state: Any, expect_records: int) -> None:
             if state is not TaskState.SUCCEED:
                 raise RuntimeError(f"compaction ended {state.value}: {task.error}")
             task.worker_done.wait(60)
-            manifest = service.ledger_info()
+            manifest = on.ledger_info()
             if manifest is None:
                 raise RuntimeError("the compaction succeeded but the topic has no current ledger")
             kept = manifest.records_kept
             want = workload.live_keys(expect_records)
             if kept != want:
                 raise RuntimeError(f"the ledger kept {kept} entries, the workload has {want} live keys")
-            return elapsed, dataclasses.asdict(task.stats)
+
+        def two_at_once(other: Any) -> float:
+            c0 = cpu_now()
+            t0 = time.monotonic()
+            tasks = [(on, on.compact(rebuild=True)) for on in (service, other)]
+            states = [task.result(3600) for _, task in tasks]
+            elapsed = time.monotonic() - t0
+            cpu["two at once"].append(cpu_since(c0))
+            for (on, task), state in zip(tasks, states):
+                checked(on, task, state, args.records)
+            return elapsed
 
         if args.warmup:
             t_warm, _ = compaction(True, produced)
@@ -301,10 +333,24 @@ def main(argv: list[str] | None = None) -> int:
                 floors_by[c].append(floor(c))
             t, stats = compaction(True, produced)
             fulls.append(t)
+            used = cpu["full"][-1]
             print(f"run {run + 1}: floors {', '.join(f'{c} {v[-1]:.2f} s' for c, v in floors_by.items())}, "
-                  f"full {t:.2f} s (read {stats['records_read']:,}, kept {stats['records_kept']:,})", flush=True)
+                  f"full {t:.2f} s (read {stats['records_read']:,}, kept {stats['records_kept']:,}; CPU-s "
+                  f"{', '.join(f'{role} {used[role]:.2f}' for role in ROLES if role != 'floor readers')})", flush=True)
         floors = floors_by["kafka-python"]
         fastest = min(FLOOR_CLIENTS, key=lambda c: _median(floors_by[c]))
+
+        # Two topics: one after the other, then both at once, alternating run by run.
+        sequentials: list[float] = []
+        concurrents: list[float] = []
+        if args.concurrent:
+            other = factory.new_topic_compaction_service(CONCURRENT_TOPIC)
+            compaction(True, args.records, None, other)  # untimed: its first run
+            for run in range(args.runs):
+                sequentials.append(compaction(True, produced, None)[0] + compaction(True, args.records, None, other)[0])
+                concurrents.append(two_at_once(other))
+                print(f"concurrent {run + 1}: one after the other {sequentials[-1]:.2f} s, both at once "
+                      f"{concurrents[-1]:.2f} s", flush=True)
 
         incrementals: list[float] = []
         step = max(1, int(args.records * args.incremental_ratio))
@@ -326,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         floor_m, full_m, inc_m = _median(floors), _median(fulls), _median(incrementals)
         print()
         for c in FLOOR_CLIENTS:
-            print(f"floor ({c}, {cores} processes): {_fmt(floors_by[c])}")
-        print(f"compaction reader: {args.reader_client}")
+            print(f"floor ({c}, {readers} processes): {_fmt(floors_by[c])}")
+        print(f"compaction reader: {args.reader_client}; Spark {cores} slots on {os.cpu_count()} cores")
         print(f"full compaction (warm session):        {_fmt(fulls)}")
         if groupings:
             print(f"full compaction, final reads off:      {_fmt(groupings)}; "
@@ -350,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             rate, seconds, nbytes = throttled
             print(f"throttled full compaction (cap {args.throttle:,} B/s): read {nbytes:,} bytes in {seconds:.1f} s, "
                   f"{rate:,.0f} B/s = {rate / args.throttle:.1%} of the cap")
+        if concurrents:
+            print(f"two topics, one after the other: {_fmt(sequentials)}; both at once: {_fmt(concurrents)}")
+            print(f"concurrent/sequential={_median(concurrents) / _median(sequentials):.2f}")
         print(f"full/floor_fastest={full_m / _median(floors_by[fastest]):.2f}")
         print(f"full/floor={full_m / floor_m:.2f}")
         print(f"incremental/full={inc_m / full_m:.2f}")

@@ -7,11 +7,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TOPIC", "WARMUP_TOPIC", "Workload", "produce"]
+__all__ = ["CONCURRENT_TOPIC", "TOPIC", "WARMUP_TOPIC", "Workload", "produce"]
 
 _MASK = (1 << 64) - 1
 TOPIC = "bench"
 WARMUP_TOPIC = "bench-warm-up"
+CONCURRENT_TOPIC = "bench-2"  # --concurrent: a second topic of the same workload, compacted beside TOPIC
 
 
 def _mix(x: int) -> int:

@@ -48,12 +48,20 @@ class TailRead:
     ended: int = 0  # reading tasks that have ended
     ended_at: float | None = None  # when the last of those read its last record (epoch seconds)
     spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
+    cpu_seconds: float = 0.0  # the reading tasks' CPU time (their workers' threads), summed
+    wall_seconds: float = 0.0  # the reading tasks' wall time from their first fetch, summed
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """The reading tasks' CPU seconds per wall second (None before any task read): near 1 when each had a
+        core; far below 1 when they waited for one (more slots than cores) or for the broker."""
+        return self.cpu_seconds / self.wall_seconds if self.wall_seconds > 0 else None
 
 
 def read_progress(progress_dir: Path) -> TailRead:
     """The readers' progress files, summed (a file being replaced right now is skipped)."""
     records = size = ended = spilled = 0
-    throttled = 0.0
+    throttled = cpu = wall = 0.0
     started: list[float] = []
     ended_at: list[float] = []
     last: dict[int, RecordFingerprint] = {}
@@ -70,6 +78,8 @@ def read_progress(progress_dir: Path) -> TailRead:
         size += int(data.get("bytes", 0))
         throttled += float(data.get("throttled_seconds", 0.0))
         spilled += int(data.get("spilled_bytes", 0))
+        cpu += float(data.get("cpu_seconds", 0.0))
+        wall += float(data.get("wall_seconds", 0.0))
         if data.get("started_at") is not None:
             started.append(float(data["started_at"]))
         if data.get("done"):
@@ -82,7 +92,7 @@ def read_progress(progress_dir: Path) -> TailRead:
             if partition not in last or found.offset > last[partition].offset:
                 last[partition] = found
     return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None),
-                    spilled)
+                    spilled, cpu, wall)
 
 
 def cancel(progress_dir: Path) -> None:
