@@ -213,6 +213,7 @@ class CompactionTaskCtx:
         self.cancelled_mono: float | None = None
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
+        self._progress_source: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
         self._listeners: list[StateListener] = [self._probe.on_state]
         self._end_recorders: list[EndRecorder] = []
@@ -304,6 +305,29 @@ class CompactionTaskCtx:
             self.transition(TaskState.FAILED, error=error)
         return True
 
+    # -- progress -------------------------------------------------------------------------------
+
+    def follow_progress(self, update: Callable[[Progress], None]) -> None:
+        """Apply ``update`` to ``progress`` unless the task has ended: the count at its end (at a cancel,
+        the records read by then) is the one its status, the cancel's answer and its run record all give."""
+        with self._lock:
+            if not self._state.terminal:
+                update(self.progress)
+
+    def set_progress_source(self, source: Callable[[], None] | None) -> None:
+        """``source`` brings ``progress`` up to date from what the work reports (the readers' files); a
+        cancel or an abort calls it once more before the end is recorded."""
+        self._progress_source = source
+
+    def _last_progress(self) -> None:
+        source = self._progress_source
+        if source is None:
+            return
+        try:
+            source()
+        except Exception:  # the count stays the last one seen
+            log.exception("progress source failed for task %s", self.task_id)
+
     # -- start and cancel -----------------------------------------------------------------------
 
     def set_start_hook(self, hook: Callable[[], None]) -> None:
@@ -351,6 +375,7 @@ class CompactionTaskCtx:
                 raise TaskNotCancellable(
                     f"task {self.task_id} of topic {self.topic!r} has already ended ({state.value})"
                 )
+            self._last_progress()
             self._cancel.set()
             self.cancelled_in, self.cancelled_mono = state, time.monotonic()
             hooks, self._cancel_hooks = self._cancel_hooks, []
@@ -367,6 +392,7 @@ class CompactionTaskCtx:
         with self._lock:
             if not self._state.cancellable:
                 return False
+            self._last_progress()
             self._cancel.set()
             hooks, self._cancel_hooks = self._cancel_hooks, []
             pending = self._state is TaskState.PENDING
