@@ -17,6 +17,9 @@ finishes in the background; the worker then discards its output and sets ``worke
 The work calls ``checkpoint(point)`` at each of the ``CHECKPOINTS``: it tells the task's
 ``TaskProbe`` (a no-op in production), then raises ``CompactionCancelled`` if the task was
 cancelled. The probe is the seam through which tests hold a task at a chosen point.
+
+What a task carries besides its state (why it runs, how far it has read, what it did) is in
+``compactord.task_report``, re-exported here.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
+from compactord.task_report import REASON_KINDS, Progress, Reason, TaskStats
 
 __all__ = ["CHECKPOINTS", "REASON_KINDS", "TRANSITIONS", "CompactionTaskCtx", "EndRecorder", "Progress", "Reason",
            "TaskProbe", "TaskState", "TaskStats"]
@@ -76,82 +79,6 @@ CHECKPOINTS = (
     "switch",  # in Ending_with_switch_ledger, before the pointer is replaced
     "switched",  # in Ending_with_switch_ledger, pointer replaced, before the old ledger is deleted
 )
-
-
-#: Why a task runs (``Reason.kind``): a fixed set, so that it can label a metric.
-REASON_KINDS = (
-    "manual",  # PUT .../compaction
-    "rebuild",  # PUT .../compaction?rebuild=true
-    "backlog_bytes",  # the monitor's triggers, one kind each
-    "backlog_records",
-    "max_lag",
-    "dirty_ratio",
-    "log_start",  # the log start moved past ledger entries (retention)
-    "recreated",  # the topic's log is a new one
-    "preview",  # GET .../compaction/preview?exact=true: not a run, never in the history
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Reason:
-    """Why a task runs: ``kind`` (one of ``REASON_KINDS``) and ``detail``, the values that fired it
-    (``"backlog 104857600 bytes > threshold 52428800"``)."""
-
-    kind: str
-    detail: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in REASON_KINDS:
-            raise ValueError(f"reason kind must be one of {', '.join(REASON_KINDS)}, got: {self.kind!r}")
-
-    @classmethod
-    def combine(cls, fired: list[Reason]) -> Reason:
-        """One reason for several that fired at once: the first one's kind, every detail."""
-        if not fired:
-            raise ValueError("combine needs at least one reason")
-        return cls(fired[0].kind, "; ".join(r.detail for r in fired if r.detail))
-
-
-@dataclass(slots=True)
-class TaskStats:
-    """What a task's run did (for metrics, the status and the monitor's size estimate).
-
-    ``skipped``: nothing new since the horizon, no ledger was written.
-    """
-
-    records_read: int = 0  # ledger rows + tail records
-    records_kept: int = 0  # live entries in the new ledger
-    markers: int = 0  # event-time deletion markers in the new ledger
-    removed: int = 0
-    bytes_read: int = 0  # key and value bytes read from Kafka
-    bytes_written: int = 0
-    spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
-    tail_records: int = 0
-    ledger_rows_read: int = 0
-    full_rebuild: bool = False
-    skipped: bool = False
-    recreated: bool = False  # rebuilt in full because the topic's log is a new one
-    early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
-    switch_warning: str | None = None  # the switch committed, then a step after it failed
-
-
-@dataclass(slots=True)
-class Progress:
-    records_read: int = 0
-    bytes_read: int = 0
-    records_total: int = 0
-    max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
-    read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
-    read_started_at: float | None = None  # when the first reading task started
-    read_ended_at: float | None = None  # when the last reading task that ended read its last record
-    throttled_seconds: float = 0.0  # the reading tasks' waits for the budget, summed
-
-    def timeout_allowance(self, limit: float) -> float:
-        """A task's time limit: ``limit``, plus for a throttled run the least time its budget needs for
-        what it has read so far (so that a slow budget does not time a steady run out)."""
-        if self.max_read_bytes_per_second <= 0:
-            return limit
-        return limit + self.bytes_read / self.max_read_bytes_per_second
 
 
 StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
@@ -213,6 +140,7 @@ class CompactionTaskCtx:
         self.cancelled_mono: float | None = None
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
+        self._progress_source: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
         self._listeners: list[StateListener] = [self._probe.on_state]
         self._end_recorders: list[EndRecorder] = []
@@ -304,6 +232,29 @@ class CompactionTaskCtx:
             self.transition(TaskState.FAILED, error=error)
         return True
 
+    # -- progress -------------------------------------------------------------------------------
+
+    def follow_progress(self, update: Callable[[Progress], None]) -> None:
+        """Apply ``update`` to ``progress`` unless the task has ended: the count at its end (at a cancel,
+        the records read by then) is the one its status, the cancel's answer and its run record all give."""
+        with self._lock:
+            if not self._state.terminal:
+                update(self.progress)
+
+    def set_progress_source(self, source: Callable[[], None] | None) -> None:
+        """``source`` brings ``progress`` up to date from what the work reports (the readers' files); a
+        cancel or an abort calls it once more before the end is recorded."""
+        self._progress_source = source
+
+    def _last_progress(self) -> None:
+        source = self._progress_source
+        if source is None:
+            return
+        try:
+            source()
+        except Exception:  # the count stays the last one seen
+            log.exception("progress source failed for task %s", self.task_id)
+
     # -- start and cancel -----------------------------------------------------------------------
 
     def set_start_hook(self, hook: Callable[[], None]) -> None:
@@ -351,6 +302,7 @@ class CompactionTaskCtx:
                 raise TaskNotCancellable(
                     f"task {self.task_id} of topic {self.topic!r} has already ended ({state.value})"
                 )
+            self._last_progress()
             self._cancel.set()
             self.cancelled_in, self.cancelled_mono = state, time.monotonic()
             hooks, self._cancel_hooks = self._cancel_hooks, []
@@ -367,6 +319,7 @@ class CompactionTaskCtx:
         with self._lock:
             if not self._state.cancellable:
                 return False
+            self._last_progress()
             self._cancel.set()
             hooks, self._cancel_hooks = self._cancel_hooks, []
             pending = self._state is TaskState.PENDING

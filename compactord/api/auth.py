@@ -8,9 +8,12 @@ In this order, each refusal answered with the API's JSON error body:
 2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
    everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
    token, 403 ``permission_denied`` with another one (saying which token the endpoint needs).
-3. **Content type** (cross-site requests): a state-changing request without ``Authorization`` must say
-   ``Content-Type: application/json``, which a browser cannot send cross-site without a preflight. 415
-   ``unsupported_media_type``.
+3. **Content type** (cross-site requests): a ``POST`` without ``Authorization`` must say
+   ``Content-Type: application/json``, which a browser cannot send cross-site without a CORS preflight.
+   415 ``unsupported_media_type``. ``POST`` is the only state-changing method a web page can send
+   cross-site without a preflight; ``PUT``, ``DELETE`` and ``PATCH`` always need one, and this API never
+   grants one (no ``Access-Control-Allow-*`` header, whatever the ``OPTIONS`` request), so they are
+   accepted whatever their ``Content-Type`` (``curl -X PUT .../compaction`` as typed).
 
 Everything is decided on the ASGI scope's ``path``, never on ``request.url`` (built from the Host header:
 a Starlette bug of that shape bypassed auth before 1.0.1).
@@ -51,7 +54,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 #: What ``httpReadToken`` allows: GET (and HEAD) of these paths, nothing else.
 READ_ENDPOINTS = re.compile(r"/v1/(topics|tasks|info)|/v1/topics/[^/]+/(compaction|horizon|history|compacted|compacted/last)")
 _READ_METHODS = frozenset({"GET", "HEAD"})
-_STATE_CHANGING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
+# The one state-changing method a browser sends cross-site without a CORS preflight (a "simple request").
+_SIMPLE_STATE_CHANGING = frozenset({"POST"})
 
 
 def is_read_endpoint(method: str, path: str) -> bool:
@@ -102,9 +106,9 @@ def check_bearer_token(authorization: str, token: bytes, read_token: bytes, meth
 
 
 def check_content_type(method: str, headers: Headers) -> None:
-    """:raises UnsupportedMediaType: a state-changing request without ``Authorization`` that does not
-    say ``Content-Type: application/json``."""
-    if method not in _STATE_CHANGING or "authorization" in headers:
+    """:raises UnsupportedMediaType: a ``POST`` without ``Authorization`` that does not say
+    ``Content-Type: application/json``."""
+    if method not in _SIMPLE_STATE_CHANGING or "authorization" in headers:
         return
     media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":

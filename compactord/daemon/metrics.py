@@ -97,6 +97,11 @@ class Metrics:
                                    registry=r)
         self.backlog_age = Gauge("compactord_backlog_age_seconds", "Age of the oldest record after the horizon",
                                  ["topic"], registry=r)
+        self.topic_max_lag = Gauge(
+            "compactord_topic_max_lag_seconds",
+            "The topic's effective max lag at the monitor's last pass: compactionMaxLagSeconds or the topic's "
+            "maxLagSeconds policy, lowered to half its delete.retention.ms where the broker compacts it; 0: none",
+            ["topic"], registry=r)
         self.dirty_ratio = Gauge("compactord_dirty_ratio", "Tail records / (ledger + tail records)", ["topic"],
                                  registry=r)
         self.uncleanable = Gauge("compactord_uncleanable_topics", "Topics whose last 3 compactions failed",
@@ -160,7 +165,7 @@ class Metrics:
         for metric in (self.duration, self.recreated_rebuilds, self.switch_warnings, self.topic_broker_compacted,
                        self.removed, self.records_read, self.bytes_read, self.records_written,
                        self.bytes_written, self.spilled_bytes, self.compacted_entries, self.compacted_bytes, self.backlog_records,
-                       self.backlog_bytes, self.backlog_age, self.dirty_ratio, self.topic_uncleanable,
+                       self.backlog_bytes, self.backlog_age, self.topic_max_lag, self.dirty_ratio, self.topic_uncleanable,
                        self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio):
             with contextlib.suppress(KeyError):  # prometheus-client < 0.21 raises for an absent series
                 metric.remove(topic)

@@ -100,6 +100,11 @@ class BrokerTopic:
             return max(1, self.configs.delete_retention_ms // 2000)
         return None
 
+    def effective_max_lag(self, configured: int) -> int:
+        """The max lag in force (0: none): ``configured``, or ``implicit_max_lag_seconds`` where it is shorter."""
+        implicit = self.implicit_max_lag_seconds()
+        return implicit if implicit is not None and (configured <= 0 or implicit < configured) else configured
+
     def warnings(self, strategy: str) -> list[str]:
         if self.configs.compacted_by_broker and strategy not in _SAFE_UNDER_BROKER_COMPACTION:
             return [(f"the broker compacts this topic itself (cleanup.policy={self.configs.cleanup_policy}); "
@@ -292,14 +297,13 @@ class BacklogMonitor:
         last_before = self._registry.last(topic)
         running_before = self._registry.live(topic) is not None
         known = self.refresh(topic)
+        policy["maxLagSeconds"] = known.effective_max_lag(policy["maxLagSeconds"])
+        self._metrics.topic_max_lag.labels(topic).set(policy["maxLagSeconds"])  # what the delay alert compares
         backlog = self.measure(topic, known.offsets)
         self.record_backlog(backlog)
         stale = running_before or self._registry.last(topic) is not last_before
         if stale or self._registry.live(topic) is not None or self._in_backoff(topic, failures):
             return
-        implicit = known.implicit_max_lag_seconds()
-        if implicit is not None and (policy["maxLagSeconds"] <= 0 or implicit < policy["maxLagSeconds"]):
-            policy["maxLagSeconds"] = implicit  # broker-compacted: before its cleaner removes tombstones
         fired = triggers_fired(backlog, policy) + self._view_triggers(topic, known)
         if not fired:
             return

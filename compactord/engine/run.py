@@ -31,7 +31,7 @@ from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import LedgerManifest, PartitionOffsets
-from compactord.task import CompactionTaskCtx, TaskState
+from compactord.task import CompactionTaskCtx, Progress, TaskState
 
 __all__ = ["CompactionRun"]
 
@@ -287,6 +287,7 @@ class CompactionRun:
         stop = threading.Event()
         share = (budget, len(plan.ranges), cores)
         poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop, share), daemon=True)
+        self.ctx.set_progress_source(lambda: self._follow(plan, read_progress(progress_dir)))
         poller.start()
         try:
             if count is not None:
@@ -299,6 +300,7 @@ class CompactionRun:
                 spark.run(self.ctx.task_id, f"compaction of {self.topic} ({self.ctx.task_id})",
                           lambda: run_compaction_job(spark.spark, spec, plan.strategy.strategy))
         finally:
+            self.ctx.set_progress_source(None)
             stop.set()
             poller.join()
         return read_progress(progress_dir)
@@ -330,11 +332,13 @@ class CompactionRun:
                 write_rate(progress_dir, rate)
 
     def _follow(self, plan: CompactionPlan, tail: TailRead) -> None:
-        progress = self.ctx.progress
-        progress.records_read = plan.ledger_rows + tail.records
-        progress.bytes_read = tail.bytes
-        progress.read_started_at, progress.read_ended_at = tail.started_at, tail.ended_at
-        progress.throttled_seconds = tail.throttled_seconds
+        def update(progress: Progress) -> None:
+            progress.records_read = plan.ledger_rows + tail.records
+            progress.bytes_read = tail.bytes
+            progress.read_started_at, progress.read_ended_at = tail.started_at, tail.ended_at
+            progress.throttled_seconds = tail.throttled_seconds
+
+        self.ctx.follow_progress(update)  # an ended task's count stays the one it ended with
 
     def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
         ctx = self.ctx

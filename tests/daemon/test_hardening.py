@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.daemon.conftest import Launcher, assert_error, run_cli
-from tests.support.daemon import DaemonProcess, write_conf
+from tests.support.daemon import DaemonProcess, wait_state, write_conf
 from tests.support.plugins import IMPORT_MARKS_ENV
 
 EXIT_CONFIG = 2
@@ -205,21 +205,51 @@ def test_allowed_hosts_when_bound_to_every_address(open_daemon: DaemonProcess) -
         assert client.get("/metrics", headers={"Host": "10.1.2.3"}).status_code == 200
 
 
-def test_a_state_changing_request_without_a_token_must_say_json(open_daemon: DaemonProcess, kafka: Any) -> None:
+def test_a_post_without_a_token_must_say_json(open_daemon: DaemonProcess, kafka: Any) -> None:
     topic = kafka.topic(prefix="hardening")  # an unload is stored for topics that exist
     with httpx.Client(base_url=open_daemon.url, timeout=60.0) as browser_like:
-        for method, path, headers in [("POST", f"/v1/topics/{topic}/unload", {}),
-                                      ("PUT", f"/v1/topics/{topic}/compaction", {"Content-Type": "text/plain"}),
-                                      ("DELETE", f"/v1/topics/{topic}", {}),
-                                      ("PUT", f"/v1/topics/{topic}/policies",
-                                       {"Content-Type": "application/x-www-form-urlencoded"})]:
-            body = assert_error(browser_like.request(method, path, headers=headers, content=b"{}"), 415,
+        # what a web page can send cross-site without a CORS preflight: a POST with a "simple" content type
+        for path, headers in [(f"/v1/topics/{topic}/unload", {}),
+                              (f"/v1/topics/{topic}/unload", {"Content-Type": "text/plain"}),
+                              (f"/v1/topics/{topic}/load", {"Content-Type": "application/x-www-form-urlencoded"})]:
+            body = assert_error(browser_like.post(path, headers=headers, content=b"{}"), 415,
                                 "unsupported_media_type")
             assert "application/json" in body["message"]
         assert not (open_daemon.root / topic).exists(), "a refused request did something"
         response = browser_like.post(f"/v1/topics/{topic}/unload", headers={"Content-Type": "application/json"})
         assert response.status_code == 200, response.text
         assert browser_like.post(f"/v1/topics/{topic}/load", json={}).status_code == 200
+
+
+def test_put_and_delete_need_no_content_type(open_daemon: DaemonProcess, kafka: Any) -> None:
+    """A browser sends PUT and DELETE cross-site only after a preflight that is never granted, so they are
+    accepted as curl sends them (no Content-Type, no body)."""
+    topic = kafka.topic(prefix="hardening")
+    kafka.produce(topic, [("k", "v")])
+    with httpx.Client(base_url=open_daemon.url, timeout=60.0) as curl_like:
+        triggered = curl_like.put(f"/v1/topics/{topic}/compaction")
+        assert triggered.status_code == 202, triggered.text
+        assert "content-type" not in triggered.request.headers
+        final = wait_state(open_daemon, topic, "Succeed", "Failed", "Cancelled")
+        assert final["status"] == "SUCCESS", final
+        again = curl_like.put(f"/v1/topics/{topic}/compaction", headers={"Content-Type": "text/plain"})
+        assert again.status_code == 202, again.text
+        wait_state(open_daemon, topic, "Succeed", "Failed", "Cancelled")
+        assert_error(curl_like.delete(f"/v1/topics/{topic}/compaction"), 404, "no_task_running")  # past the guard
+        deleted = curl_like.delete(f"/v1/topics/{topic}/policies", headers={"Content-Type": "text/plain"})
+        assert deleted.status_code == 200, deleted.text
+
+
+def test_options_never_grants_cors(open_daemon: DaemonProcess) -> None:
+    with httpx.Client(base_url=open_daemon.url, timeout=60.0) as browser_like:
+        for path in ("/v1/topics/t/compaction", "/v1/topics/t/unload", "/v1/topics/t", "/v1/tasks", "/healthz"):
+            for method in ("PUT", "DELETE", "POST"):
+                response = browser_like.options(path, headers={
+                    "Origin": "https://evil.example", "Access-Control-Request-Method": method,
+                    "Access-Control-Request-Headers": "content-type, authorization"})
+                assert response.status_code >= 400, (path, method, response.status_code)
+                granted = [h for h in response.headers if h.lower().startswith("access-control-")]
+                assert not granted, (path, method, granted)
 
 
 def test_the_cli_sends_json_on_its_state_changing_requests(open_daemon: DaemonProcess) -> None:

@@ -173,6 +173,20 @@ def test_policies_are_persisted(daemon: DaemonProcess, kafka: Any) -> None:
     assert not (daemon.root / topic / "policies.json").exists()
 
 
+def test_each_monitored_topic_exports_its_effective_max_lag(daemon: DaemonProcess, kafka: Any) -> None:
+    """What the delay alert compares a topic's backlog age with: the policy's max lag, else the broker-wide
+    one (0 here: none)."""
+    overridden, default = kafka.topic(prefix="mon"), kafka.topic(prefix="mon")
+    set_policy(daemon, overridden, maxLagSeconds=3600)
+    wait_for(lambda: metric(daemon, "compactord_topic_max_lag_seconds", topic=overridden) == 3600, MONITOR_WAIT_S,
+             "the max lag of the topic's policy on /metrics", daemon)
+    wait_for(lambda: metric(daemon, "compactord_topic_max_lag_seconds", topic=default) == 0, MONITOR_WAIT_S,
+             "the broker-wide max lag (none) on /metrics", daemon)
+    set_policy(daemon, overridden, maxLagSeconds=60)
+    wait_for(lambda: metric(daemon, "compactord_topic_max_lag_seconds", topic=overridden) == 60, MONITOR_WAIT_S,
+             "a changed policy's max lag on /metrics", daemon)
+
+
 def test_metrics_after_compactions(daemon: DaemonProcess, kafka: Any) -> None:
     topic = kafka.topic(prefix="mon")
     kafka.produce(topic, [(f"key-{i % 3}", f"v{i}") for i in range(12)])  # 3 keys: 9 removed

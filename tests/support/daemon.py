@@ -80,7 +80,7 @@ class DaemonProcess:
     def client(self, token: object = OWN_TOKEN, **kwargs: Any) -> httpx.Client:
         """A new client; ``token=None`` sends no Authorization header, a string sends that token."""
         token = self.token if token is OWN_TOKEN else token
-        # What the CLI's client sends too: without a token, a PUT/POST/DELETE needs it (else 415).
+        # What the CLI's client sends too: without a token, a POST needs it (else 415).
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -53,6 +53,13 @@ def test_a_broker_compacted_topic_is_compacted_before_its_tombstones_go() -> Non
     assert seen().implicit_max_lag_seconds() is None  # unknown configs
 
 
+def test_the_effective_max_lag_is_the_shorter_of_the_configured_and_the_implicit_one() -> None:
+    compacted = seen(configs=TopicConfigs(cleanup_policy="compact", delete_retention_ms=86_400_000))
+    assert [compacted.effective_max_lag(c) for c in (0, 86_400, 3_600)] == [43_200, 43_200, 3_600]
+    plain = seen(configs=TopicConfigs(cleanup_policy="delete", delete_retention_ms=86_400_000))
+    assert [plain.effective_max_lag(c) for c in (0, 86_400)] == [0, 86_400]  # 0: no max lag
+
+
 def test_strategies_that_need_losers_are_at_risk_on_a_broker_compacted_topic() -> None:
     view = seen(configs=TopicConfigs(cleanup_policy="compact"))
     assert view.warnings("publishing-order") == []

@@ -10,7 +10,7 @@ from itertools import product
 import pytest
 
 from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskNotCancellable
-from compactord.task import CHECKPOINTS, TRANSITIONS, CompactionTaskCtx, TaskProbe, TaskState
+from compactord.task import CHECKPOINTS, TRANSITIONS, CompactionTaskCtx, Progress, TaskProbe, TaskState
 from tests.support.probes import Pauses
 
 S = TaskState
@@ -361,3 +361,41 @@ def test_a_failing_end_recorder_does_not_stop_the_end() -> None:
     task.add_end_recorder(broken)
     task.cancel()
     assert task.done and task.state is S.CANCELLED
+
+
+@pytest.mark.parametrize("end", ["cancel", "abort"])
+def test_a_task_that_ends_early_records_the_count_its_source_gives_then_keeps_it(end: str) -> None:
+    ctx = CompactionTaskCtx("t")
+    ctx.transition(TaskState.CREATING_RAW_READER)
+    reported = {"records": 10}  # what the readers' files say
+
+    def source() -> None:
+        def update(progress: Progress) -> None:
+            progress.records_read = reported["records"]
+        ctx.follow_progress(update)
+
+    ctx.set_progress_source(source)
+    source()
+    reported["records"] = 25  # reported by the readers, not yet followed
+    recorded: list[int] = []
+    ctx.add_end_recorder(lambda task, _final: recorded.append(task.progress.records_read))
+    if end == "cancel":
+        ctx.cancel()
+    else:
+        ctx.abort(TimeoutError("too long"))
+    assert recorded == [25] and ctx.progress.records_read == 25
+    reported["records"] = 40
+    source()  # a poller after the end changes nothing
+    assert ctx.progress.records_read == 25
+
+
+def test_a_failing_progress_source_leaves_the_last_count() -> None:
+    ctx = CompactionTaskCtx("t")
+    ctx.progress.records_read = 7
+
+    def broken() -> None:
+        raise OSError("gone")
+
+    ctx.set_progress_source(broken)
+    ctx.cancel()
+    assert ctx.state is TaskState.CANCELLED and ctx.progress.records_read == 7

@@ -1,0 +1,90 @@
+"""What a compaction task says of itself besides its state: why it runs (``Reason``), how far it has read
+(``Progress``, live) and what its run did (``TaskStats``). ``compactord.task`` re-exports them with the
+state machine that carries them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["REASON_KINDS", "Progress", "Reason", "TaskStats"]
+
+
+#: Why a task runs (``Reason.kind``): a fixed set, so that it can label a metric.
+REASON_KINDS = (
+    "manual",  # PUT .../compaction
+    "rebuild",  # PUT .../compaction?rebuild=true
+    "backlog_bytes",  # the monitor's triggers, one kind each
+    "backlog_records",
+    "max_lag",
+    "dirty_ratio",
+    "log_start",  # the log start moved past ledger entries (retention)
+    "recreated",  # the topic's log is a new one
+    "preview",  # GET .../compaction/preview?exact=true: not a run, never in the history
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """Why a task runs: ``kind`` (one of ``REASON_KINDS``) and ``detail``, the values that fired it
+    (``"backlog 104857600 bytes > threshold 52428800"``)."""
+
+    kind: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in REASON_KINDS:
+            raise ValueError(f"reason kind must be one of {', '.join(REASON_KINDS)}, got: {self.kind!r}")
+
+    @classmethod
+    def combine(cls, fired: list[Reason]) -> Reason:
+        """One reason for several that fired at once: the first one's kind, every detail."""
+        if not fired:
+            raise ValueError("combine needs at least one reason")
+        return cls(fired[0].kind, "; ".join(r.detail for r in fired if r.detail))
+
+
+@dataclass(slots=True)
+class TaskStats:
+    """What a task's run did (for metrics, the status and the monitor's size estimate).
+
+    ``skipped``: nothing new since the horizon, no ledger was written.
+    """
+
+    records_read: int = 0  # ledger rows + tail records
+    records_kept: int = 0  # live entries in the new ledger
+    markers: int = 0  # event-time deletion markers in the new ledger
+    removed: int = 0
+    bytes_read: int = 0  # key and value bytes read from Kafka
+    bytes_written: int = 0
+    spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
+    tail_records: int = 0
+    ledger_rows_read: int = 0
+    full_rebuild: bool = False
+    skipped: bool = False
+    recreated: bool = False  # rebuilt in full because the topic's log is a new one
+    early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
+    switch_warning: str | None = None  # the switch committed, then a step after it failed
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far a run has read, followed while it reads. Once the task has ended it no longer changes
+    (``CompactionTaskCtx.follow_progress``): its status, a cancel's answer and its history record give
+    one count."""
+
+    records_read: int = 0
+    bytes_read: int = 0
+    records_total: int = 0
+    max_read_bytes_per_second: int = 0  # the run's read budget (0: unlimited)
+    read_tasks: int = 0  # reading tasks at once that share the budget (0: not throttled)
+    read_started_at: float | None = None  # when the first reading task started
+    read_ended_at: float | None = None  # when the last reading task that ended read its last record
+    throttled_seconds: float = 0.0  # the reading tasks' waits for the budget, summed
+
+    def timeout_allowance(self, limit: float) -> float:
+        """A task's time limit: ``limit``, plus for a throttled run the least time its budget needs for
+        what it has read so far (so that a slow budget does not time a steady run out)."""
+        if self.max_read_bytes_per_second <= 0:
+            return limit
+        return limit + self.bytes_read / self.max_read_bytes_per_second
