@@ -77,7 +77,8 @@ class DaemonClient:
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         return kind(parts.netloc, timeout=CONNECT_TIMEOUT)
 
-    def _exchange(self, method: str, target: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+    def _exchange(self, method: str, target: str, data: bytes | None,
+                  headers: dict[str, str]) -> tuple[int, bytes]:
         """One request on its own connection: the answer's status and body."""
         prefix = urllib.parse.urlsplit(self.url).path  # a daemon behind a path prefix
         conn = self._connection()
