@@ -19,7 +19,10 @@ from compactord.cli_tables import print_body
 from compactord.client import DEFAULT_URL, DaemonClient
 from compactord.errors import CompactordError
 
-__all__ = ["main"]
+__all__ = ["PAGE_LIMIT", "main"]
+
+# The API's bound on one page of a read (GET .../compacted?limit=): a longer --limit takes several pages.
+PAGE_LIMIT = 10000
 
 
 class UsageError(CompactordError):
@@ -84,9 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     client("cancel", "cancel the running compaction")
     client("horizon", "the compaction horizon per partition")
     read = client("read", "read the compacted view")
-    read.add_argument("--partition", type=int, default=0, help="the partition to read")
-    read.add_argument("--start", type=int, default=0, help="the first offset to read")
-    read.add_argument("--limit", type=int, default=20, help="at most this many entries")
+    read.add_argument("--partition", type=int,
+                      help="the partition to read (default: every partition, one after the other)")
+    read.add_argument("--start", type=int, help="the first offset to read; needs --partition (default: 0)")
+    read.add_argument("--limit", type=int, default=20,
+                      help=f"at most this many entries in all, across partitions; more than the API's "
+                           f"{PAGE_LIMIT} per page are read a page at a time")
     read.add_argument("--encoding", choices=["utf8", "base64"], default="utf8",
                       help="utf8 (the CLI's default, for reading text) or base64 (the API's default)")
     history = client("history", "the topic's past runs, newest first (kept across restarts)")
@@ -148,6 +154,46 @@ def _override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _read(args: argparse.Namespace, daemon: DaemonClient) -> dict[str, Any]:
+    """``read``: up to ``--limit`` entries, a page at a time, of one partition or of each in turn, all
+    from one ledger (the first page's). Read across partitions, the body says where more would start
+    (``next_partition`` and ``next_start``)."""
+    if args.limit < 1:
+        raise UsageError(f"read: --limit must be at least 1, got {args.limit}")
+    if args.partition is None:
+        if args.start is not None:
+            raise UsageError("read: --start is an offset within one partition: give --partition with it")
+        horizon = daemon.horizon(args.topic)
+        ledger_id, partitions = horizon["ledger_id"], [p["partition"] for p in horizon["partitions"]]
+    else:
+        ledger_id, partitions = None, [args.partition]
+    entries: list[dict[str, Any]] = []
+    body: dict[str, Any] = {"topic": args.topic, "ledger_id": ledger_id, "entries": entries, "next_start": None}
+    if args.partition is None:
+        body["next_partition"] = None
+    for index, partition in enumerate(partitions):
+        start: int | None = args.start or 0
+        while start is not None and len(entries) < args.limit:
+            page = daemon.compacted(args.topic, partition, start, min(args.limit - len(entries), PAGE_LIMIT),
+                                    encoding=args.encoding, ledger_id=ledger_id)
+            ledger_id = body["ledger_id"] = page["ledger_id"]
+            entries += page["entries"]
+            start = page["next_start"]
+        if len(entries) < args.limit:
+            continue
+        if start is None and args.partition is None:  # the limit met this partition's end: do others go on?
+            for later in partitions[index + 1:]:
+                first = daemon.compacted(args.topic, later, 0, 1, ledger_id=ledger_id)["entries"]
+                if first:
+                    partition, start = later, first[0]["offset"]
+                    break
+        body["next_start"] = start
+        if args.partition is None and start is not None:
+            body["next_partition"] = partition
+        break
+    return body
+
+
 def _policies(args: argparse.Namespace, daemon: DaemonClient) -> Any:
     if args.delete and args.set:
         raise UsageError("policies: --delete drops every override; give --set or --delete, not both")
@@ -170,7 +216,7 @@ def _client(args: argparse.Namespace) -> int:
         if args.wait:
             return _wait(args, daemon, topic)
     elif cmd == "read":
-        body = daemon.compacted(topic, args.partition, args.start, args.limit, encoding=args.encoding)
+        body = _read(args, daemon)
     elif cmd == "history":
         body = daemon.history(topic, args.limit, args.cursor)
     elif cmd == "preview":

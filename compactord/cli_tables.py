@@ -1,6 +1,7 @@
 """The CLI's readable output: one table or block per command, from the API's JSON body.
 
-A missing value prints as ``-`` (never Python's ``None``).
+A missing value prints as ``-`` (never Python's ``None``). Every table goes through ``_table``: each
+column is as wide as its widest cell, so a long key or name never pushes the columns out of line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 __all__ = ["print_body", "print_task"]
 
+_GAP = "  "
+
 
 def _s(value: Any) -> str:
     """A cell: ``-`` for a missing value."""
@@ -19,6 +22,16 @@ def _s(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)
+
+
+def _table(headers: list[str], rows: list[list[Any]], right: tuple[str, ...] = ()) -> None:
+    """Print a table: a header line, then a line per row; the ``right`` columns (numbers) right-aligned,
+    the others left-aligned (a last column of any length only ends its line)."""
+    cells = [[_s(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
+    for line in [headers, *cells]:
+        out = [c.rjust(w) if h in right else c.ljust(w) for h, c, w in zip(headers, line, widths, strict=True)]
+        print(_GAP.join(out).rstrip())
 
 
 def print_task(t: dict[str, Any]) -> None:
@@ -33,46 +46,43 @@ def print_task(t: dict[str, Any]) -> None:
 
 def _horizon(body: dict[str, Any]) -> None:
     print(f"topic {body['topic']}  ledger {body['ledger_id']}")
-    print(f"{'PARTITION':>9}  {'OFFSET':>12}")
-    for p in body["partitions"]:
-        print(f"{p['partition']:>9}  {p['offset']:>12}")
+    _table(["PARTITION", "OFFSET"], [[p["partition"], p["offset"]] for p in body["partitions"]],
+           right=("PARTITION", "OFFSET"))
 
 
 def _read(body: dict[str, Any]) -> None:
-    print(f"{'PARTITION':>9}  {'OFFSET':>10}  {'KEY':<24}  VALUE")
-    for e in body["entries"]:
-        print(f"{e['partition']:>9}  {e['offset']:>10}  {_s(e['key']):<24}  {_s(e['value'])}")
+    _table(["PARTITION", "OFFSET", "KEY", "VALUE"],
+           [[e["partition"], e["offset"], e["key"], e["value"]] for e in body["entries"]],
+           right=("PARTITION", "OFFSET"))
     if body.get("next_start") is not None:
-        print(f"(more: --start {body['next_start']})")
+        where = f"--partition {body['next_partition']} " if body.get("next_partition") is not None else ""
+        print(f"(more: {where}--start {body['next_start']})")
 
 
 def _topics(body: dict[str, Any]) -> None:
-    print(f"{'TOPIC':<32} {'ON_BROKER':<9} {'BACKLOG':>10} {'LAST':<8} {'STATE':<26} FINISHED")
+    rows = []
     for t in body["topics"]:
-        on_broker = _s(t.get("on_broker"))
         if "error" in t:  # the topic's ledger cannot be read: its error instead of its status
-            print(f"{t['topic']:<32} {on_broker:<9} {'-':>10} {'ERROR':<8} {t['error']['error']}")
+            rows.append([t["topic"], t.get("on_broker"), None, "ERROR", t["error"]["error"], None])
             continue
         last = t["last_compaction"]
         backlog = t["backlog"]["records"] if t.get("backlog") else None
-        print(f"{t['topic']:<32} {on_broker:<9} {_s(backlog):>10} {_s(last['status']):<8} "
-              f"{_s(last.get('state')):<26} {_s(last.get('finished_at'))}")
+        rows.append([t["topic"], t.get("on_broker"), backlog, last["status"], last.get("state"),
+                     last.get("finished_at")])
+    _table(["TOPIC", "ON_BROKER", "BACKLOG", "LAST", "STATE", "FINISHED"], rows, right=("BACKLOG",))
 
 
 def _tasks(body: dict[str, Any]) -> None:
-    print(f"{'TOPIC':<32} {'STATUS':<8} {'STATE':<26} {'TASK':<36} STARTED")
-    for t in body["tasks"]:
-        print(f"{t['topic']:<32} {_s(t['status']):<8} {_s(t['state']):<26} {_s(t['task_id']):<36} "
-              f"{_s(t['started_at'])}")
+    _table(["TOPIC", "STATUS", "STATE", "TASK", "STARTED"],
+           [[t["topic"], t["status"], t["state"], t["task_id"], t["started_at"]] for t in body["tasks"]])
 
 
 def _policies(body: dict[str, Any]) -> None:
     print(f"topic {body['topic']}")
-    print(f"{'KEY':<20} {'OVERRIDE':<20} IN FORCE")
     overrides = body.get("policies") or {}
     effective = body.get("effective") or {}
-    for key in sorted(set(overrides) | set(effective)):
-        print(f"{key:<20} {_s(overrides.get(key)):<20} {_s(effective.get(key))}")
+    _table(["KEY", "OVERRIDE", "IN FORCE"],
+           [[key, overrides.get(key), effective.get(key)] for key in sorted(set(overrides) | set(effective))])
 
 
 def _lifecycle(body: dict[str, Any]) -> None:
@@ -91,11 +101,12 @@ def _info(body: dict[str, Any]) -> None:
 
 
 def _history(body: dict[str, Any]) -> None:
-    print(f"{'FINISHED':<24}  {'STATE':<9}  {'REASON':<15}  {'READ':>9}  {'WRITTEN':>9}  {'TASK':<36}  DETAIL")
+    rows = []
     for r in body["runs"]:
         detail = r.get("error") or r.get("reason_detail") or (f"by {r['caller']}" if r.get("caller") else None)
-        print(f"{_s(r['finished_at']):<24}  {_s(r['state']):<9}  {_s(r['reason']):<15}  {_s(r['records_read']):>9}  "
-              f"{_s(r['records_written']):>9}  {_s(r['task_id']):<36}  {_s(detail)}")
+        rows.append([r["finished_at"], r["state"], r["reason"], r["records_read"], r["records_written"],
+                     r["task_id"], detail])
+    _table(["FINISHED", "STATE", "REASON", "READ", "WRITTEN", "TASK", "DETAIL"], rows, right=("READ", "WRITTEN"))
     if body.get("next") is not None:
         print(f"(older runs: --cursor {body['next']})")
 

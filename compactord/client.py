@@ -1,67 +1,41 @@
-"""The clients of the daemon: ``DaemonClient``, the one HTTP client of its API (the CLI uses it),
-and ``CompactedReader``, the compacted view of a topic, like Pulsar's ``readCompacted``.
+"""``DaemonClient``: the one HTTP client of the daemon's API (the CLI, the demo and
+``reader.CompactedReader`` use it).
 
-It yields the compacted ledger up to the horizon (served by the daemon's HTTP API), then the live
-topic after the horizon up to the end offsets fixed when the read starts (tombstones included there),
-so that an application bootstraps its state without rewinding the whole log::
-
-    reader = CompactedReader("broker:9092", "prices", url="http://127.0.0.1:8642")
-    state = {}
-    for entry in reader:
-        if entry.is_tombstone:
-            state.pop(entry.key, None)
-        else:
-            state[entry.key] = entry.value
-
-The read is pinned to one ledger; ``apply_strategy=True`` applies that ledger's strategy to the tail
-(a tail record is yielded only if it changes its key's state, event-time deletion markers included), so
-that the application's state equals the strategy's view. See ``CompactedReader``.
-
-Under a key TTL (the ledger's rule ``key_ttl_ms``, from ``compactionKeyTtlMs`` or the topic's
-``keyTtlMs``), the reader applies the compaction's rule at the instant the read starts: a ledger entry
-or a tail record older than the TTL (its timestamp; its event time under ``event-time``) is a deletion
-of its key (a ledger entry is skipped, a tail record is yielded as a tombstone).
+Its waits are bounded in two steps, so that a URL that names something else (the broker's address,
+printed beside the API's) fails in seconds rather than at the answer's bound: a connection is made
+within ``CONNECT_TIMEOUT``; an answer that has not begun within ``ANSWER_START`` sends a probe of
+``/healthz``, and unless that gets an HTTP answer the other end is not the API (``NotCompactordApi``).
+A daemon that answers the probe is slow by design on this route (a cancel, a broker-bound request, an
+exact preview): the wait goes on to the client's own ``timeout``.
 """
 
 from __future__ import annotations
 
-import base64
+import http.client
 import json
 import os
-import time
-import urllib.error
+import select
 import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
-from compactord.config import Settings
-from compactord.engine.strategies import BUILTIN_STRATEGIES
-from compactord.errors import (
-    BrokerUnavailable,
-    DaemonRequestFailed,
-    DaemonUnreachable,
-    InvalidArgument,
-    LedgerRetired,
-    NotCompacted,
-    TopicRecreated,
-)
-from compactord.event_time import event_time_extractor
-from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.model import Entry
+from compactord.errors import DaemonRequestFailed, DaemonUnreachable, NotCompactordApi
 
-__all__ = ["DEFAULT_URL", "CompactedReader", "DaemonClient", "with_scheme"]
+__all__ = ["ANSWER_START", "CONNECT_TIMEOUT", "DEFAULT_URL", "DaemonClient", "with_scheme"]
 
 DEFAULT_URL = "http://127.0.0.1:8642"
+CONNECT_TIMEOUT = 3.0  # seconds to make the TCP (and TLS) connection
+ANSWER_START = 5.0  # seconds for an answer's status line to begin before /healthz is asked
 
 
 class DaemonClient:
     """The daemon's HTTP API, one method per endpoint; each returns the answer's JSON body.
 
     ``url`` defaults to ``COMPACTORD_URL``, then ``DEFAULT_URL``; ``token`` to ``COMPACTORD_TOKEN``.
+    ``timeout`` bounds the wait for an answer (the routes that wait on the broker answer within 30 s,
+    ``cancel`` and ``delete-topic`` within ~10 s; an exact preview needs a longer one).
 
     :raises DaemonRequestFailed: the daemon answered with an error (its status and code inside).
+    :raises NotCompactordApi: something answers at the URL, but not as the daemon's API.
     :raises DaemonUnreachable: no answer.
     """
 
@@ -71,30 +45,74 @@ class DaemonClient:
         self.timeout = timeout
 
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
-        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        target = path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method)
         # The daemon refuses a state-changing request that has neither a token nor this header (415).
-        request.add_header("Content-Type", "application/json")
+        headers = {"Content-Type": "application/json"}
         if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            try:
-                body = json.loads(exc.read())
-                error, text = body.get("error"), f"{body.get('error')}: {body.get('message')}"
-            except ValueError:
-                error, text = None, str(exc)
-            if exc.code == 401:
-                text += "; give the daemon's token with --token or COMPACTORD_TOKEN"
-            raise DaemonRequestFailed(method, path, exc.code, error, text) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, OSError) and reason.strerror:
-                reason = reason.strerror  # "Connection refused", without "[Errno 111]"
+            status, payload = self._exchange(method, target, data, headers)
+        except NotCompactordApi:
+            raise
+        except (OSError, http.client.HTTPException) as exc:
+            # "Connection refused", without "[Errno 111]"
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             raise DaemonUnreachable(self.url, reason) from None
+        if status < 400:
+            return json.loads(payload or b"null")
+        try:
+            answer = json.loads(payload)
+            error, text = answer.get("error"), f"{answer.get('error')}: {answer.get('message')}"
+        except (ValueError, AttributeError):
+            error, text = None, f"HTTP {status}"
+        if status == 401:
+            text += "; give the daemon's token with --token or COMPACTORD_TOKEN"
+        raise DaemonRequestFailed(method, path, status, error, text)
+
+    # -- the transport ------------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        parts = urllib.parse.urlsplit(self.url)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        return kind(parts.netloc, timeout=CONNECT_TIMEOUT)
+
+    def _exchange(self, method: str, target: str, data: bytes | None,
+                  headers: dict[str, str]) -> tuple[int, bytes]:
+        """One request on its own connection: the answer's status and body."""
+        prefix = urllib.parse.urlsplit(self.url).path  # a daemon behind a path prefix
+        conn = self._connection()
+        try:
+            conn.request(method, prefix + target, body=data, headers=headers)
+            if not _begins(conn, min(ANSWER_START, self.timeout)):
+                self._require_api()
+                if not _begins(conn, max(self.timeout - ANSWER_START, 0.0)):
+                    raise TimeoutError(f"no answer within {self.timeout:g} s")
+            assert conn.sock is not None
+            conn.sock.settimeout(self.timeout)
+            try:
+                response = conn.getresponse()
+            except (http.client.BadStatusLine, ConnectionError):
+                self._require_api()  # closed, or answered in another protocol: is anything there the API?
+                raise
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def _require_api(self) -> None:
+        """:raises NotCompactordApi: ``/healthz`` gets no HTTP answer either."""
+        conn = self._connection()
+        prefix = urllib.parse.urlsplit(self.url).path
+        try:
+            conn.request("GET", prefix + "/healthz")
+            if _begins(conn, ANSWER_START):
+                conn.getresponse()
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        raise NotCompactordApi(urllib.parse.urlsplit(self.url).netloc)
 
     @staticmethod
     def topic_path(topic: str) -> str:
@@ -169,258 +187,8 @@ def with_scheme(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def _b64(value: str | None) -> bytes | None:
-    return None if value is None else base64.b64decode(value)
-
-
-def _entry(e: dict[str, Any]) -> Entry:
-    return Entry(
-        partition=e["partition"], offset=e["offset"], key=_b64(e["key"]), value=_b64(e["value"]),
-        timestamp=e["timestamp"], headers=tuple((h["key"], _b64(h["value"])) for h in e["headers"]),
-        event_time=e.get("event_time"), marker=bool(e.get("marker", False)),
-    )
-
-
-# A read restarts when the ledger it pinned is retired under it (it outlived the grace period); more
-# restarts than this mean the ledger changes faster than a read can finish.
-_RESTARTS = 5
-
-
-@dataclass(frozen=True)
-class _Pinned:
-    """The ledger a read is pinned to: its id, horizon and the rules it was written under."""
-
-    ledger_id: int | None
-    horizon: dict[int, int]
-    rules: dict[str, Any]
-
-
-class _Strategy:
-    """The ledger's strategy applied to the tail, so that the application's state equals the view:
-    per key, what the reader has kept so far (from the ledger, then from the tail)."""
-
-    def __init__(self, rules: dict[str, Any], custom: CompactionStrategy | None) -> None:
-        name = rules.get("strategy", "publishing-order")
-        if name in BUILTIN_STRATEGIES:
-            self.strategy: CompactionStrategy = custom if custom is not None and custom.name == name else \
-                BUILTIN_STRATEGIES[name]()
-        elif custom is not None:
-            self.strategy = custom
-        else:
-            raise InvalidArgument(
-                f"the ledger was written under the custom strategy {name!r}: pass its object "
-                "(CompactedReader(..., strategy=...)) to apply it, or read without apply_strategy")
-        self.kept: dict[tuple[int, bytes], Entry] = {}
-
-    def saw(self, entry: Entry) -> None:
-        """A ledger entry (a live value, or an event-time deletion marker)."""
-        if entry.key is not None:
-            self.kept[(entry.partition, entry.key)] = entry
-
-    def wins(self, cur: Entry) -> bool:
-        """Whether a tail record changes the key's state (then it is yielded)."""
-        if cur.key is None:
-            return True
-        key = (cur.partition, cur.key)
-        prev = self.kept.get(key)  # an event-time deletion marker takes part in the order like a record
-        if prev is not None and self.strategy.should_keep_left(prev, cur):
-            return False
-        self.kept[key] = cur  # a tombstone too: under an order it competes like a record; a fold drops it
-        if cur.is_tombstone and not isinstance(self.strategy, OrderedCompactionStrategy):
-            del self.kept[key]
-        return True
-
-
-class _Expiry:
-    """The key TTL rule, as the compaction applies it (``engine/job.py``), at one instant."""
-
-    def __init__(self, rules: dict[str, Any], ttl_ms: int | None, now_ms: int) -> None:
-        ttl = int(rules.get("key_ttl_ms", 0) if ttl_ms is None else ttl_ms)
-        self.cutoff = now_ms - ttl if ttl > 0 else None
-        self.by_event_time = rules.get("strategy") == "event-time"
-
-    def expired(self, entry: Entry) -> bool:
-        if self.cutoff is None or entry.key is None or entry.marker or entry.value is None:
-            return False
-        at = entry.event_time if self.by_event_time and entry.event_time is not None else entry.timestamp
-        return at is not None and at < self.cutoff
-
-    @staticmethod
-    def deletion(entry: Entry) -> Entry:
-        """What an expired record counts as: a deletion of its key (under an order it keeps its rank)."""
-        return replace(entry, value=None)
-
-
-class CompactedReader:
-    """Iterate the compacted view of ``topic``: ledger entries, then the tail after the horizon.
-
-    The read is pinned to the ledger of its first page (``?ledger_id=``): a compaction that switches the
-    topic to a new ledger mid-read changes nothing it yields. A pinned ledger stays readable for
-    ``compactionRetiredLedgerGraceSeconds`` after a switch; a read that outlives it starts over on the
-    new ledger and yields nothing twice (a key the new ledger no longer holds is yielded as a deletion).
-
-    ``apply_strategy=True`` applies the ledger's own strategy (from its rules) to the tail: a tail record
-    is yielded only if it changes its key's state. A custom strategy needs its object (``strategy=``).
-    The ledger's empty-value rule is applied to the tail: under Pulsar's rule an empty value comes back
-    as a null one (a tombstone). So is its key TTL (``key_ttl_ms`` overrides it; 0 turns it off), at
-    the instant the read starts: an expired ledger entry is skipped, an expired tail record comes back
-    as a tombstone of its key.
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        url: str | None = None,
-        token: str | None = None,
-        apply_strategy: bool = False,
-        strategy: CompactionStrategy | None = None,
-        event_time_source: str | None = None,
-        page_size: int = 1000,
-        settings: Settings | None = None,
-        key_ttl_ms: int | None = None,
-    ) -> None:
-        self.topic = topic
-        self._daemon = DaemonClient(url, token)
-        self.url, self.token = self._daemon.url, self._daemon.token
-        self.apply_strategy = apply_strategy
-        self.strategy = strategy
-        self.event_time_source = event_time_source  # None: the ledger's
-        self.page_size = page_size
-        self.key_ttl_ms = key_ttl_ms  # None: the ledger's
-        self._now_ms = 0
-        self.settings = settings or Settings(kafka_bootstrap_servers=bootstrap)
-        self.ledger_entries = 0
-        self.tail_records = 0
-        self.restarts = 0
-        self.ledger_id: int | None = None  # the ledger the read is pinned to
-
-    # -- HTTP ---------------------------------------------------------------------------------------
-
-    def _pin(self, ledger_id: int | None = None) -> _Pinned:
-        try:
-            body = self._daemon.horizon(self.topic, ledger_id)
-        except DaemonRequestFailed as exc:
-            if exc.error == NotCompacted.code:
-                return _Pinned(None, {}, {})
-            raise
-        return _Pinned(body["ledger_id"], {p["partition"]: p["offset"] for p in body["partitions"]},
-                       body.get("rules", {}))
-
-    def horizon(self) -> dict[int, int]:
-        """The current ledger's horizon per partition; empty if the topic was never compacted."""
-        return self._pin().horizon
-
-    def _ledger(self, partition: int, ledger_id: int, expiry: _Expiry) -> Iterator[Entry]:
-        start: int | None = 0
-        # Markers come with event times: what the strategy and the event-time TTL need.
-        markers = self.apply_strategy or (expiry.cutoff is not None and expiry.by_event_time)
-        while start is not None:
-            body = self._daemon.compacted(self.topic, partition, start, self.page_size,
-                                          include_markers=markers, ledger_id=ledger_id)
-            for e in body["entries"]:
-                yield _entry(e)
-            start = body["next_start"]
-
-    # -- the view -----------------------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[Entry]:
-        from compactord.kafka.admin import KafkaAdmin
-
-        admin = KafkaAdmin(self.settings)
-        try:
-            ends = admin.offsets(self.topic)  # fixed now: the read ends there
-            self._now_ms = int(time.time() * 1000)  # and keys expire as of now
-        finally:
-            admin.close()
-        yielded: dict[tuple[int, bytes | None, int], Entry] = {}  # ledger entries yielded, by key
-        for attempt in range(_RESTARTS + 1):
-            try:
-                yield from self._read(ends, yielded, restart=attempt > 0)
-                return
-            except DaemonRequestFailed as exc:
-                if exc.error == TopicRecreated.code:
-                    raise TopicRecreated(self.topic, "the daemon answered 410 topic_recreated") from exc
-                if exc.error != LedgerRetired.code or attempt == _RESTARTS:
-                    raise
-                self.restarts += 1
-
-    def _read(self, ends: dict[int, Any], yielded: dict[tuple[int, bytes | None, int], Entry],
-              restart: bool) -> Iterator[Entry]:
-        pinned = self._pin()
-        self.ledger_id = pinned.ledger_id
-        apply = _Strategy(pinned.rules, self.strategy) if self.apply_strategy else None
-        expiry = _Expiry(pinned.rules, self.key_ttl_ms, self._now_ms)
-        for partition in sorted(ends):
-            if partition not in pinned.horizon or pinned.ledger_id is None:
-                continue
-            present: set[tuple[int, bytes | None, int]] = set()
-            for entry in self._ledger(partition, pinned.ledger_id, expiry):
-                expired = expiry.expired(entry)
-                if apply is not None:
-                    apply.saw(replace(entry, value=None, marker=True) if expired else entry)
-                if entry.marker or expired:
-                    continue
-                ident = (partition, entry.key, entry.offset if entry.key is None else -1)
-                present.add(ident)
-                if restart and yielded.get(ident) == entry:
-                    continue  # yielded before the restart: the same record
-                yielded[ident] = entry
-                self.ledger_entries += 1
-                yield entry
-            if restart:
-                yield from self._deleted_since(partition, pinned, yielded, present)
-        yield from self._tail(ends, pinned, apply, expiry)
-
-    def _deleted_since(self, partition: int, pinned: _Pinned, yielded: dict[tuple[int, bytes | None, int], Entry],
-                       present: set[tuple[int, bytes | None, int]]) -> Iterator[Entry]:
-        """After a restart: keys yielded from the retired ledger that the new one no longer holds."""
-        for ident in [i for i in yielded if i[0] == partition and i not in present]:
-            old = yielded.pop(ident)
-            if old.key is not None:
-                yield Entry(partition=partition, offset=pinned.horizon[partition], key=old.key, value=None)
-
-    def _tail(self, ends: dict[int, Any], pinned: _Pinned, apply: _Strategy | None,
-              expiry: _Expiry) -> Iterator[Entry]:
-        from kafka import TopicPartition
-
-        from compactord.kafka.client import consumer, translate_kafka_errors
-
-        horizon = pinned.horizon
-        ranges = {p: (max(horizon.get(p, -1) + 1, o.log_start), o.end) for p, o in ends.items()}
-        ranges = {p: r for p, r in ranges.items() if r[1] > r[0]}
-        if not ranges:
-            return
-        event_time = event_time_extractor(self.event_time_source or pinned.rules.get("event_time_source", "timestamp"))
-        empty_deletes = bool(pinned.rules.get("empty_value_is_tombstone", False))
-        bootstrap = self.settings.kafka_bootstrap_servers
-        with translate_kafka_errors(bootstrap, self.topic):
-            cons = consumer(self.settings.kafka_client_config(), auto_offset_reset="none")
-        try:
-            for p in sorted(ranges):
-                start, end = ranges[p]
-                tp = TopicPartition(self.topic, p)
-                with translate_kafka_errors(bootstrap, self.topic):
-                    cons.assign([tp])
-                    cons.seek(tp, start)
-                    deadline = time.monotonic() + 60
-                    while cons.position(tp) < end:
-                        if time.monotonic() > deadline:
-                            raise BrokerUnavailable(f"reading {self.topic}[{p}] stalled at {cons.position(tp)}")
-                        for r in cons.poll(timeout_ms=500).get(tp, ()):
-                            if r.offset >= end:
-                                break
-                            deadline = time.monotonic() + 60
-                            value = None if empty_deletes and r.value == b"" else r.value
-                            entry = Entry(partition=p, offset=r.offset, key=r.key, value=value,
-                                          timestamp=r.timestamp, headers=tuple(r.headers or ()),
-                                          event_time=event_time(r.timestamp, r.headers or ()))
-                            if expiry.expired(entry):
-                                entry = expiry.deletion(entry)
-                            if apply is not None and not apply.wins(entry):
-                                continue
-                            self.tail_records += 1
-                            yield entry
-        finally:
-            cons.close()
+def _begins(conn: http.client.HTTPConnection, wait: float) -> bool:
+    """Whether the answer begins (bytes, or the end of the connection) within ``wait`` seconds."""
+    assert conn.sock is not None
+    readable, _, _ = select.select([conn.sock], [], [], wait)
+    return bool(readable)

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compactord.client import CompactedReader, DaemonClient
+from compactord.client import DaemonClient
 from compactord.config import Settings
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactionAlreadyRunning, CompactordError, DaemonRequestFailed
+from compactord.reader import CompactedReader
 
 __all__ = ["run_demo"]
 

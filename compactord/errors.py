@@ -41,7 +41,8 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- UnsupportedMediaType            unsupported_media_type       415
     +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
     +-- DaemonUnreachable (ConnectionError)
-                                        daemon_unreachable           502   (client side)
+    |                                   daemon_unreachable           502   (client side)
+    |   +-- NotCompactordApi            not_compactord_api           502   (client side)
 
 Third-party errors (kafka-python, py4j/Spark, the file system) are translated at one boundary each
 (``kafka/client.py``, ``engine/spark_session.py``, ``ledger/store.py``) with ``raise ... from exc``.
@@ -326,3 +327,15 @@ class DaemonUnreachable(CompactordError, ConnectionError):
     def __init__(self, url: str, reason: object) -> None:
         super().__init__(f"cannot reach compactord at {url}: {reason}; start the daemon (compactord run) "
                          "or point --url (COMPACTORD_URL) at a running one", url=url)
+
+
+class NotCompactordApi(DaemonUnreachable):
+    """Client side (``client.DaemonClient``): something accepts connections at the daemon's URL but
+    does not answer as its API (no HTTP answer, even to ``/healthz``): often the broker's address."""
+
+    code = "not_compactord_api"
+    status = 502
+
+    def __init__(self, address: str) -> None:
+        CompactordError.__init__(self, f"{address} answers, but it is not compactord's API: is it the broker's "
+                                 "address? point --url (COMPACTORD_URL) at the daemon's HTTP port", url=address)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from compactord import cli
+from compactord.cli import main
 from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, wait_state
 
@@ -97,6 +99,38 @@ def test_read(shared_daemon: DaemonProcess, compacted: dict[str, Any], env: dict
     assert body["next_start"] is None
 
 
+def test_read_every_partition(compacted: dict[str, Any], env: dict[str, str]) -> None:
+    """Without --partition: each partition in turn, --limit a total across them."""
+    topic = compacted["topic"]
+    rows = [line.split() for line in ok(run_cli("read", topic, env=env)).splitlines()]
+    assert rows[0] == ["PARTITION", "OFFSET", "KEY", "VALUE"]
+    assert rows[1:] == [["0", "9", "k0", "v18"], ["0", "10", "k2", "v20"], ["0", "11", "k4", "v22"],
+                        ["1", "9", "k1", "v19"], ["1", "10", "k3", "v21"], ["1", "11", "k5", "v23"]]
+    four = ok(run_cli("read", topic, "--limit", "4", env=env)).splitlines()
+    assert [row.split()[:2] for row in four[1:-1]] == [["0", "9"], ["0", "10"], ["0", "11"], ["1", "9"]]
+    assert four[-1] == "(more: --partition 1 --start 10)"
+    assert ok(run_cli("read", topic, "--limit", "3", env=env)).splitlines()[-1] == "(more: --partition 1 --start 9)"
+    body = json.loads(ok(run_cli("read", topic, "--json", env=env)))
+    assert [(e["partition"], e["offset"]) for e in body["entries"]] == [(p, o) for p in (0, 1) for o in (9, 10, 11)]
+    assert (body["next_partition"], body["next_start"]) == (None, None)
+    failed(run_cli("read", topic, "--start", "10", env=env), "--start", "--partition")
+
+
+def test_read_pages_through_a_limit_above_the_page_bound(shared_daemon: DaemonProcess, compacted: dict[str, Any],
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A page bound of 2 stands in for the API's 10000: --limit 5 takes pages of 2, 1, 2 across partitions."""
+    monkeypatch.setattr(cli, "PAGE_LIMIT", 2)
+    argv = ["--url", shared_daemon.url, "--token", SHARED_TOKEN, "read", compacted["topic"], "--json"]
+    assert main([*argv, "--limit", "5"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [(e["partition"], e["offset"]) for e in body["entries"]] == [(0, 9), (0, 10), (0, 11), (1, 9), (1, 10)]
+    assert (body["next_partition"], body["next_start"]) == (1, 11)
+    assert main([*argv, "--partition", "1", "--start", "10", "--limit", "100"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [e["offset"] for e in body["entries"]] == [10, 11] and body["next_start"] is None
+
+
 def test_topics_and_tasks(shared_daemon: DaemonProcess, compacted: dict[str, Any],
                           env: dict[str, str]) -> None:
     topic = compacted["topic"]
@@ -155,7 +189,8 @@ def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, 
     failed(run_cli("compact", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
     failed(run_cli("horizon", "cli-no-such-topic", env=env), "404", "topic_not_found")
     failed(run_cli("read", compacted["topic"], "--partition", "9", env=env), "422", "partition 9")
-    failed(run_cli("read", compacted["topic"], "--limit", "0", env=env), "422")
+    failed(run_cli("read", compacted["topic"], "--limit", "0", env=env), "--limit must be at least 1")
+    failed(run_cli("history", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
     failed(run_cli("status", "bad/name", env=env), "422", "invalid_topic_name")
     failed(run_cli("status", compacted["topic"], env={"COMPACTORD_URL": shared_daemon.url}), "401")
     failed(run_cli("status", compacted["topic"], env={**env, "COMPACTORD_TOKEN": "wrong"}), "403")

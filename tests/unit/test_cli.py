@@ -37,8 +37,10 @@ def test_every_option_has_help_and_says_its_default() -> None:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
             if action.option_strings and action.default not in (None, argparse.SUPPRESS):
                 assert f"(default: {action.default})" in text or "default" in action.help, (name, action.dest)
-    read = _subparsers()["read"].format_help()
-    assert "the partition to read (default: 0)" in read and "(default: 20)" in read
+    read = " ".join(_subparsers()["read"].format_help().split())
+    assert "the partition to read (default: every partition, one after the other)" in read
+    assert "(default: 20)" in read and "needs --partition" in read
+    assert "10000 per page are read a page at a time" in read
     assert "wait for the end, with a progress bar (default: False)" in _subparsers()["rebuild"].format_help()
     assert {"policies", "unload", "load", "delete-topic", "info", "tasks"} <= set(_subparsers())
 
@@ -90,7 +92,8 @@ def test_a_401_names_the_token_option_and_variable(unauthorized: str, capsys: py
 
 
 @pytest.mark.parametrize("argv", [["delete-topic", "t"], ["policies", "t", "--set", "thresholdMessages"],
-                                  ["policies", "t", "--set", "a=1", "--delete"]])
+                                  ["policies", "t", "--set", "a=1", "--delete"], ["read", "t", "--start", "5"],
+                                  ["read", "t", "--partition", "0", "--limit", "0"]])
 def test_refused_command_lines_exit_2_before_asking_the_daemon(argv: list[str],
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--url", f"127.0.0.1:{free_port()}"]) == 2  # nobody listens: not asked
@@ -109,6 +112,35 @@ def test_tables_never_print_none(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "None" not in out, out
     assert out.splitlines()[8].split() == ["t", "no", "-", "NOT_RUN", "-", "-"]
+
+
+def test_a_start_without_a_partition_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["read", "t", "--start", "5", "--url", f"127.0.0.1:{free_port()}"]) == 2
+    assert "--start is an offset within one partition: give --partition with it" in capsys.readouterr().err
+
+
+def test_policies_columns_stay_aligned_with_a_long_key(capsys: pytest.CaptureFixture[str]) -> None:
+    body = {"topic": "t", "policies": {"maxReadBytesPerSecond": 1048576, "strategy": None},
+            "effective": {"maxReadBytesPerSecond": 1048576, "strategy": "publishing-order",
+                          "thresholdMessages": 100000}}
+    print_body("policies", body, as_json=False)
+    header, *rows = capsys.readouterr().out.splitlines()[1:]
+    starts = [header.index("KEY"), header.index("OVERRIDE"), header.index("IN FORCE")]
+    assert len(rows) == 3
+    for row in rows:
+        cells = row.split()
+        assert [row.index(cell, at) for cell, at in zip(cells, starts, strict=True)] == starts, (header, row)
+
+
+def test_history_and_read_tables_align_every_column(capsys: pytest.CaptureFixture[str]) -> None:
+    run = {"finished_at": "2026-01-01T00:00:00Z", "state": "Succeed", "reason": "threshold-messages",
+           "records_read": 1234567890, "records_written": 5, "task_id": "x" * 36, "caller": None}
+    print_body("history", {"runs": [run, {**run, "state": "Cancelled", "records_read": 7}], "next": None},
+               as_json=False)
+    header, first, second = capsys.readouterr().out.splitlines()
+    read_end = header.index("READ") + len("READ")  # a number column: right-aligned
+    assert first[:read_end].endswith(" 1234567890") and second[:read_end].endswith(" 7")
+    assert header.index("TASK") == first.index("x" * 36) == second.index("x" * 36)
 
 
 def test_a_kafka_error_is_named_once() -> None:

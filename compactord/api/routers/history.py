@@ -24,8 +24,12 @@ def router(daemon: Daemon) -> APIRouter:
         """The topic's runs, newest first: ``{"runs": [...], "next": cursor or null}``. A run says why it
         ran, who asked (a manual trigger), when, how it ended, what it read and wrote, and the ledgers
         before and after. Kept under the ledger root within compactionHistoryMaxRuns and
-        compactionHistoryMaxAgeDays; deleted with the topic."""
+        compactionHistoryMaxAgeDays; deleted with the topic. 404 topic_not_found for a name that has
+        no run, no state here and is not on the broker."""
         validate_topic_name(topic)
-        return history_json(topic, daemon.history.page(topic, limit, cursor))
+        page = daemon.history.page(topic, limit, cursor)
+        if not page.runs and daemon.history.last(topic) is None:
+            daemon.require_known_topic(topic)  # no runs: is the topic known at all? (as every topic route)
+        return history_json(topic, page)
 
     return api

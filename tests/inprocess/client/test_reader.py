@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from compactord.client import CompactedReader
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
 from compactord.errors import InvalidArgument
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
+from compactord.reader import CompactedReader
 from compactord.task import TaskState
 from tests.conftest import settings_for
 from tests.support.brokers import Answers

@@ -1,0 +1,120 @@
+"""DaemonClient at a URL that is not the daemon's API: a TCP server that accepts and never answers,
+and the real test broker (it speaks Kafka, not HTTP), each named as such within seconds; and a route
+that is slow by design, whose answer is still awaited once ``/healthz`` shows the API is there.
+
+No test times anything: the server that holds its answer releases it when the probe has come.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from compactord import client
+from compactord.cli import main
+from compactord.client import DaemonClient
+from compactord.embedded import EmbeddedBroker
+from compactord.errors import DaemonUnreachable, NotCompactordApi
+
+NOT_THE_API = "answers, but it is not compactord's API: is it the broker's address?"
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A TCP server that accepts every connection and never writes a byte."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_server_that_never_answers_is_not_the_api(silent: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", silent, "topics"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert f"compactord: {silent} {NOT_THE_API}" in err
+
+
+def test_a_silent_server_fails_a_long_bound_too(silent: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exact preview's bound is a day: the probe still tells it is no daemon."""
+    monkeypatch.setattr(client, "ANSWER_START", 0.2)  # the probe comes sooner; nothing else changes
+    with pytest.raises(NotCompactordApi) as raised:
+        DaemonClient(silent, timeout=24 * 3600.0).preview("t", exact=True)
+    assert isinstance(raised.value, DaemonUnreachable) and raised.value.status == 502
+
+
+def test_the_broker_s_address_is_named_as_not_the_api(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(client, "ANSWER_START", 0.2)
+    assert main(["--url", f"http://{broker.bootstrap}", "topics"]) == 1
+    assert f"compactord: {broker.bootstrap} {NOT_THE_API}" in capsys.readouterr().err
+    with pytest.raises(NotCompactordApi):
+        DaemonClient(broker.bootstrap).info()  # what demo --url asks first
+
+
+class _SlowRoute(http.server.BaseHTTPRequestHandler):
+    """``/v1/info`` answers only once ``/healthz`` has been asked, as a route slow by design would
+    answer after the client's probe; ``/healthz`` answers at once."""
+
+    probed: threading.Event
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/healthz":
+            self.probed.set()
+            self._json({"status": "ok"})
+        elif self.probed.wait(60):
+            self._json({"version": "slow"})
+
+    def _json(self, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_route(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, threading.Event]]:
+    monkeypatch.setattr(client, "ANSWER_START", 0.2)  # the probe comes sooner; nothing else changes
+    probed = threading.Event()
+    handler = type("Handler", (_SlowRoute,), {"probed": probed})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", probed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_slow_answer_of_the_api_is_awaited_after_the_probe(slow_route: tuple[str, threading.Event]) -> None:
+    url, probed = slow_route
+    assert DaemonClient(url).info() == {"version": "slow"}
+    assert probed.is_set()
