@@ -47,7 +47,7 @@ class DaemonClient:
     def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         target = path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
-        # The daemon refuses a state-changing request that has neither a token nor this header (415).
+        # The daemon refuses a POST that has neither a token nor this header (415); PUT and DELETE need neither.
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

@@ -12,27 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.test_packaging import DEPLOY, ROOT, alert_rules
+from tests.support.markdown import github_anchor, heading_anchors
 
 OPERATIONS = ROOT / "docs" / "operations.md"
 RULE_TESTS = Path(__file__).parent / "prometheus" / "alerts_test.yml"
-FENCE = re.compile(r"^```.*?^```", flags=re.MULTILINE | re.DOTALL)
-
-
-def github_anchor(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation but - and _ dropped, spaces to -."""
-    text = re.sub(r"[`*]", "", heading.strip().lower())
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
-
-
-def heading_anchors(markdown: str) -> set[str]:
-    """The anchors of every heading outside code fences (GitHub numbers a repeated one: -1, -2)."""
-    found: set[str] = set()
-    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", FENCE.sub("", markdown), flags=re.MULTILINE):
-        anchor, n = github_anchor(heading), 0
-        while (anchor if n == 0 else f"{anchor}-{n}") in found:
-            n += 1
-        found.add(anchor if n == 0 else f"{anchor}-{n}")
-    return found
 
 
 def test_heading_anchors_follow_githubs_rules() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from compactord import errors
+from tests.support.markdown import FENCE, github_anchor, heading_anchors
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -24,7 +25,6 @@ ISSUE_HEADING = re.compile(r"^#{1,6}\s+\(?issue\s+\d+", re.IGNORECASE | re.MULTI
 ISSUE_DOCSTRING = re.compile(r"(\"\"\"|''')\s*\(?issue\s+\d+", re.IGNORECASE)
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
 
 def linked_documents() -> list[Path]:
@@ -32,22 +32,8 @@ def linked_documents() -> list[Path]:
             *sorted(DOCS.glob("*.md"))]
 
 
-def github_anchor(heading: str) -> str:
-    """GitHub's anchor of a heading: lowercase, punctuation other than - and _ dropped, spaces to -."""
-    text = re.sub(r"[`*]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
 def anchors(path: Path) -> set[str]:
-    text = FENCE.sub("", path.read_text(encoding="utf-8"))
-    found: set[str] = set()
-    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.MULTILINE):
-        anchor, n = github_anchor(heading), 0
-        while (anchor if n == 0 else f"{anchor}-{n}") in found:  # GitHub numbers repeated headings
-            n += 1
-        found.add(anchor if n == 0 else f"{anchor}-{n}")
-    return found
+    return heading_anchors(path.read_text(encoding="utf-8"))
 
 
 def test_github_anchor_follows_githubs_rules() -> None:
