@@ -58,6 +58,9 @@ class TaskStats:
     bytes_read: int = 0  # key and value bytes read from Kafka
     bytes_written: int = 0
     spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
+    # The reading tasks' CPU seconds (their workers' threads) and wall seconds from their first fetch, summed.
+    task_cpu_seconds: float = 0.0
+    task_wall_seconds: float = 0.0
     tail_records: int = 0
     ledger_rows_read: int = 0
     full_rebuild: bool = False
@@ -65,6 +68,13 @@ class TaskStats:
     recreated: bool = False  # rebuilt in full because the topic's log is a new one
     early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
     switch_warning: str | None = None  # the switch committed, then a step after it failed
+
+    @property
+    def task_cpu_ratio(self) -> float | None:
+        """The reading tasks' CPU seconds per wall second: near 1 when each had a core to itself, far below
+        when they waited for one (Spark given more slots than cores, other jobs on the cores) or for the
+        broker; None when no task read."""
+        return round(self.task_cpu_seconds / self.task_wall_seconds, 3) if self.task_wall_seconds > 0 else None
 
 
 @dataclass(slots=True)

@@ -278,6 +278,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "records_written": run.records_written,
         "bytes_written": run.bytes_written,
         "spilled_bytes": run.spilled_bytes,
+        "task_cpu_ratio": run.task_cpu_ratio,
         "removed": run.removed,
         "ledger_before": run.ledger_before,
         "ledger_after": run.ledger_after,

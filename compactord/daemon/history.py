@@ -72,6 +72,7 @@ class RunRecord:
     error_type: str | None
     seq: int = 0
     spilled_bytes: int = 0  # what its reading tasks wrote to local disk (a record from before: 0)
+    task_cpu_ratio: float | None = None  # its reading tasks' CPU seconds per wall second (TaskStats)
 
     @classmethod
     def of_task(cls, ctx: CompactionTaskCtx, final: TaskState) -> RunRecord:
@@ -91,6 +92,7 @@ class RunRecord:
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
             full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped,
             error=_cut(ctx.error), error_type=ctx.error_type, spilled_bytes=stats.spilled_bytes,
+            task_cpu_ratio=stats.task_cpu_ratio,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -129,6 +129,10 @@ class Metrics:
             "compactord_last_run_kept_ratio",
             "Of the records the topic's last successful compaction read, the share it kept (entries and "
             "deletion markers written / records read)", ["topic"], registry=r)
+        self.task_cpu_ratio = Gauge(
+            "compactord_task_cpu_ratio",
+            "The topic's last compaction's reading tasks: CPU seconds per wall second, summed over the tasks "
+            "(near 1: each had a core; far below: they waited for one, or for the broker)", ["topic"], registry=r)
         self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
         if snapshot is not None:
@@ -152,6 +156,8 @@ class Metrics:
             self.spilled_bytes.labels(topic).inc(stats.spilled_bytes)
             self.compacted_entries.labels(topic).set(stats.records_kept)
             self.compacted_bytes.labels(topic).set(stats.bytes_written)
+            if stats.task_cpu_ratio is not None:
+                self.task_cpu_ratio.labels(topic).set(stats.task_cpu_ratio)
             if stats.records_read:
                 self.last_run_kept_ratio.labels(topic).set((stats.records_kept + stats.markers) / stats.records_read)
             if stats.recreated:
@@ -166,7 +172,8 @@ class Metrics:
                        self.removed, self.records_read, self.bytes_read, self.records_written,
                        self.bytes_written, self.spilled_bytes, self.compacted_entries, self.compacted_bytes, self.backlog_records,
                        self.backlog_bytes, self.backlog_age, self.topic_max_lag, self.dirty_ratio, self.topic_uncleanable,
-                       self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio):
+                       self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio,
+                       self.task_cpu_ratio):
             with contextlib.suppress(KeyError):  # prometheus-client < 0.21 raises for an absent series
                 metric.remove(topic)
         for result in _RESULT.values():

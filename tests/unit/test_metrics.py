@@ -43,6 +43,7 @@ def test_an_ended_task_counts_under_its_reason_and_sets_the_kept_ratio() -> None
         ctx.transition(state)
     ctx.stats.records_read, ctx.stats.records_kept, ctx.stats.markers = 40, 9, 1
     ctx.stats.spilled_bytes = 8192
+    ctx.stats.task_cpu_seconds, ctx.stats.task_wall_seconds = 1.5, 3.0
     ctx.transition(TaskState.SUCCEED)
     metrics.task_ended(ctx)
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -50,3 +51,4 @@ def test_an_ended_task_counts_under_its_reason_and_sets_the_kept_ratio() -> None
     assert samples[("compactord_tasks_total", (("reason", "max_lag"), ("result", "succeeded")))] == 1
     assert samples[("compactord_last_run_kept_ratio", (("topic", "orders"),))] == 0.25
     assert samples[("compactord_spilled_bytes_total", (("topic", "orders"),))] == 8192
+    assert samples[("compactord_task_cpu_ratio", (("topic", "orders"),))] == 0.5

@@ -42,6 +42,16 @@ def test_last_value_per_key_offsets_kept_and_in_order(kafka, make_factory):
     assert service.read_last_compacted_entry(0).key == b"b"
 
 
+def test_the_reading_tasks_report_their_cpu_and_wall_time(kafka, make_factory):
+    """What ``compactord_task_cpu_ratio`` and the history's ``task_cpu_ratio`` show: the reading tasks' CPU
+    seconds (their workers' threads) against their wall seconds, summed over the tasks."""
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", i % 2) for i in range(2000)])
+    ctx = compact(make_factory().new_topic_compaction_service(topic))
+    assert ctx.stats.task_cpu_seconds > 0 and ctx.stats.task_wall_seconds > 0
+    assert ctx.stats.task_cpu_ratio == round(ctx.stats.task_cpu_seconds / ctx.stats.task_wall_seconds, 3)
+
+
 def test_a_null_value_deletes_an_empty_value_is_kept_and_empty_key_is_a_key(kafka, make_factory):
     topic = kafka.topic()
     records = [("a", "1"), ("b", "1"), ("", "empty-key"), ("a", None), ("b", b""), ("c", "1"), ("a", "back")]
