@@ -38,7 +38,6 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from typing import Any
 
 from floors import FLOOR_CLIENTS, floor_range, warm_worker
 from usage import ROLES, MemorySampler, cpu_by_role, mb, status_kb
-from workload import CONCURRENT_TOPIC, TOPIC, WARMUP_TOPIC, Workload, produce
+from workload import CONCURRENT_TOPIC, TOPIC, WARMUP_TOPIC, Workload, produce, release_scratch
 
 
 def _median(xs: list[float]) -> float:
@@ -413,10 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         if manager is not None:
             manager.stop()
         broker.stop()  # by PID (its process group)
-        if args.keep_logs:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        release_scratch(tmp, args.keep_logs)
 
 
 if __name__ == "__main__":

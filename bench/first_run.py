@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
-from workload import TOPIC, Workload, produce
+from workload import TOPIC, Workload, produce, release_scratch
 
 
 def _free_port() -> int:
@@ -138,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(daemon.pid, signal.SIGKILL)
         broker.stop()
-        if args.keep_logs:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        release_scratch(tmp, args.keep_logs)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONCURRENT_TOPIC", "TOPIC", "WARMUP_TOPIC", "Workload", "produce"]
+__all__ = ["CONCURRENT_TOPIC", "TOPIC", "WARMUP_TOPIC", "Workload", "produce", "release_scratch"]
 
 _MASK = (1 << 64) - 1
 TOPIC = "bench"
@@ -105,3 +107,11 @@ def produce(
     shares = [(workload, bootstrap, topic, lo, hi, g) for g in groups if g]
     sent = sum(pool.map(_produce_share, shares, chunksize=1))
     return sent, time.monotonic() - started
+
+
+def release_scratch(tmp: Any, keep: bool) -> None:
+    """A benchmark's scratch folder (broker log, ledger root) removed, or kept and named (``--keep-logs``)."""
+    if keep:
+        print(f"kept {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
