@@ -361,4 +361,5 @@ class RangeReadTask:
             "records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
             "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
             "read_ended_at": self.read_ended_at, "spilled_bytes": self._settled.bytes_written,
-            "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0})
+            "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0,
+            "rate": self.throttle.rate if self.throttle is not None else None})

@@ -170,7 +170,10 @@ class RunChannel:
             if not isinstance(key, str) or not isinstance(report, dict):
                 raise FrameError("a progress message without its key and report")
             with self._lock:
+                before = self._reports.get(key)
                 self._reports[key] = report
+            if before is not None and report.get("rate") != before.get("rate"):
+                log.debug("the reading task of range %s reads at %s bytes per second from now", key, report.get("rate"))
             if report.get("done"):
                 connection.send(encode({"t": "ack"}))
         elif kind == "plan":
