@@ -39,7 +39,8 @@ from compactord.config_values import (
 from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
-__all__ = ["ENV_PREFIX", "GROUPS", "KAFKA_SECRET_ARGS", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
+__all__ = ["ENV_PREFIX", "GROUPS", "KAFKA_SECRET_ARGS", "KEYS", "Key", "Settings", "load_settings",
+           "settings_from_properties"]
 
 ENV_PREFIX = "COMPACTORD_CONF_"
 DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"

@@ -25,9 +25,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from compactord.config import Settings
 from compactord.engine.channel import RunChannel, TaskChannel, client_config
 from compactord.engine.kafka_source import Range, pack_ranges, task_groups_rdd, write_ranges
-from compactord.engine.readers import RangeReader, open_range_reader
+from compactord.engine.readers import RangeReader, open_range_reader, resolve_client
 
 __all__ = ["PLAN_WAIT_S", "EarlyStart"]
 
@@ -79,6 +80,14 @@ class EarlyStart:
             return early
         early._thread.start()
         return early
+
+    @staticmethod
+    def stub(settings: Settings, topic: str, endpoint: Mapping[str, Any]) -> dict[str, Any]:
+        """What the tasks are shipped with before their run is planned: where to open their readers (the Kafka
+        client's settings without its secrets, which they get over the run's channel at ``endpoint``)."""
+        return {"client": settings.kafka_client_config(secrets=False), "topic": topic,
+                "reader_client": resolve_client(settings.compaction_reader_client),
+                "batch_records": settings.compaction_reader_batch_records, "channel": dict(endpoint)}
 
     def _run(self, group_id: str, description: str) -> None:
         try:

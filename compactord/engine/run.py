@@ -23,7 +23,6 @@ from compactord.engine.early_start import EarlyStart
 from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_spec
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
-from compactord.engine.readers import resolve_client
 from compactord.engine.resources import TopicLedger
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
@@ -213,7 +212,6 @@ class CompactionRun:
             starts = {p: previous.log_start.get(p, 0) for p in previous.horizon}
         else:
             starts = {p: h + 1 for p, h in previous.horizon.items()}
-        settings = self.factory.settings
         spark = self.factory.spark
         try:
             cores = spark.cores  # starts the session if it is not up
@@ -221,12 +219,9 @@ class CompactionRun:
         except Exception as exc:  # noqa: BLE001 (the run's own job meets it again, where a run that needs one does)
             log.debug("topic %s: no early reading tasks: %s", self.topic, exc)
             return None
-        stub = {"client": settings.kafka_client_config(secrets=False), "topic": self.topic,
-                "reader_client": resolve_client(settings.compaction_reader_client),
-                "batch_records": settings.compaction_reader_batch_records, "channel": endpoint}
         ctx.add_cancel_hook(cancel_hook)
         return EarlyStart.launch(spark, ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})", channel,
-                                 starts, stub, cores)
+                                 starts, EarlyStart.stub(self.factory.settings, self.topic, endpoint), cores)
 
     def _cancel_hook(self, channel: RunChannel) -> Callable[[], None]:
         def hook() -> None:

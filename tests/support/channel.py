@@ -36,6 +36,7 @@ def control_files(root: Path) -> list[Path]:
     for folder, dirs, files in os.walk(root):  # a folder removed meanwhile is skipped, not an error
         for name in dirs + files:
             path = Path(folder) / name
-            if path.relative_to(root).parts[:2] == ("@compactord", "progress") or name.split(".")[0] in _CONTROL_NAMES:
+            in_progress = path.relative_to(root).parts[:2] == ("@compactord", "progress")
+            if in_progress or name.split(".")[0] in _CONTROL_NAMES:
                 found.append(path)
     return found

@@ -173,7 +173,8 @@ class RunChannel:
                 before = self._reports.get(key)
                 self._reports[key] = report
             if before is not None and report.get("rate") != before.get("rate"):
-                log.debug("the reading task of range %s reads at %s bytes per second from now", key, report.get("rate"))
+                log.debug("the reading task of range %s reads at %s bytes per second from now", key,
+                          report.get("rate"))
             if report.get("done"):
                 connection.send(encode({"t": "ack"}))
         elif kind == "plan":

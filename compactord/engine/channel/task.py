@@ -51,7 +51,8 @@ class TaskChannel:
         try:
             self._sock = socket.create_connection((endpoint["host"], int(endpoint["port"])), CONNECT_TIMEOUT_S)
         except OSError as exc:
-            raise ChannelLost(f"a reading task could not reach the driver's channel at {self.where}: {exc}") from None
+            raise ChannelLost(f"a reading task could not reach the driver's channel at {self.where}: {exc}"
+                              ) from None
         # Blocking, without a timeout: Python waits for a socket with a timeout before each call, which a
         # non-blocking read (``check``) must not do; the waits below wait with ``poll``.
         self._sock.settimeout(None)
