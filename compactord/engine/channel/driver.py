@@ -125,6 +125,8 @@ class RunChannel:
                 return False
             self._plan = spec
             waiters, self._plan_waiters = self._plan_waiters, []
+        if spec is not None:
+            log.debug("the run's plan is handed to its early reading tasks (%d waiting)", len(waiters))
         self._push(waiters, {"t": "plan", "spec": spec})
         return True
 
