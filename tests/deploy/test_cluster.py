@@ -87,6 +87,7 @@ class StandaloneCluster:
         return self.workdir / f"worker-{worker}" / "work"
 
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(self.webui_port))
         for worker in range(WORKERS):  # no folder in common: each its own work and local folders

@@ -21,6 +21,7 @@ import hmac
 import logging
 import secrets
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,14 +56,24 @@ def driver_address(spark: Any) -> DriverAddress:
     """The address of the driver that ``spark``'s executors reach: loopback under a local master (the tasks run
     on this machine), else ``spark.driver.host`` (set by Spark at start when not configured), listening on
     ``spark.driver.bindAddress`` when that is set."""
-    conf = spark.sparkContext.getConf()
+    context = spark.sparkContext
+    found = _ADDRESSES.get(context)
+    if found is not None:
+        return found
+    conf = context.getConf()  # a copy of the JVM's, through py4j: once per session
     if str(conf.get("spark.master", "local")).startswith("local"):
-        return DriverAddress("127.0.0.1", "127.0.0.1")
-    host = conf.get("spark.driver.host")
-    if not host:
-        raise CompactionFailed("the Spark session names no spark.driver.host: the reading tasks could not reach "
-                               "the driver's channel")
-    return DriverAddress(conf.get("spark.driver.bindAddress") or host, host)
+        found = DriverAddress("127.0.0.1", "127.0.0.1")
+    else:
+        host = conf.get("spark.driver.host")
+        if not host:
+            raise CompactionFailed("the Spark session names no spark.driver.host: the reading tasks could not "
+                                   "reach the driver's channel")
+        found = DriverAddress(conf.get("spark.driver.bindAddress") or host, host)
+    _ADDRESSES[context] = found
+    return found
+
+
+_ADDRESSES: weakref.WeakKeyDictionary[Any, DriverAddress] = weakref.WeakKeyDictionary()
 
 
 class RunChannel:

@@ -8,6 +8,7 @@ the job takes seconds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,36 @@ def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, reader_clie
         with pytest.raises(RuntimeError, match="cancelled"):
             next(iter(task.run()))
         assert task.records == 0
+
+
+def test_a_reader_that_loses_its_channel_stops_reading_and_fails(kafka, reader_client):
+    """The run's channel closes while a (throttled, so slow) range is read: the task stops at its next check
+    and fails its attempt, rather than reading on for a driver that is gone."""
+    from compactord.engine.channel import ChannelLost
+    from compactord.engine.kafka_source import RangeReadTask
+
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", "v" * 1000) for i in range(2000)])  # ~2 MB: ~10 s at the rate below
+    with run_channel() as channel:
+        spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
+                "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 100,
+                "channel": channel.endpoint(LOOPBACK), "reader_client": reader_client,
+                "read_bytes_per_second": 200_000}
+        task = RangeReadTask(spec, 0, 0, 2000)
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                for _ in task.run():
+                    pass
+            except BaseException as exc:  # noqa: BLE001 (what ended the read is the test's subject)
+                failed.append(exc)
+
+        reading = threading.Thread(target=read)
+        reading.start()
+        wait_for(lambda: channel.progress().records, 60, "the task to report", interval=0.01)
+        channel.close()
+        reading.join(60)
+    assert not reading.is_alive(), "the task read on without its driver"
+    assert len(failed) == 1 and isinstance(failed[0], ChannelLost), failed
+    assert task.records < 2000
