@@ -39,7 +39,8 @@ from compactord.config_values import (
 from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
-__all__ = ["ENV_PREFIX", "GROUPS", "KEYS", "Key", "Settings", "load_settings", "settings_from_properties"]
+__all__ = ["ENV_PREFIX", "GROUPS", "KAFKA_SECRET_ARGS", "KEYS", "Key", "Settings", "load_settings",
+           "settings_from_properties"]
 
 ENV_PREFIX = "COMPACTORD_CONF_"
 DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"
@@ -243,8 +244,9 @@ class Settings:
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
 
-    def kafka_client_config(self) -> dict[str, Any]:
-        """kafka-python keyword arguments shared by every client (security included)."""
+    def kafka_client_config(self, *, secrets: bool = True) -> dict[str, Any]:
+        """kafka-python keyword arguments shared by every client (security included). ``secrets=False``: without
+        the arguments of the secret keys (``kafka_client_secrets``): what may be shipped to Spark's tasks."""
         cfg: dict[str, Any] = {
             "bootstrap_servers": self.kafka_bootstrap_servers.split(","),
             "client_id": self.kafka_client_id,
@@ -258,11 +260,24 @@ class Settings:
                 cfg["sasl_plain_password"] = self.kafka_sasl_password
         if self.kafka_security_protocol.endswith("SSL"):
             cfg["ssl_check_hostname"] = self.kafka_ssl_check_hostname
-            for attr, arg in (("kafka_ssl_cafile", "ssl_cafile"), ("kafka_ssl_certfile", "ssl_certfile"),
-                              ("kafka_ssl_keyfile", "ssl_keyfile"), ("kafka_ssl_password", "ssl_password")):
+            for attr, arg in _SSL_ARGS:
                 if getattr(self, attr):
                     cfg[arg] = getattr(self, attr)
+        if not secrets:
+            return {arg: value for arg, value in cfg.items() if arg not in KAFKA_SECRET_ARGS}
         return cfg
+
+    def kafka_client_secrets(self) -> dict[str, Any]:
+        """The secret part of ``kafka_client_config`` (the arguments of keys marked ``secret``): served to the
+        reading tasks over the run's channel, never shipped with them."""
+        return {arg: value for arg, value in self.kafka_client_config().items() if arg in KAFKA_SECRET_ARGS}
+
+
+_SSL_ARGS = (("kafka_ssl_cafile", "ssl_cafile"), ("kafka_ssl_certfile", "ssl_certfile"),
+             ("kafka_ssl_keyfile", "ssl_keyfile"), ("kafka_ssl_password", "ssl_password"))
+# The Settings attribute behind each client argument that is not a plain copy of one key's name.
+_KAFKA_ARG_ATTRS = {"sasl_plain_username": "kafka_sasl_username", "sasl_plain_password": "kafka_sasl_password",
+                    **{arg: attr for attr, arg in _SSL_ARGS}}
 
 
 #: The keys, in field order; each ``Key`` is its field's metadata with the attribute name filled in.
@@ -270,6 +285,9 @@ KEYS: tuple[Key, ...] = tuple(
     replace(f.metadata["key"], attr=f.name) for f in fields(Settings) if "key" in f.metadata
 )
 KEYS_BY_NAME = {key.name: key for key in KEYS}
+_SECRET_ATTRS = {key.attr for key in KEYS if key.secret}
+#: The Kafka client arguments whose keys are secret (``Key.secret``): never in what reaches Spark's tasks.
+KAFKA_SECRET_ARGS = frozenset(arg for arg, attr in _KAFKA_ARG_ATTRS.items() if attr in _SECRET_ATTRS)
 
 
 def _unknown_key(name: str) -> str:

@@ -5,14 +5,16 @@ current ledger recorded: the starts are known before the broker is asked anythin
 partitions, their log starts and ends, the log's identity: four round trips and a read, ~20 ms here) and
 Spark's launch of the job's tasks (~25 ms from the call to a task's Python) used to come one after the other.
 ``EarlyStart`` launches the job first: each task opens its partitions' readers at those starts, so that their
-first fetches are under way, and waits for the ``PLAN`` file (``task_files.wait_for_plan``). The driver plans
-meanwhile, then writes the writing tasks' spec there (``job.writing_tasks_spec``), or that the tasks are not
+first fetches are under way, and blocks until the driver hands it its plan over the run's channel
+(``channel.TaskChannel.wait_plan``: no polling, so that waiting tasks leave the cores to the planning). The driver
+plans meanwhile, then hands them the writing tasks' spec (``job.writing_tasks_spec``), or that they are not
 needed (nothing new, a run that groups in Spark, partitions added): they then end without reading, and the
 run goes on as planned without them.
 
 A task reads the planned range of each of its partitions; a reader opened at another start (retention moved
 the log start) is closed and one is opened at the planned start. A task waits for its plan at most
-``PLAN_WAIT_S``; a cancel reaches waiting tasks through the ``CANCEL`` file, as it reaches reading ones.
+``PLAN_WAIT_S`` (then the driver declines for every task, and runs its own job); a cancel reaches waiting
+tasks over the channel, as it reaches reading ones.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import functools
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
+from compactord.config import Settings
+from compactord.engine.channel import RunChannel, TaskChannel, client_config
 from compactord.engine.kafka_source import Range, pack_ranges, task_groups_rdd, write_ranges
-from compactord.engine.readers import RangeReader, open_range_reader
-from compactord.engine.task_files import wait_for_plan, write_plan
+from compactord.engine.readers import RangeReader, open_range_reader, resolve_client
 
 __all__ = ["PLAN_WAIT_S", "EarlyStart"]
 
@@ -47,28 +49,28 @@ class EarlyStart:
     still waiting that they are not needed, and leaves the job ended.
     """
 
-    def __init__(self, spark: Any, group_id: str, description: str, progress_dir: Path,
+    def __init__(self, spark: Any, group_id: str, description: str, channel: RunChannel,
                  starts: Mapping[int, int], stub: dict[str, Any], cores: int) -> None:
         self._spark = spark
         self.description = description
-        self._progress_dir = progress_dir
+        self._channel = channel
         self.starts = dict(starts)
         ranges: list[Range] = [(p, s, s + 1) for p, s in sorted(starts.items())]  # sizes unknown: alike
         self._groups = [[(p, s) for p, s, _ in group] for group in pack_ranges(ranges, max(1, cores))]
         self._handed = False
         self._error: BaseException | None = None
-        self._task = functools.partial(_early_groups, {**stub, "plan_wait_s": PLAN_WAIT_S}, str(progress_dir))
+        self._task = functools.partial(_early_groups, {**stub, "plan_wait_s": PLAN_WAIT_S})
         self._thread = threading.Thread(target=self._run, args=(group_id, description),
                                         name=f"early-start-{group_id}", daemon=True)
         self._job: Any = None
 
     @classmethod
-    def launch(cls, spark: Any, group_id: str, description: str, progress_dir: Path, starts: Mapping[int, int],
+    def launch(cls, spark: Any, group_id: str, description: str, channel: RunChannel, starts: Mapping[int, int],
                stub: dict[str, Any], cores: int) -> EarlyStart:
-        """Launch the tasks. The job is made here and submitted by a thread of its own: made beside the
+        """Launch the tasks (``stub``: the reader's settings and the run's channel endpoint). The job is made here and submitted by a thread of its own: made beside the
         planning, the driver's share of a launch (~8 ms of Python and calls into the JVM) waited for the
         interpreter's lock while the planning thread held it, and the tasks started 35-60 ms after the call."""
-        early = cls(spark, group_id, description, progress_dir, starts, stub, cores)
+        early = cls(spark, group_id, description, channel, starts, stub, cores)
         try:
             early._job = task_groups_rdd(spark.spark, early._groups, early._task)
         except Exception as exc:  # noqa: BLE001 (the run's own job is made the usual way, and fails there)
@@ -78,6 +80,14 @@ class EarlyStart:
             return early
         early._thread.start()
         return early
+
+    @staticmethod
+    def stub(settings: Settings, topic: str, endpoint: Mapping[str, Any]) -> dict[str, Any]:
+        """What the tasks are shipped with before their run is planned: where to open their readers (the Kafka
+        client's settings without its secrets, which they get over the run's channel at ``endpoint``)."""
+        return {"client": settings.kafka_client_config(secrets=False), "topic": topic,
+                "reader_client": resolve_client(settings.compaction_reader_client),
+                "batch_records": settings.compaction_reader_batch_records, "channel": dict(endpoint)}
 
     def _run(self, group_id: str, description: str) -> None:
         try:
@@ -94,13 +104,12 @@ class EarlyStart:
 
     def go(self, spec: dict[str, Any]) -> bool:
         """Hand the tasks the writing tasks' ``spec`` (``fits``); False when they had stopped waiting for a
-        plan (``task_files.wait_for_plan``), were never launched, or their job has ended already (a task
+        plan (``PLAN_WAIT_S``), were never launched, or their job has ended already (a task
         failed: e.g. its reader could not be made): the run's job is then still to run."""
         if self._handed or not self._thread.is_alive():  # never launched, or its job ended (failed)
             return False
-        handed = write_plan(self._progress_dir, spec)
-        self._handed = True  # either way, the PLAN file is written: the tasks follow it
-        return handed
+        self._handed = True  # either way, a plan is decided: the tasks follow it
+        return self._channel.hand_plan(spec)
 
     def wait(self) -> None:
         """Wait for the job that ``go`` let run; its error, if it failed (``SparkSessionManager.job_group``'s)."""
@@ -112,31 +121,32 @@ class EarlyStart:
         """End the tasks without a read, if no plan was handed to them, and wait for the job to end."""
         if not self._handed:
             self._handed = True
-            try:
-                write_plan(self._progress_dir, None)
-            except OSError as exc:  # the tasks then end at their time limit
-                log.warning("could not tell the early reading tasks in %s to end: %s", self._progress_dir, exc)
+            self._channel.hand_plan(None)
         if self._thread.ident is not None:  # started
             self._thread.join()
         if self._error is not None:
-            log.debug("the early reading tasks in %s ended with: %s", self._progress_dir, self._error)
+            log.debug("the early reading tasks of %s ended with: %s", self.description, self._error)
 
 
-def _early_groups(stub: dict[str, Any], progress_dir: str, groups: Iterator[list[Opening]]) -> Iterator[Any]:
+def _early_groups(stub: dict[str, Any], groups: Iterator[list[Opening]]) -> Iterator[Any]:
     for openings in groups:
-        _early_task(stub, Path(progress_dir), openings)
+        _early_task(stub, openings)
     return iter(())
 
 
-def _early_task(stub: dict[str, Any], progress_dir: Path, openings: list[Opening]) -> None:
+def _early_task(stub: dict[str, Any], openings: list[Opening]) -> None:
     """One task: open the readers of its first two partitions (a task opens the next range's reader while it
     reads one), wait for the plan, then write each partition's planned range (``kafka_source.write_ranges``)."""
+    channel = TaskChannel.for_spec(stub)
+    if channel is None:
+        raise RuntimeError("an early reading task was launched without its run's channel")
+    config = client_config(stub, channel)
     opened: dict[Opening, RangeReader] = {}
     try:
         for partition, start in openings[:2]:
-            opened[(partition, start)] = open_range_reader(stub["reader_client"], stub["client"], stub["topic"],
+            opened[(partition, start)] = open_range_reader(stub["reader_client"], config, stub["topic"],
                                                            partition, start, int(stub["batch_records"]))
-        spec = wait_for_plan(progress_dir, float(stub["plan_wait_s"]))
+        spec = channel.wait_plan(float(stub["plan_wait_s"]))
         if spec is None:
             return
         planned = {int(p): (int(p), int(s), int(e)) for p, s, e in spec["ranges"]}

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from compactord.config import Settings
+from compactord.config import KAFKA_SECRET_ARGS, Settings
 from compactord.engine import windows
 from compactord.engine.deletions import DeletionRules, deleted_sql
 from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_writing_tasks
@@ -101,7 +101,8 @@ class CompactionJobSpec:
     now_ms: int
     log_start: Mapping[int, int]
     batch_records: int
-    progress_dir: str
+    # The run's channel (``channel.RunChannel.endpoint``); None: tasks that report nothing (the warm-up's).
+    channel: Mapping[str, Any] | None = None
     # The shuffle widths of the aggregation and of the sort into the ledger's files (0: the session's
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0
@@ -130,8 +131,8 @@ def job_spec(
     ledger_files: Sequence[str],
     output_path: str,
     log_start: Mapping[int, int],
-    progress_dir: str,
     widths: JobWidths,
+    channel: Mapping[str, Any] | None = None,
     client_config: Mapping[str, Any] | None = None,
     now_ms: int | None = None,
     key_ttl_ms: int = 0,
@@ -147,7 +148,7 @@ def job_spec(
                             retain_null_key=strategy.settings.retain_null_key)
     return CompactionJobSpec(
         topic=topic,
-        client_config=settings.kafka_client_config() if client_config is None else client_config,
+        client_config=settings.kafka_client_config(secrets=False) if client_config is None else client_config,
         ranges=ranges,
         ledger_files=ledger_files,
         output_path=output_path,
@@ -159,7 +160,7 @@ def job_spec(
         now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
         log_start=log_start,
         batch_records=settings.compaction_reader_batch_records,
-        progress_dir=progress_dir,
+        channel=channel,
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
         reader_client=resolve_client(settings.compaction_reader_client),
@@ -222,11 +223,12 @@ def _read_ranges(spec: CompactionJobSpec) -> list[OffsetRange]:
 
 def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) -> str:
     """The data source's options. ``write``: final reads whose tasks apply these rules and write their
-    partition's part file into the output folder themselves (``run_compaction_job``)."""
+    partition's part file into the output folder themselves (``run_compaction_job``). No secret of the Kafka
+    client is in them: the tasks get those over the run's channel."""
     ranges = _read_ranges(spec)
     return json.dumps(
         {
-            "client": dict(spec.client_config),
+            "client": {arg: value for arg, value in spec.client_config.items() if arg not in KAFKA_SECRET_ARGS},
             "topic": spec.topic,
             "ranges": [[r.partition, r.start, r.end] for r in ranges],
             "read_tasks": read_tasks(ranges, spec.cores) if spec.cores else 0,
@@ -239,7 +241,7 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "retain_null_key": spec.retain_null_key,
             "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
-            "progress_dir": spec.progress_dir,
+            "channel": dict(spec.channel) if spec.channel is not None else None,
             "reader_client": spec.reader_client,
             "read_bytes_per_second": spec.read_bytes_per_second,
             "write_to": spec.output_path if write is not None else None,

@@ -10,8 +10,8 @@ are left for the next one.
   partition in one task. A small job's ranges are packed into one task per core
   (``read_tasks``, ``pack_ranges``), read one after the other: each Spark task costs a fixed start.
 - Each range is read by a ``range_read.RangeReadTask`` (read_committed, the end reached by position, a
-  key's losers dropped in the task, final reads, progress and the CANCEL file); the next range's reader
-  is opened while one reads.
+  key's losers dropped in the task, final reads, progress and cancel over the run's channel); the next
+  range's reader is opened while one reads.
 - Rows leave as Arrow record batches (``RECORD_SCHEMA``). Where the tasks write their partitions' part
   files themselves and hand no row over, they run as plain Python tasks instead (``run_writing_tasks``).
 """
@@ -31,12 +31,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import RangeReader
 from compactord.engine.readers.kafka_python import range_consumer
-from compactord.engine.task_files import CANCEL_FILE, RATE_FILE
 from compactord.model import RECORD_DDL
 
-__all__ = ["CANCEL_FILE", "FORMAT", "RATE_FILE", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges",
-           "plan_ranges", "range_consumer", "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd",
-           "write_ranges"]
+__all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges", "plan_ranges",
+           "range_consumer", "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd", "write_ranges"]
 
 FORMAT = "compactord_kafka"
 # Records a Spark task reads, at the least, before a job's ranges get a task each (``read_tasks``): a
@@ -156,8 +154,8 @@ def write_ranges(spec: dict[str, Any], ranges: Sequence[Range],
 
 
 class KafkaRangeDataSource(DataSource):
-    """Options: ``spec`` (JSON): client config, topic, ranges, strategy, event-time source,
-    null-key policy, batch size, progress dir."""
+    """Options: ``spec`` (JSON): client config (no secret: the tasks get those over the run's channel), topic,
+    ranges, strategy, event-time source, null-key policy, batch size, the run's channel."""
 
     @classmethod
     def name(cls) -> str:

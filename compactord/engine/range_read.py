@@ -13,8 +13,8 @@
   itself, handing no row to Spark (a preview's hands its rows over, for Spark to count).
 - A throttled run (``engine/throttle.py``) waits in each task's token bucket after each poll, and asks
   for fetches of about one second of its share.
-- Progress and final counts are small JSON files in ``progress_dir`` (on the ledger root, which
-  executors share); a ``CANCEL`` file there stops every reader at its next poll (``task_files``).
+- Progress and final counts go to the driver over the run's channel (``engine.channel``), at the task's
+  checks; a cancel, and a throttled run's new share, come back the same way, read at those checks.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from compactord.engine.channel import TaskChannel, client_config
 from compactord.engine.deletions import DeletionRules
 from compactord.engine.latest_records import LatestRecords
 from compactord.engine.merge import merge_into_ledger
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
-from compactord.engine.task_files import TaskFiles
 from compactord.engine.throttle import ReadThrottle
 from compactord.engine.windows import MEMORY_BUDGET_BYTES, SettledWindows
 from compactord.ledger.parts import part_name, write_part
@@ -96,7 +96,9 @@ class RangeReadTask:
                                      retain_null_key=self.retain_null_key) \
             if self.reduce is reduce_last_offset else None
         self._windows = 0
-        self.files = TaskFiles(Path(spec["progress_dir"]) if spec.get("progress_dir") else None, partition, start)
+        # The run's channel (None: a task that reports nothing, e.g. the warm-up's); the rates it brought so far.
+        self.channel = TaskChannel.for_spec(spec)
+        self._rate_seen = 0
         self.records = 0
         self.bytes = 0
         self._last_progress = 0.0
@@ -130,8 +132,8 @@ class RangeReadTask:
         return reader
 
     def _open(self) -> RangeReader:
-        return open_range_reader(self.client, self.spec["client"], self.spec["topic"], self.partition,
-                                 self.start, self.batch_records, self.rate)
+        return open_range_reader(self.client, client_config(self.spec, self.channel), self.spec["topic"],
+                                 self.partition, self.start, self.batch_records, self.rate)
 
     def run(self, reader: RangeReader | None = None) -> Iterator[pa.RecordBatch]:
         """Read the range and yield what it hands to Spark. ``reader``: its reader, opened ahead
@@ -332,24 +334,32 @@ class RangeReadTask:
         self._report(done=False)
 
     def _check_cancel(self) -> None:
-        if self.files.cancelled():
+        """Stop when the run was cancelled (``ChannelLost`` when the channel is gone)."""
+        if self.channel is None:
+            return
+        self.channel.check()
+        if self.channel.cancelled:
             raise RuntimeError(f"compaction cancelled while reading partition {self.partition}")
 
     def _follow_rate(self) -> None:
-        """A throttled task takes the share the driver wrote last (more, once other tasks have ended)."""
-        if self.throttle is None:
+        """A throttled task takes the share the driver sent last (more, once other tasks have ended); its
+        ``_check_cancel`` just read what came."""
+        if self.throttle is None or self.channel is None or self.channel.rate_version == self._rate_seen:
             return
-        rate = self.files.new_rate()
-        if rate is not None:
-            self.throttle.set_rate(rate)
+        self._rate_seen = self.channel.rate_version
+        if self.channel.rate is not None:
+            self.throttle.set_rate(self.channel.rate)
 
     def _report(self, done: bool) -> None:
+        if self.channel is None:
+            return
         cpu = wall = 0.0
         if self._cpu_from is not None:
             cpu, wall = time.process_time() - self._cpu_from, time.monotonic() - self._wall_from
-        self.files.report({
+        self.channel.report(f"{self.partition}-{self.start}", {
             "cpu_seconds": cpu, "wall_seconds": wall,
             "records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
             "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
             "read_ended_at": self.read_ended_at, "spilled_bytes": self._settled.bytes_written,
-            "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0})
+            "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0,
+            "rate": self.throttle.rate if self.throttle is not None else None})

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compactord.engine.channel import RunChannel, TailRead, driver_address
 from compactord.engine.early_start import EarlyStart
 from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_spec
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
-from compactord.engine.readers import resolve_client
 from compactord.engine.resources import TopicLedger
-from compactord.engine.task_files import TailRead, cancel, read_progress, write_rate
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
@@ -63,20 +61,22 @@ class CompactionRun:
         ctx = self.ctx
         new_path: Path | None = None
         switched = False
-        progress_dir = self.store.progress_dir(ctx.task_id)
+        # The run's channel to its reading tasks: their progress, the cancel, the throttled share, the early
+        # start's plan, and the Kafka client's secrets, which nothing shipped to the tasks carries.
+        channel = RunChannel(self.factory.settings.kafka_client_secrets())
         early: EarlyStart | None = None
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
             self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
-            cancel_hook = self._cancel_hook(progress_dir)
-            early = self._start_early(progress_dir, cancel_hook)
+            cancel_hook = self._cancel_hook(channel)
+            early = self._start_early(channel, cancel_hook)
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
             if ctx.kind == "preview":
-                self._preview(plan, progress_dir)
+                self._preview(plan, channel)
                 ctx.transition(TaskState.SUCCEED)
                 return
             if plan.nothing_to_do(self.factory.settings, self.key_ttl_ms):
@@ -92,11 +92,10 @@ class CompactionRun:
             ctx.checkpoint("running")
             self.store.check_free_space(plan.previous.bytes if plan.previous else 0)
             ledger_id, new_path = self.store.allocate_ledger(self.topic)
-            progress_dir.mkdir(parents=True, exist_ok=True)
             if early is None:
                 ctx.add_cancel_hook(cancel_hook)
             started = time.time()
-            tail = self._spark_job(plan, str(new_path), progress_dir, early=early)
+            tail = self._spark_job(plan, str(new_path), channel, early=early)
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(plan, ledger_id, tail, started)
@@ -133,7 +132,7 @@ class CompactionRun:
                     early.abort()  # tasks not handed a plan end without a read; the job is waited for
                 if new_path is not None and not switched:
                     self.store.discard(new_path)
-                shutil.rmtree(progress_dir, ignore_errors=True)
+                channel.close()  # tasks of the run still connected (none, normally) stop
             except Exception:
                 log.warning("topic %s (task %s): could not remove the unused ledger %s (removed at next "
                             "start-up)", self.topic, ctx.task_id, new_path, exc_info=True)
@@ -193,7 +192,7 @@ class CompactionRun:
         topic_id = broker.topic_id(self.topic)
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
-    def _start_early(self, progress_dir: Path, cancel_hook: Callable[[], None]) -> EarlyStart | None:
+    def _start_early(self, channel: RunChannel, cancel_hook: Callable[[], None]) -> EarlyStart | None:
         """Launch the reading tasks of a run before it is planned (``early_start``), where the current ledger
         gives every partition's likely start (an incremental run's horizon; a rebuild's log start) and the
         run is likely to be read by a task per partition (an ordered strategy, no read budget).
@@ -213,41 +212,36 @@ class CompactionRun:
             starts = {p: previous.log_start.get(p, 0) for p in previous.horizon}
         else:
             starts = {p: h + 1 for p, h in previous.horizon.items()}
-        settings = self.factory.settings
-        stub = {"client": settings.kafka_client_config(), "topic": self.topic,
-                "reader_client": resolve_client(settings.compaction_reader_client),
-                "batch_records": settings.compaction_reader_batch_records}
         spark = self.factory.spark
         try:
             cores = spark.cores  # starts the session if it is not up
+            endpoint = channel.endpoint(driver_address(spark.spark))
         except Exception as exc:  # noqa: BLE001 (the run's own job meets it again, where a run that needs one does)
             log.debug("topic %s: no early reading tasks: %s", self.topic, exc)
             return None
-        progress_dir.mkdir(parents=True, exist_ok=True)
         ctx.add_cancel_hook(cancel_hook)
-        return EarlyStart.launch(spark, ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})", progress_dir,
-                                 starts, stub, cores)
+        return EarlyStart.launch(spark, ctx.task_id, f"compaction of {self.topic} ({ctx.task_id})", channel,
+                                 starts, EarlyStart.stub(self.factory.settings, self.topic, endpoint), cores)
 
-    def _cancel_hook(self, progress_dir: Path) -> Callable[[], None]:
+    def _cancel_hook(self, channel: RunChannel) -> Callable[[], None]:
         def hook() -> None:
-            # The group first: a reader stopped by the file fails the job, which must be seen as
+            # The group first: a reader stopped by the channel fails the job, which must be seen as
             # cancelled (``CompactionCancelled``), not as a Spark failure.
             self.factory.spark.cancel_group(self.ctx.task_id)
-            cancel(progress_dir)  # stops the Kafka readers at their next poll
+            channel.cancel()  # stops the Kafka readers at their next check
 
         return hook
 
-    def _preview(self, plan: CompactionPlan, progress_dir: Path) -> None:
+    def _preview(self, plan: CompactionPlan, channel: RunChannel) -> None:
         """The read and choose steps of the run ``plan`` describes, counted: ``ctx.preview``."""
         ctx = self.ctx
         ctx.transition(TaskState.RUNNING)
         ctx.checkpoint("running")
-        progress_dir.mkdir(parents=True, exist_ok=True)
-        cancel_hook = self._cancel_hook(progress_dir)
+        cancel_hook = self._cancel_hook(channel)
         ctx.add_cancel_hook(cancel_hook)
         started = time.time()
         counted: dict[str, int] = {}
-        tail = self._spark_job(plan, "", progress_dir, count=counted)
+        tail = self._spark_job(plan, "", channel, count=counted)
         ctx.remove_cancel_hook(cancel_hook)
         ctx.checkpoint("running")
         read = plan.ledger_rows + tail.records
@@ -263,7 +257,7 @@ class CompactionRun:
             "seconds": round(time.time() - started, 3),
         }
 
-    def _spark_job(self, plan: CompactionPlan, output: str, progress_dir: Path,
+    def _spark_job(self, plan: CompactionPlan, output: str, channel: RunChannel,
                    count: dict[str, int] | None = None, early: EarlyStart | None = None) -> TailRead:
         """Run the job: write the ledger to ``output``, or (``count``) fill ``count`` with the
         preview's counts of what it would write. ``early``: the run's tasks launched before it was planned,
@@ -276,7 +270,7 @@ class CompactionRun:
         spec = job_spec(
             self.factory.settings, plan.strategy, topic=self.topic, ranges=plan.ranges,
             ledger_files=plan.previous_files, output_path=output, log_start=plan.log_start,
-            progress_dir=str(progress_dir), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
+            channel=channel.endpoint(driver_address(spark.spark)), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
             read_bytes_per_second=per_task_rate(budget, len(plan.ranges), cores), cores=cores,
         )
@@ -286,8 +280,8 @@ class CompactionRun:
             early = None
         stop = threading.Event()
         share = (budget, len(plan.ranges), cores)
-        poller = threading.Thread(target=self._poll_progress, args=(plan, progress_dir, stop, share), daemon=True)
-        self.ctx.set_progress_source(lambda: self._follow(plan, read_progress(progress_dir)))
+        poller = threading.Thread(target=self._poll_progress, args=(plan, channel, stop, share), daemon=True)
+        self.ctx.set_progress_source(lambda: self._follow(plan, channel.progress()))
         poller.start()
         try:
             if count is not None:
@@ -303,7 +297,7 @@ class CompactionRun:
             self.ctx.set_progress_source(None)
             stop.set()
             poller.join()
-        return read_progress(progress_dir)
+        return channel.progress()
 
     @staticmethod
     def _hand_over(early: EarlyStart, tasks: dict[str, Any], output: str) -> bool:
@@ -317,19 +311,19 @@ class CompactionRun:
                  early.description)
         return False
 
-    def _poll_progress(self, plan: CompactionPlan, progress_dir: Path, stop: threading.Event,
+    def _poll_progress(self, plan: CompactionPlan, channel: RunChannel, stop: threading.Event,
                        share: tuple[int, int, int]) -> None:
         """Follow the readers' progress; in a throttled run, hand the share of the tasks that ended to
         those still reading (``throttle.running_share``)."""
         budget, ranges, cores = share
         written = per_task_rate(budget, ranges, cores)
         while not stop.wait(PROGRESS_POLL_S):
-            tail = read_progress(progress_dir)
+            tail = channel.progress()
             self._follow(plan, tail)
             rate = running_share(budget, ranges, cores, tail.ended)
             if budget > 0 and rate != written:
                 written = rate
-                write_rate(progress_dir, rate)
+                channel.set_rate(rate)
 
     def _follow(self, plan: CompactionPlan, tail: TailRead) -> None:
         def update(progress: Progress) -> None:

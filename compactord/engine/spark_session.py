@@ -237,7 +237,7 @@ class SparkSessionManager:
             for run in ("full", "incremental"):
                 spec = job_spec(
                     self._settings, strategy, topic="warm-up", client_config={}, ranges=[OffsetRange(0, 0, 0)],
-                    ledger_files=ledger, output_path=str(Path(tmp) / run), log_start={}, progress_dir="",
+                    ledger_files=ledger, output_path=str(Path(tmp) / run), log_start={},
                     widths=widths, cores=self.cores,
                 )
                 self.run("warm-up", f"compactord warm-up ({run} compaction)",

@@ -1,9 +1,12 @@
 """Scale-out: the daemon's compactions on a real standalone Spark cluster give the local-mode result.
 
-A Master and one Worker from the pyspark distribution (``bin/spark-class``: the pip package has no
-start scripts) run on loopback; the daemon runs as its own process with ``sparkMaster=spark://...``
-and a ledger root on the local disk, which one machine shares by construction. The same topic is
+A Master and two Workers from the pyspark distribution (``bin/spark-class``: the pip package has no
+start scripts) run on loopback, each Worker with its own work and local folders; the daemon runs as its own
+process with ``sparkMaster=spark://...`` and a ledger root on the local disk. The same topic is
 compacted in local mode by the in-process engine; both ledgers must hold the same entries and horizon.
+The driver and its tasks on the executors talk over the driver's channel only: an incremental run's early
+tasks get their plan, a throttled run's tasks get a larger share as others end, a cancel stops a run, and
+no progress, cancel, rate or plan file appears under the ledger root meanwhile.
 """
 
 from __future__ import annotations
@@ -22,13 +25,21 @@ import pytest
 
 from compactord.embedded import free_port
 from compactord.model import Entry
-from tests.support.daemon import DaemonProcess, compact, write_conf
+from tests.support.channel import control_files
+from tests.support.daemon import DaemonProcess, compact, status, write_conf
 from tests.support.service import compact as compact_here
 from tests.support.service import entries
+from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 PARTITIONS = 3
+WORKERS = 2
+# The throttled topic: ~4 MB over 2 partitions of 3:1, read at this budget (>= 5 s); partition 1 ends first,
+# and the driver hands its share to the task still reading.
+CAP = 800_000
+THROTTLED = [(f"k{i}", b"x" * 1000, int(i % 4 == 0)) for i in range(4000)]
 Row = tuple[int, int, bytes | None, bytes | None, int | None, tuple[tuple[str, bytes], ...]]
 
 
@@ -41,13 +52,12 @@ def spark_class() -> Path:
 
 
 class StandaloneCluster:
-    """A standalone Master and one Worker on 127.0.0.1, each in its own session, stopped by PID."""
+    """A standalone Master and ``WORKERS`` Workers on 127.0.0.1, each in its own session, stopped by PID."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.webui_port = free_port()
-        self.worker_webui_port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen[bytes]] = []
         self.env = {
@@ -56,15 +66,13 @@ class StandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,
             # no REST submission port (6066 by default: it would clash with any other master here)
             "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
-            "SPARK_LOCAL_DIRS": str(workdir / "local"),
-            "SPARK_WORKER_DIR": str(workdir / "work"),
         }
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         with open(self.workdir / f"{name}.log", "ab") as log:
             self.processes.append(subprocess.Popen(
                 [str(spark_class()), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env={**self.env, **(env or {})}, start_new_session=True,
             ))
 
     def log(self, name: str) -> str:
@@ -75,17 +83,25 @@ class StandaloneCluster:
         """The Master's web UI JSON (workers, applications)."""
         return httpx.get(f"http://127.0.0.1:{self.webui_port}/json/", timeout=5.0).json()
 
+    def work_dir(self, worker: int) -> Path:
+        return self.workdir / f"worker-{worker}" / "work"
+
     def start(self, timeout: float = 90.0) -> StandaloneCluster:
-        (self.workdir / "local").mkdir(parents=True, exist_ok=True)
-        (self.workdir / "work").mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._spawn("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.port), "--webui-port", str(self.webui_port))
-        self._spawn("worker", "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
-                    "--cores", "2", "--memory", "2g", "--webui-port", str(self.worker_webui_port),
-                    "--work-dir", str(self.workdir / "work"))
+        for worker in range(WORKERS):  # no folder in common: each its own work and local folders
+            local = self.workdir / f"worker-{worker}" / "local"
+            local.mkdir(parents=True, exist_ok=True)
+            self.work_dir(worker).mkdir(parents=True, exist_ok=True)
+            self._spawn(f"worker-{worker}", "org.apache.spark.deploy.worker.Worker", self.master_url, "--host",
+                        "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                        "--work-dir", str(self.work_dir(worker)),
+                        env={"SPARK_LOCAL_DIRS": str(local), "SPARK_WORKER_DIR": str(self.work_dir(worker))})
+        names = ["master", *(f"worker-{w}" for w in range(WORKERS))]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for process, name in zip(self.processes, ("master", "worker"), strict=True):
+            for process, name in zip(self.processes, names, strict=True):
                 if process.poll() is not None:
                     raise AssertionError(
                         f"the Spark {name} exited with code {process.returncode}:\n{self.log(name)}")
@@ -93,13 +109,13 @@ class StandaloneCluster:
                 status = self.status()
                 workers = status.get("workers", [])
                 alive = status.get("aliveworkers", sum(w.get("state") == "ALIVE" for w in workers))
-                if alive >= 1:
+                if alive >= WORKERS:
                     return self
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.5)
-        raise AssertionError(f"no worker registered within {timeout:.0f}s\nmaster:\n{self.log('master')}\n"
-                             f"worker:\n{self.log('worker')}")
+        raise AssertionError(f"the workers did not register within {timeout:.0f}s\nmaster:\n{self.log('master')}\n"
+                             f"worker:\n{self.log('worker-0')}")
 
     def stop(self) -> None:
         """SIGTERM to each process group (the Worker's holds its executors), then SIGKILL."""
@@ -189,6 +205,7 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         "spark.cores.max": "2",
         "compactionTopicsPattern": topic,
         "brokerServiceCompactionThresholdInBytes": "0",
+        "logLevel": "DEBUG",  # the channel's hand-offs are logged at DEBUG
     })
     daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "cluster-ledgers", token)
     try:
@@ -203,6 +220,7 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
         assert app["cores"] >= 1, f"the daemon's application got no executor cores: {app}"
         compact(daemon, topic)
         cluster_horizon, cluster_rows = ledger_over_http(daemon, topic)
+        seen = over_the_channel(kafka, daemon, topic, tmp_path / "cluster-ledgers")
     finally:
         try:
             code = daemon.stop()
@@ -216,5 +234,57 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     assert local_rows and len({r[2] for r in local_rows}) < 40, "tombstones should have deleted some keys"
     assert cluster_horizon == local_horizon
     assert cluster_rows == local_rows
-    # The executors ran on the Worker: it kept the application's executor logs.
-    assert list((tmp_path / "spark-cluster" / "work").glob(f"{app['id']}/*/stderr"))
+    # The executors ran on both Workers: each kept the application's executor logs in its own folder.
+    for worker in range(WORKERS):
+        assert list(cluster.work_dir(worker).glob(f"{app['id']}/*/stderr")), f"no executor ran on worker {worker}"
+    # The incremental run's early tasks, on the executors, waited for their plan and were handed it.
+    assert "the run's plan is handed to its early reading tasks" in log
+    assert "stopped waiting for their plan" not in log
+    # The throttled run's task still reading took the share of the one that ended: the whole budget.
+    assert f"reads at {float(CAP)} bytes per second from now" in log
+    assert not seen, f"control files under the ledger root: {seen}"
+
+
+def watch(daemon: DaemonProcess, topic: str, root: Path, seen: list[Path], *states: str) -> dict[str, Any]:
+    """The topic's status once it is in one of ``states``, noting any control file under ``root`` meanwhile."""
+    def reached() -> dict[str, Any] | None:
+        seen.extend(control_files(root))
+        found = status(daemon, topic)
+        return found if found["state"] in states else None
+
+    found: dict[str, Any] = wait_for(reached, TASK_TIMEOUT_S, f"topic {topic} to reach {states}", daemon,
+                                     interval=0.05)
+    return found
+
+
+def over_the_channel(kafka: Any, daemon: DaemonProcess, topic: str, root: Path) -> list[Path]:
+    """An incremental run (its tasks launched early), a throttled run, a cancelled one; the control files seen
+    under ``root`` meanwhile (none: the driver and the executors talk over the channel)."""
+    seen: list[Path] = []
+    produce_mixed(kafka, topic)
+    assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
+    final = watch(daemon, topic, root, seen, "Succeed", "Failed", "Cancelled")
+    assert final["status"] == "SUCCESS" and not final["full_rebuild"], f"{final}\n{daemon.log_tail()}"
+
+    throttled = kafka.topic(partitions=2, prefix="throttled")
+    kafka.produce(throttled, THROTTLED)
+    policy = daemon.http.put(f"/v1/topics/{throttled}/policies", json={"maxReadBytesPerSecond": CAP})
+    assert policy.status_code == 200, policy.text
+    assert daemon.http.put(f"/v1/topics/{throttled}/compaction").status_code == 202
+    final = watch(daemon, throttled, root, seen, "Succeed", "Failed", "Cancelled")
+    assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
+    assert final["read_throttle"]["bytes_read"] == sum(len(k) + len(v) for k, v, _ in THROTTLED)
+
+    # A cancel while the throttled tasks read (a rebuild reads the whole topic again, for seconds).
+    assert daemon.http.put(f"/v1/topics/{throttled}/compaction", params={"rebuild": "true"}).status_code == 202
+    def reading() -> bool:
+        seen.extend(control_files(root))
+        return status(daemon, throttled)["progress"]["records_read"] > 0
+
+    wait_for(reading, TASK_TIMEOUT_S, "the throttled rebuild to read", daemon, interval=0.05)
+    cancel = daemon.http.delete(f"/v1/topics/{throttled}/compaction")
+    assert cancel.status_code in (200, 202), cancel.text
+    final = watch(daemon, throttled, root, seen, "Succeed", "Failed", "Cancelled")
+    assert final["state"] == "Cancelled", final
+    assert final["progress"]["records_read"] < len(THROTTLED), "the rebuild had read everything: not mid-run"
+    return seen

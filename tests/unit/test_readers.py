@@ -45,7 +45,7 @@ def test_the_job_spec_carries_the_resolved_client() -> None:
     strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
     for value, want in (("auto", "librdkafka"), ("kafka-python", "kafka-python"), ("librdkafka", "librdkafka")):
         spec = job_spec(settings(compactionReaderClient=value), strategy, topic="t", ranges=[], ledger_files=[],
-                        output_path="/x", log_start={}, progress_dir="/p", widths=JobWidths(0, 0))
+                        output_path="/x", log_start={}, widths=JobWidths(0, 0))
         assert spec.reader_client == want
         assert f'"reader_client": "{want}"' in _reader_spec(spec)
 

@@ -8,6 +8,7 @@ the job takes seconds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from compactord.errors import IllegalStateTransition, TaskNotCancellable
 from compactord.model import Position
 from compactord.task import CompactionTaskCtx, TaskState
+from tests.support.channel import LOOPBACK, control_files, run_channel
 from tests.support.probes import Hold
 from tests.support.service import compact, last_value_model, ledger_dirs, succeeded, view
 from tests.support.timeouts import TASK_TIMEOUT_S
@@ -29,10 +31,6 @@ WORKER_DONE_BOUND_S = 60.0
 BIG_RECORDS = 60_000
 BIG_KEYS = 2_000
 BIG_VALUE = 1_000
-
-
-def progress_dir(store: Any, ctx: CompactionTaskCtx) -> Path:
-    return Path(store.root) / "@compactord" / "progress" / ctx.task_id
 
 
 def snapshot(service: Any, partitions: int = 1) -> tuple[Any, ...]:
@@ -52,7 +50,7 @@ def big_view(service: Any, partitions: int) -> dict[bytes, bytes]:
 
 def assert_cleaned_up(store: Any, topic: str, ctx: CompactionTaskCtx, expected_dirs: list[str]) -> None:
     assert ledger_dirs(store.root, topic) == expected_dirs
-    assert not progress_dir(store, ctx).exists()
+    assert not control_files(Path(store.root))
 
 
 # -- Pending --------------------------------------------------------------------------------------
@@ -198,11 +196,11 @@ def test_cancel_during_the_spark_job_and_before_its_submission(big_topic, make_f
     assert before[2] == expected
 
     # 3. A cancel between entering spark.run and Spark submitting the job (cancelJobGroup alone would
-    # miss it) still stops the work: the JVM's future-jobs cancel and the readers' CANCEL file.
+    # miss it) still stops the work: the JVM's future-jobs cancel and the cancel pushed to the readers.
     ctx = service.compact(rebuild=True)  # reads the whole topic again: a long job if nothing stops it
-    progress = progress_dir(factory.store, ctx)
-    # The progress dir is made just before the task enters spark.run: cancel at once.
-    wait_for(lambda: progress.exists() or ctx.done, 60, "the task's progress dir", interval=0.001)
+    # The ledger's folder is made just before the task enters spark.run: cancel at once.
+    wait_for(lambda: len(ledger_dirs(factory.store.root, topic)) > 1 or ctx.done, 60, "the new ledger's folder",
+             interval=0.001)
     started = time.monotonic()
     jobs_at_cancel = spark_jobs(spark_manager, ctx.task_id)[0]
     ctx.cancel()
@@ -276,18 +274,53 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
         failed.cancel()
 
 
-def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, tmp_path, reader_client):
-    """A range read that Spark starts after the cancel (its CANCEL file already written) reads nothing."""
-    from compactord.engine.kafka_source import CANCEL_FILE, RangeReadTask
+def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, reader_client):
+    """A range read that Spark starts after the cancel (pushed before the task connected) reads nothing."""
+    from compactord.engine.kafka_source import RangeReadTask
 
     topic = kafka.topic()
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(50)])
-    spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
-            "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
-            "progress_dir": str(tmp_path), "reader_client": reader_client}
-    assert sum(b.num_rows for b in RangeReadTask(spec, 0, 0, 50).run()) == 50  # not cancelled: reads
-    (tmp_path / CANCEL_FILE).touch()
-    task = RangeReadTask(spec, 0, 0, 50)
-    with pytest.raises(RuntimeError, match="cancelled"):
-        next(iter(task.run()))
-    assert task.records == 0
+    with run_channel() as channel:
+        spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
+                "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
+                "channel": channel.endpoint(LOOPBACK), "reader_client": reader_client}
+        assert sum(b.num_rows for b in RangeReadTask(spec, 0, 0, 50).run()) == 50  # not cancelled: reads
+        assert channel.progress().records == 50
+        channel.cancel()
+        task = RangeReadTask(spec, 0, 0, 50)
+        with pytest.raises(RuntimeError, match="cancelled"):
+            next(iter(task.run()))
+        assert task.records == 0
+
+
+def test_a_reader_that_loses_its_channel_stops_reading_and_fails(kafka, reader_client):
+    """The run's channel closes while a (throttled, so slow) range is read: the task stops at its next check
+    and fails its attempt, rather than reading on for a driver that is gone."""
+    from compactord.engine.channel import ChannelLost
+    from compactord.engine.kafka_source import RangeReadTask
+
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", "v" * 1000) for i in range(2000)])  # ~2 MB: ~10 s at the rate below
+    with run_channel() as channel:
+        spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
+                "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 100,
+                "channel": channel.endpoint(LOOPBACK), "reader_client": reader_client,
+                "read_bytes_per_second": 200_000}
+        task = RangeReadTask(spec, 0, 0, 2000)
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                for _ in task.run():
+                    pass
+            except BaseException as exc:  # noqa: BLE001 (what ended the read is the test's subject)
+                failed.append(exc)
+
+        reading = threading.Thread(target=read)
+        reading.start()
+        wait_for(lambda: channel.progress().records, 60, "the task to report", interval=0.01)
+        channel.close()
+        reading.join(60)
+    assert not reading.is_alive(), "the task read on without its driver"
+    assert len(failed) == 1 and isinstance(failed[0], ChannelLost), failed
+    assert task.records < 2000

@@ -346,7 +346,7 @@ def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, mak
     ledger = final.factory.store.ledger_path(topic, manifest.ledger_id)
     spec = job.job_spec(final.factory.settings, resolved, topic=topic, ranges=[OffsetRange(0, 40, 41)],
                         ledger_files=[str(ledger / f["name"]) for f in manifest.files], output_path="unused",
-                        log_start={0: 0, 1: 0, 2: 0}, progress_dir="", widths=job.JobWidths(2, 1))
+                        log_start={0: 0, 1: 0, 2: 0}, widths=job.JobWidths(2, 1))
     assert spec.final_reads
     plan = job.build_winners(spark_manager.spark, spec, resolved.strategy)._jdf.queryExecution().executedPlan()
     assert "Exchange" not in plan.toString() and "Aggregate" not in plan.toString(), plan.toString()
@@ -412,7 +412,7 @@ def test_a_full_rebuild_of_whole_partitions_neither_shuffles_nor_groups(kafka, m
     def plan_of(**kwargs: Any) -> tuple[bool, Any]:
         kwargs.setdefault("log_start", {})
         spec = job.job_spec(factory.settings, strategy, topic=topic, ranges=ranges, output_path=str(tmp_path),
-                            progress_dir="", widths=job.JobWidths(2, 1), **kwargs)
+                            widths=job.JobWidths(2, 1), **kwargs)
         return spec.final_reads, spec
 
     final, spec = plan_of(ledger_files=[])

@@ -287,7 +287,7 @@ def test_retained_null_keys_are_read_from_kafka_once(kafka: Any, make_factory: A
     factory = make_factory(topic_compaction_retain_null_key=True)
     strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", True)
     spec = job_spec(factory.settings, strategy, topic=topic, ranges=[OffsetRange(0, 0, 4)], ledger_files=[],
-                    output_path=str(tmp_path / "out"), log_start={0: 0}, progress_dir="",
+                    output_path=str(tmp_path / "out"), log_start={0: 0},
                     widths=spark_manager.job_widths(4))
     df = build_winners(spark_manager.spark, spec, strategy.strategy)
     plan = df._jdf.queryExecution().executedPlan().toString()

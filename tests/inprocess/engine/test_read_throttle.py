@@ -7,13 +7,14 @@ on any machine, however loaded. The tight figure is ``bench/compaction.py --thro
 
 from __future__ import annotations
 
-import contextlib
 import time
+from pathlib import Path
 
 import pytest
 
 from compactord.api.views import task_status
-from compactord.engine.kafka_source import RATE_FILE
+from compactord.engine.channel import RunChannel
+from tests.support.channel import control_files
 from tests.support.service import succeeded
 
 CAP = 800_000  # bytes per second, for the whole compaction
@@ -23,19 +24,26 @@ RECORDS = [(f"k{i}", VALUE, int(i % 4 == 0)) for i in range(4000)]
 
 
 @pytest.mark.slow
-def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory):
+def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory, monkeypatch):
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, RECORDS)
     expected = sum(len(k) + len(v) for k, v, _ in RECORDS)
     factory = make_factory(compaction_max_read_bytes_per_second=CAP)
+    shares: list[float] = []  # what the driver gave each reading task, as the tasks ended
+    set_rate = RunChannel.set_rate
+
+    def recorded(channel: RunChannel, rate: float) -> None:
+        shares.append(rate)
+        set_rate(channel, rate)
+
+    monkeypatch.setattr(RunChannel, "set_rate", recorded)
     ctx = factory.new_topic_compaction_service(topic).compact()
     read_done_at = None
-    shares = set()  # what the driver gave each reading task, as the tasks ended
+    seen_files = []  # control files under the root while the run reads: none, the tasks use the channel
     while not ctx.done:  # the first moment the readers are seen to have read everything (or later)
         if read_done_at is None and ctx.progress.bytes_read >= expected:
             read_done_at = time.time()
-        with contextlib.suppress(OSError, ValueError):
-            shares.add(float((factory.store.progress_dir(ctx.task_id) / RATE_FILE).read_text()))
+        seen_files += control_files(Path(factory.store.root))
         time.sleep(0.1)
     succeeded(ctx)
     assert ctx.stats.bytes_read == expected
@@ -49,5 +57,6 @@ def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory):
     assert status["throttled_seconds"] > 0  # the buckets made the readers wait
     assert status["bytes_read"] == expected
     # The smaller partition ended first: the driver handed its share to the task still reading.
-    assert shares == {float(CAP)}
+    assert shares == [float(CAP)]
+    assert not seen_files
     assert started < ctx.progress.read_ended_at <= ctx.finished_at

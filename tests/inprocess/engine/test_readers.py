@@ -15,12 +15,13 @@ from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import open_range_reader
 from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
 from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+from tests.support.channel import LOOPBACK, run_channel
 
 
 def spec(kafka: Any, topic: str, client: str, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     base = {"client": {"bootstrap_servers": [kafka.bootstrap], "request_timeout_ms": 10000}, "topic": topic,
             "strategy": "publishing-order", "event_time_source": "timestamp", "retain_null_key": True,
-            "batch_records": 1000, "progress_dir": str(tmp_path), "reader_client": client}
+            "batch_records": 1000, "reader_client": client}
     base.update(overrides)
     return base
 
@@ -511,7 +512,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
     from compactord.engine import range_read
-    from compactord.engine.kafka_source import CANCEL_FILE, KafkaRangeReader
+    from compactord.engine.kafka_source import KafkaRangeReader
 
     topic = kafka.topic(partitions=3)
     kafka.produce(topic, [(f"k{i}", f"v{i}", i % 3) for i in range(30)])
@@ -530,18 +531,21 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
         return reader
 
     monkeypatch.setattr(range_read, "open_range_reader", recording)
-    source = KafkaRangeReader(spec(kafka, topic, "librdkafka", tmp_path, read_tasks=1,
-                                   ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]]))
-    [task] = source.partitions()
-    rows = pa.Table.from_batches(list(source.read(task))).to_pylist()
-    assert sorted((r["partition"], r["offset"]) for r in rows) == [(p, o) for p in range(3) for o in range(10)]
-    assert events == [("open", 0), ("open", 1), ("close", 0), ("open", 2), ("close", 1), ("close", 2)]
+    with run_channel() as channel:
+        source = KafkaRangeReader(spec(kafka, topic, "librdkafka", tmp_path, read_tasks=1,
+                                       ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]],
+                                       channel=channel.endpoint(LOOPBACK)))
+        [task] = source.partitions()
+        rows = pa.Table.from_batches(list(source.read(task))).to_pylist()
+        assert sorted((r["partition"], r["offset"]) for r in rows) == [(p, o) for p in range(3) for o in range(10)]
+        assert events == [("open", 0), ("open", 1), ("close", 0), ("open", 2), ("close", 1), ("close", 2)]
+        assert channel.progress().records == 30 and channel.progress().ended == 3
 
-    events.clear()
-    (tmp_path / CANCEL_FILE).touch()
-    with pytest.raises(RuntimeError, match="cancelled"):
-        list(source.read(task))
-    assert events == [("open", 0), ("open", 1), ("close", 0), ("close", 1)]
+        events.clear()
+        channel.cancel()
+        with pytest.raises(RuntimeError, match="cancelled"):
+            list(source.read(task))
+        assert events == [("open", 0), ("open", 1), ("close", 0), ("close", 1)]
 
 
 def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tmp_path, tx_producer, reader_client):

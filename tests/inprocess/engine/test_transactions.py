@@ -104,7 +104,7 @@ def test_the_job_drops_entries_below_the_log_start(kafka, make_factory, spark_ma
             ranges=[OffsetRange(0, 10, 16)], ledger_files=ledger_files if ledger else [],
             output_path="unused", strategy_ref="publishing-order", event_time_source="timestamp",
             retain_null_key=False, empty_value_is_tombstone=False, tombstone_retention_ms=86_400_000, now_ms=int(time.time() * 1000),
-            log_start={0: log_start}, batch_records=1000, progress_dir="",
+            log_start={0: log_start}, batch_records=1000,
         )
         df = build_winners(spark_manager.spark, spec, load_strategy("publishing-order"))
         return sorted((r["offset"], r["key"]) for r in df.select("offset", "key").collect())
