@@ -15,7 +15,7 @@ import pytest
 from compactord.engine import job
 from compactord.engine.preview import kept_digest
 from compactord.model import RECORD_SCHEMA
-from tests.support.service import compact, entries, succeeded, view
+from tests.support.service import compact, entries, last_value_model, succeeded, view
 
 # A Hadoop FileSystem class that does not exist: the JVM's every open of a file: path fails on it.
 _NO_FILE_SYSTEM = "compactord.tests.NoLocalFileSystem"
@@ -115,6 +115,26 @@ def test_final_reads_and_an_incremental_grouping_run_agree(kafka, make_factory, 
     assert compact(service).stats.full_rebuild is False
     assert view(service, 2) == _bytes(_EXPECTED["publishing-order"][1])
     assert all(n.endswith("-grouped.snappy.parquet") for n in _part_names(service))
+
+
+def test_the_grouping_job_s_files_sort_as_their_rows(kafka, make_factory, jvm_without_files, grouping, monkeypatch):
+    """Several output files (a few rows each): read in their names' order, the ledger's rows are in
+    (partition, offset) order, which the read API's bisection relies on."""
+    monkeypatch.setattr(job, "ROWS_PER_SHUFFLE_PARTITION", 40)
+    topic = kafka.topic(partitions=3)
+    records = [(f"k{i}", f"v{i}", i % 3) for i in range(150)] + [(f"k{i}", None, i % 3) for i in range(0, 150, 7)]
+    kafka.produce(topic, records)
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    compact(service)
+    manifest = service.ledger_info()
+    names = [f["name"] for f in manifest.files]
+    assert len(names) > 1 and names == sorted(names)
+    folder = factory.store.ledger_path(topic, manifest.ledger_id)
+    rows = [(p, o) for name in names for p, o in zip(*pq.read_table(folder / name, columns=["partition", "offset"])
+                                                      .to_pydict().values(), strict=True)]
+    assert rows == sorted(rows) and len(rows) == manifest.records_kept == 150 - len(range(0, 150, 7))
+    assert view(service, 3) == last_value_model(records)
 
 
 def test_retained_null_keys_stay_in_place_without_the_jvm_s_files(kafka, make_factory, jvm_without_files, grouping):
