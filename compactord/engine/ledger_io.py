@@ -36,8 +36,10 @@ __all__ = ["LEDGER_READ_TASK_ROWS", "as_records", "grouped_part_name", "ledger_r
 # Ledger rows per reading task at the most, once every core has one: ~65 MB of 130-byte rows, as a task of
 # the JVM's Parquet scan took (``spark.sql.files.maxPartitionBytes``, 128 MB of file, ~2:1 compressed).
 LEDGER_READ_TASK_ROWS = 500_000
-# Rows per Arrow batch a reading task hands to Spark (the JVM converts each batch to rows as it comes).
-_READ_BATCH_ROWS = 65_536
+# Rows per Arrow batch a reading task hands to Spark (the JVM converts each batch to rows as it comes): a row
+# group's. A ledger of 1,000,000 rows was read in 0.50 s this way, 0.58 s in batches of 65,536 rows and 0.83 s
+# in batches of 262,144 (medians, local[2]); the JVM's Parquet scan took 0.37-0.39 s.
+_READ_BATCH_ROWS = ROW_GROUP_ROWS
 
 ReadTask = list[tuple[str, list[int]]]  # the row groups one task reads: (file, indexes), in the files' order
 

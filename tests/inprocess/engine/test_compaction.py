@@ -585,8 +585,9 @@ def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_t
 
 def test_the_warm_up_also_plans_a_read_through_the_data_source(spark_manager):
     """The warm-up's compactions run their tasks without the data source (they write their own parts); the
-    grouping job and previews read through it, so the warm-up also plans one read through it: the first of
-    those is not the one that starts the data source's planner workers."""
+    grouping job and previews read through it, so the warm-up also runs the grouping job once (one query,
+    its ledger read and written by Python tasks): the first of those is not the one that starts the data
+    source's planner workers."""
     queries = _last_query(spark_manager)
     spark_manager.warm_up()
     assert _last_query(spark_manager) == queries + 1
