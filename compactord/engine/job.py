@@ -12,6 +12,9 @@
   the job's ``now_ms`` (its timestamp; its event time under ``event-time``) is treated as a winning
   deletion: dropped, or under ``event-time`` kept as a marker like any deletion.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
+- Every ledger byte is read and written in Python (pyarrow), in the driver or Spark's Python workers, never
+  by the JVM (whose Hadoop file system reaches no object store here): the grouping job reads the previous
+  ledger's row groups and writes its sorted result through ``engine.ledger_io``.
 - Final reads (``reads_are_final``): where each Kafka partition is read by one task, an ordered strategy's
   reader keeps exactly each key's winner (a key lives in one partition), so the job neither shuffles nor
   groups. An incremental run merges the partition's previous ledger rows in the same task
@@ -35,11 +38,11 @@ from compactord.config import KAFKA_SECRET_ARGS, Settings
 from compactord.engine import windows
 from compactord.engine.deletions import DeletionRules, deleted_sql
 from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_writing_tasks
+from compactord.engine.ledger_io import ledger_rows, write_sorted
 from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS
 from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 
@@ -299,7 +302,10 @@ def _records(spark: Any, spec: CompactionJobSpec) -> Any:
 
     records = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
     if spec.ledger_files and not spec.final_reads:  # final reads merge the ledger in the reading tasks
-        records = records.unionByName(spark.read.schema(RECORD_DDL).parquet(*spec.ledger_files))
+        ledger = ledger_rows(spark, spec.ledger_files, spec.log_start,
+                             spec.cores or spark.sparkContext.defaultParallelism)
+        if ledger is not None:
+            records = records.unionByName(ledger)
     if any(spec.log_start.values()):
         starts = F.create_map(*[F.lit(x) for p, s in spec.log_start.items() for x in (p, s)])
         records = records.where(F.col("offset") >= F.coalesce(starts[F.col("partition")], F.lit(0)))
@@ -380,11 +386,4 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
         ordered = ordered.sortWithinPartitions("partition", "offset")
     else:
         ordered = result.orderBy("partition", "offset")
-    (
-        ordered
-        .write.mode("errorifexists")
-        .option("compression", "snappy")
-        .option("parquet.block.size", ROW_GROUP_BYTES)
-        .option("parquet.block.row.count.limit", ROW_GROUP_ROWS)
-        .parquet(spec.output_path)
-    )
+    write_sorted(ordered, spec.output_path)

@@ -219,16 +219,23 @@ class SparkSessionManager:
         return answer[0]
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
-        """Run the compaction job twice on an empty range: a full run, then an incremental one that
-        reads the first one's output as its ledger; then a read of it through the data source.
+        """Run the compaction job on an empty range: a full run, then an incremental one that reads the
+        first one's output as its ledger; then the grouping job over a ledger of one row, which reads it,
+        plans the data source and writes its result, all in Python (``engine.ledger_io``).
 
         A new session's first job is about 3 times slower than a warm one (planning a Python data
         source starts several Python workers, and the JVM compiles the job's code paths); the daemon is
         ready only after this, and its first real compaction, full or incremental, runs warm.
         """
-        from compactord.engine.job import build_winners, job_spec, run_compaction_job
+        import dataclasses
+
+        import pyarrow as pa
+
+        from compactord.engine.job import job_spec, run_compaction_job
         from compactord.engine.kafka_source import OffsetRange
         from compactord.engine.strategies import ResolvedStrategy
+        from compactord.ledger.parts import write_part
+        from compactord.model import RECORD_SCHEMA
 
         strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
         widths = self.job_widths(0)
@@ -244,9 +251,15 @@ class SparkSessionManager:
                          lambda spec=spec: run_compaction_job(self.spark, spec, strategy.strategy))
                 ledger = sorted(str(f) for f in (Path(tmp) / run).glob("*.parquet"))
             # The grouping job and previews read through the data source (a final read's tasks run as plain
-            # Python tasks): its planner's Python workers start now too.
-            self.run("warm-up", "compactord warm-up (the data source)",
-                     lambda spec=spec: build_winners(self.spark, spec, strategy.strategy).count())
+            # Python tasks), and read and write ledger files in Python tasks: their workers start now too.
+            seed = Path(tmp) / "seed"
+            seed.mkdir()
+            row = {"partition": 0, "offset": 0, "key": b"k", "value": b"v"}
+            write_part(pa.Table.from_pylist([row], schema=RECORD_SCHEMA), seed, "part-0.parquet")
+            grouping = dataclasses.replace(spec, final_reads=False, ledger_files=[str(seed / "part-0.parquet")],
+                                           ledger_groups={}, output_path=str(Path(tmp) / "grouped"))
+            self.run("warm-up", "compactord warm-up (the grouping job)",
+                     lambda: run_compaction_job(self.spark, grouping, strategy.strategy))
         self.warmed = True
         log.info("Spark session warmed up")
 

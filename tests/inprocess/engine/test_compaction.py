@@ -521,8 +521,8 @@ def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(k
 def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, make_factory, monkeypatch):
     """Each writing task fsyncs its part and leaves the part's manifest entry beside it
     (``parts.write_part``): the driver seals the ledger without reading a part (its checksum pass fails
-    here), the entries are the files' own, none is left in the ledger, and the ledger verifies. A run through
-    the grouping job (Spark's writer leaves no entry) is sealed from its files, as before."""
+    here), the entries are the files' own, none is left in the ledger, and the ledger verifies. The grouping
+    job's Python writer seals its parts the same way (``ledger_io.write_sorted``)."""
     from compactord.engine import job as engine_job
     from compactord.ledger import files, manifests
     from compactord.ledger.parts import is_seal
@@ -552,13 +552,13 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
 
     monkeypatch.setattr(engine_job, "reads_are_final", _never)
     monkeypatch.setattr(manifests, "file_crc32c", read_by_the_driver)
-    task = service.compact(rebuild=True)
-    assert task.result(TASK_TIMEOUT_S) is TaskState.FAILED and "the driver read" in str(task.error)
-    task.worker_done.wait(TASK_TIMEOUT_S)
-    assert service.ledger_info().ledger_id == manifest.ledger_id
-    monkeypatch.setattr(manifests, "file_crc32c", files.file_crc32c)
     compact(service, rebuild=True)
-    factory.store.verify(topic, service.ledger_info().ledger_id)
+    monkeypatch.setattr(manifests, "file_crc32c", files.file_crc32c)
+    grouped = service.ledger_info()
+    assert grouped.ledger_id > manifest.ledger_id
+    assert grouped.files and all(f["name"].endswith("-grouped.snappy.parquet") for f in grouped.files)
+    assert not [p.name for p in factory.store.ledger_path(topic, grouped.ledger_id).iterdir() if is_seal(p.name)]
+    factory.store.verify(topic, grouped.ledger_id)
     assert view(service, 2) == last_value_model(records)
 
 
@@ -595,8 +595,9 @@ def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_t
 
 def test_the_warm_up_also_plans_a_read_through_the_data_source(spark_manager):
     """The warm-up's compactions run their tasks without the data source (they write their own parts); the
-    grouping job and previews read through it, so the warm-up also plans one read through it: the first of
-    those is not the one that starts the data source's planner workers."""
+    grouping job and previews read through it, so the warm-up also runs the grouping job once (one query,
+    its ledger read and written by Python tasks): the first of those is not the one that starts the data
+    source's planner workers."""
     queries = _last_query(spark_manager)
     spark_manager.warm_up()
     assert _last_query(spark_manager) == queries + 1
