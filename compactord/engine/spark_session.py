@@ -103,6 +103,14 @@ def _cause(text: str, exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:2000]
 
 
+def _started(rows: Iterator[Any]) -> Iterator[int]:
+    """A warm-up task: its worker's process id, once every task of the stage runs."""
+    from pyspark import BarrierTaskContext
+
+    BarrierTaskContext.get().barrier()
+    return iter([os.getpid()])
+
+
 def _launch_jvm(app_name: str, master: str, conf: dict[str, str]) -> None:
     """Start the Spark JVM as the builder would, but with its standard error read through a pipe
     (``jvm_stderr``), unless this process has one already or was started by spark-submit (which made it)."""
@@ -260,8 +268,18 @@ class SparkSessionManager:
                                            ledger_groups={}, output_path=str(Path(tmp) / "grouped"))
             self.run("warm-up", "compactord warm-up (the grouping job)",
                      lambda: run_compaction_job(self.spark, grouping, strategy.strategy))
+        self.run("warm-up", "compactord warm-up (a Python worker per slot)", self._start_workers)
         self.warmed = True
         log.info("Spark session warmed up")
+
+    def _start_workers(self) -> None:
+        """A task in every slot at once (a barrier stage: Spark launches all of them together), so that each
+        slot has its Python worker: the empty jobs above ran one task, and a run's first task in a new worker
+        paid ~0.2 CPU-s of the worker's own start (PySpark's set-up of a worker, beside the modules
+        ``pyspark_daemon`` preloads) before its first record. Spark stops a worker idle for a minute, so a
+        run after a longer pause forks them again."""
+        cores = self.cores
+        self.spark.sparkContext.parallelize(range(cores), cores).barrier().mapPartitions(_started).collect()
 
     @contextlib.contextmanager
     def job_group(self, group_id: str, description: str) -> Iterator[None]:

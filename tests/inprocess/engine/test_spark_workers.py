@@ -45,3 +45,31 @@ def test_the_jvms_standard_error_reaches_the_daemons(spark_manager, capsys):
             break
         time.sleep(0.05)
     assert marker in seen
+
+
+def _daemon_workers() -> dict[int, int]:
+    """Per running ``compactord.engine.pyspark_daemon``: how many workers it has forked that are alive."""
+    daemons: dict[int, int] = {}
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"compactord.engine.pyspark_daemon" in cmdline:
+            parents[int(entry)] = parent
+    for pid, parent in parents.items():
+        if parent in parents:  # a worker: forked by a daemon, so its command line is the daemon's
+            daemons[parent] = daemons.get(parent, 0) + 1
+        else:
+            daemons.setdefault(pid, 0)
+    return daemons
+
+
+def test_the_warm_up_starts_a_python_worker_in_every_slot(spark_manager):
+    spark_manager.warm_up()
+    assert max(_daemon_workers().values(), default=0) >= spark_manager.cores, _daemon_workers()
