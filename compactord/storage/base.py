@@ -73,8 +73,9 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def children(self, prefix: str = "") -> list[str]:
-        """The distinct names one level below ``prefix`` (which is empty or ends in ``/``), sorted: objects
-        and folders alike, as an object store's delimited listing gives them.
+        """The distinct names one level below ``prefix`` (which is empty or ends in ``/``), sorted: an object's
+        name, a folder's (a prefix of deeper keys) ending in ``/``, as an object store's delimited listing
+        gives them.
 
         :raises StorageUnavailable: the store cannot be listed.
         """
@@ -138,6 +139,10 @@ class ObjectStore(ABC):
 
         :raises StorageUnavailable: it cannot be removed.
         """
+
+    def recover(self) -> None:
+        """Remove what writes an interrupted process left unfinished (a local root's temporary files, an object
+        store's incomplete uploads). Called by the root's one writer when it opens the root, before it writes."""
 
     def delete_many(self, keys: Iterable[str]) -> None:
         """``delete`` each of ``keys`` (a backend with a batch call overrides this)."""

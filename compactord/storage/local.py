@@ -79,8 +79,9 @@ class LocalStore(ObjectStore):
         if prefix and not prefix.endswith("/"):
             raise InvalidArgument(f"children are asked of '' or a prefix ending in '/', got: {prefix!r}")
         check_prefix(prefix)
+        base = self.root / prefix
         with self._errors(f"listing {prefix!r}"):
-            return sorted(_names(self.root / prefix))
+            return sorted(name + "/" if os.path.isdir(base / name) else name for name in _names(base))
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -205,6 +206,13 @@ class LocalStore(ObjectStore):
                 remove_path(folder)
                 self._prune(folder.parent)
         return keys
+
+    def recover(self) -> None:
+        with self._errors("removing temporary files"):
+            for folder, _, names in os.walk(self.root):
+                for name in names:
+                    if name.startswith(PRIVATE) and name.endswith(TMP_SUFFIX):
+                        Path(folder, name).unlink(missing_ok=True)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -99,8 +99,8 @@ def test_list_by_prefix_is_sorted_and_exact(store: ObjectStore) -> None:
     assert [i.key for i in store.list("t1")] == ["t1/CURRENT", "t1/ledger-10/p", "t1/ledger-2/p", "t10/CURRENT"]
     assert [i.key for i in store.list("t1/ledger-1")] == ["t1/ledger-10/p"]
     assert len(store.list()) == 5
-    assert store.children() == ["@compactord", "t1", "t10"]
-    assert store.children("t1/") == ["CURRENT", "ledger-10", "ledger-2"]
+    assert store.children() == ["@compactord/", "t1/", "t10/"]
+    assert store.children("t1/") == ["CURRENT", "ledger-10/", "ledger-2/"]
     assert store.children("none/") == []
 
 
@@ -110,7 +110,8 @@ def test_deleted_objects_leave_no_prefix_behind(store: ObjectStore) -> None:
     store.put("t/CURRENT", b"3")
     store.delete_many(["t/ledger-1/a", "t/ledger-1/b", "t/ledger-1/absent"])
     assert store.children("t/") == ["CURRENT"]
-    assert store.delete_prefix("t/") == ["t/CURRENT"]
+    store.put("t/ledger-1/c", b"4")
+    assert store.delete_prefix("t/") == ["t/CURRENT", "t/ledger-1/c"]
     assert store.children() == []
     with pytest.raises(InvalidArgument):
         store.delete_prefix("t")
