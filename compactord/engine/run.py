@@ -68,6 +68,7 @@ class CompactionRun:
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
+            base = self.store.switch_base(self.topic)  # the switch commits only if the pointer is still this
             self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             cancel_hook = self._cancel_hook(progress_dir)
@@ -104,7 +105,7 @@ class CompactionRun:
             ctx.checkpoint("written")
             ctx.begin_switch()
             ctx.checkpoint("switch")
-            old, problem = self.service.switch_to(handle, ledger_id)
+            old, problem = self.service.switch_to(handle, ledger_id, base)
             switched = True
             if problem is not None:
                 ctx.stats.switch_warning = f"ledger {ledger_id} is current, but the switch then failed: {problem}"

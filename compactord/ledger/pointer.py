@@ -67,6 +67,32 @@ class Pointer:
     def retired_until(self, ledger_id: int) -> float | None:
         return next((r.until for r in self.retired if r.id == ledger_id), None)
 
+    def switched(self, topic: str, ledger_id: int, epoch: int, retire_for: float | None) -> Pointer:
+        """The pointer a writer of ``epoch`` makes of this one to switch to ``ledger_id``; the ledger this
+        names joins the retired list for ``retire_for`` seconds (None or <= 0: it does not).
+
+        :raises Fenced: this pointer names a higher epoch (another daemon took the root over since).
+        """
+        self._check_epoch(topic, epoch, f"ledger {ledger_id} is not made current")
+        retired = [r for r in self.retired if r.id not in (ledger_id, self.ledger)]
+        if self.ledger is not None and self.ledger != ledger_id and retire_for is not None and retire_for > 0:
+            retired.append(Retired(self.ledger, time.time() + retire_for))
+        return Pointer(ledger_id, epoch, tuple(retired))
+
+    def without(self, topic: str, ids: set[int], epoch: int) -> Pointer:
+        """This pointer with ``ids`` off its retired list, as a writer of ``epoch`` writes it.
+
+        :raises Fenced: this pointer names a higher epoch.
+        """
+        self._check_epoch(topic, epoch, "its retired ledgers are not swept")
+        return Pointer(self.ledger, epoch, tuple(r for r in self.retired if r.id not in ids))
+
+    def _check_epoch(self, topic: str, epoch: int, consequence: str) -> None:
+        if self.epoch > epoch:
+            raise Fenced(
+                f"the pointer of topic {topic!r} was written by a daemon of epoch {self.epoch}, above this one's "
+                f"({epoch}): another daemon took the root over; {consequence}", topic=topic, epoch=self.epoch)
+
     def to_bytes(self) -> bytes:
         body = {"ledger": self.ledger, "epoch": self.epoch, "retired": [r.to_json() for r in self.retired]}
         return json.dumps(body, separators=(", ", ": ")).encode() + b"\n"

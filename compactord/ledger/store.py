@@ -26,13 +26,11 @@ import contextlib
 import logging
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from compactord.errors import (
     CompactordError,
-    Fenced,
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
@@ -54,7 +52,7 @@ from compactord.ledger.files import (
 from compactord.ledger.lock import RootLock
 from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.ledger.removal import DELETING
-from compactord.ledger.pointer import Pointer, Retired, allocate_id, expired, raise_epoch, read_pointer, write_pointer
+from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
 from compactord.model import LedgerManifest, validate_topic_name
 from compactord.storage import ObjectStore, open_store
 
@@ -210,6 +208,15 @@ class LedgerStore:
         """
         return read_pointer(self.objects, validate_topic_name(topic))
 
+    def switch_base(self, topic: str) -> Pointer:
+        """The pointer a task switches against (``switch``'s ``base``): as ``pointer`` reads it, or, when it is
+        unreadable, its version alone, so that the run that rebuilds the topic replaces it."""
+        try:
+            return self.pointer(topic)
+        except LedgerCorrupt:
+            info = self.objects.head(f"{topic}/{CURRENT}")
+            return Pointer(None, version=None if info is None else info.version)
+
     def current_ledger_id(self, topic: str) -> int | None:
         """The ledger ``CURRENT`` names, or None if the topic has no ledger.
 
@@ -285,26 +292,15 @@ class LedgerStore:
                 "only a finalized ledger can become current"
             )
         base = self.pointer(topic) if base is None else base
-        if base.epoch > self.epoch:
-            raise Fenced(
-                f"the pointer of topic {topic!r} was written by a daemon of epoch {base.epoch}, above this one's "
-                f"({self.epoch}): another daemon took the root over; ledger {ledger_id} is not made current",
-                topic=topic, ledger_id=ledger_id)
-        retired = list(base.retired)
-        if base.ledger is not None and base.ledger != ledger_id and retire_for is not None and retire_for > 0:
-            retired = [r for r in retired if r.id != base.ledger] + [Retired(base.ledger, time.time() + retire_for)]
-        new = Pointer(ledger_id, self.epoch, tuple(r for r in retired if r.id != ledger_id))
-        return write_pointer(self.objects, topic, new, base)
+        return write_pointer(self.objects, topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
 
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
         """Take ``ids`` off the pointer's retired list by compare-and-swap against ``base``.
 
-        :raises Fenced: the pointer changed since ``base`` was read.
+        :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
         """
-        kept = tuple(r for r in base.retired if r.id not in ids)
-        if kept == base.retired:
-            return base
-        return write_pointer(self.objects, topic, Pointer(base.ledger, max(base.epoch, self.epoch), kept), base)
+        new = base.without(topic, ids, self.epoch)
+        return base if new.retired == base.retired else write_pointer(self.objects, topic, new, base)
 
     def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
         """Take the retired ledgers past their ``until`` off the pointer, then delete their files; return them.
