@@ -29,7 +29,7 @@ from compactord.engine.task_files import TailRead, cancel, read_progress, write_
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
-from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.ledger.reader import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
 
@@ -101,7 +101,7 @@ class CompactionRun:
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(plan, ledger_id, tail, started)
-            handle = LedgerHandle(LedgerReader(new_path, manifest))
+            handle = LedgerHandle(self.store.open_reader(self.topic, ledger_id, manifest))
             ctx.checkpoint("written")
             ctx.begin_switch()
             ctx.checkpoint("switch")
@@ -386,7 +386,7 @@ class CompactionRun:
                             old_id, topic, exc_info=True)
 
         if old is None:  # never loaded in memory: a handle of its own, so that pinned reads find it
-            old = LedgerHandle(LedgerReader(store.ledger_path(topic, old_id), previous))
+            old = LedgerHandle(store.open_reader(topic, old_id, previous))
         self.service.keep_retired(old, old_id, delete)
 
     def _delete_replaced(self, ledger_id: int) -> None:

@@ -83,7 +83,7 @@ class SparkTopicCompactionService(TopicCompactionService):
             self._corrupt = None
             if cached is not None:
                 return cached
-            handle = LedgerHandle(LedgerReader(store.ledger_path(self.topic, ledger_id), manifest))
+            handle = LedgerHandle(store.open_reader(self.topic, ledger_id, manifest))
             displaced = self._install(handle, ledger_id)
             if displaced is not None:
                 # CURRENT moved without this service's switch (another service on the store): readers
@@ -229,7 +229,7 @@ class SparkTopicCompactionService(TopicCompactionService):
             store = self.factory.store
             try:  # retired before a restart: opened again, its files as its manifest lists them
                 manifest = store.load_manifest(self.topic, ledger_id)
-                retired = LedgerHandle(LedgerReader(store.ledger_path(self.topic, ledger_id), manifest))
+                retired = LedgerHandle(store.open_reader(self.topic, ledger_id, manifest))
             except LedgerCorrupt as exc:
                 raise LedgerRetired(
                     f"ledger {ledger_id} of topic {self.topic!r} is not readable: its files are gone ({exc}); "

@@ -9,6 +9,8 @@ from typing import Any
 
 import crc32c
 
+from compactord.errors import ObjectNotFound, StorageUnavailable
+from compactord.storage import ObjectStore
 from compactord.storage.disk import (
     DISK_FULL,
     TMP_SUFFIX,
@@ -20,7 +22,7 @@ from compactord.storage.disk import (
     write_durable,
 )
 
-__all__ = ["CURRENT", "DISK_FULL", "LEDGER_RE", "MANIFEST", "TMP_SUFFIX", "check_file", "disk_errors", "file_crc32c",
+__all__ = ["CURRENT", "DISK_FULL", "LEDGER_RE", "MANIFEST", "TMP_SUFFIX", "check_object", "disk_errors", "file_crc32c",
            "fsync_path", "ledger_dir_name", "list_names", "remove_path", "write_atomic", "write_durable"]
 
 CURRENT = "CURRENT"
@@ -43,21 +45,26 @@ def file_crc32c(path: Path) -> int:
     return value
 
 
-def check_file(ledger_dir: Path, entry: dict[str, Any]) -> str | None:
-    """What is wrong with one file a manifest lists, or None."""
+def check_object(objects: ObjectStore, prefix: str, entry: dict[str, Any]) -> str | None:
+    """What is wrong with one file a manifest lists (under ``prefix``, a ledger's ``<topic>/ledger-<id>/``),
+    or None: its size from a listing, its CRC-32C read through the store in 1 MiB chunks."""
     name = entry.get("name")
     if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
         return "is not a plain file name"
     try:
-        size = (ledger_dir / name).stat().st_size
-        if size != entry.get("bytes"):
-            return f"has size {size}, expected {entry.get('bytes')}"
-        crc = file_crc32c(ledger_dir / name)
-    except FileNotFoundError:
+        info = objects.head(prefix + name)
+        if info is None:
+            return "is missing"
+        if info.size != entry.get("bytes"):
+            return f"has size {info.size}, expected {entry.get('bytes')}"
+        crc = 0
+        with objects.open_input(prefix + name) as f:
+            while chunk := f.read(_CHUNK):
+                crc = crc32c.crc32c(chunk, crc)
+    except ObjectNotFound:
         return "is missing"
-    except OSError as exc:
+    except (OSError, StorageUnavailable) as exc:
         return f"cannot be read ({exc})"
     if crc != entry.get("crc32c"):
         return f"fails its checksum (CRC-32C {crc}, expected {entry.get('crc32c')})"
     return None
-

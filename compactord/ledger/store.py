@@ -50,6 +50,7 @@ from compactord.ledger.files import (
     remove_path,
 )
 from compactord.ledger.lock import RootLock
+from compactord.ledger.reader import LedgerReader
 from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.ledger.removal import DELETING
 from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
@@ -270,7 +271,7 @@ class LedgerStore:
                 f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
                 f"ledger {ledger_id} of topic {topic!r}; they must match"
             )
-        return manifests.finalize(path, manifest)
+        return manifests.finalize(path, manifest, self.objects, self._prefix(topic, ledger_id))
 
     def switch(self, topic: str, ledger_id: int, base: Pointer | None = None,
                retire_for: float | None = None) -> Pointer:
@@ -324,14 +325,21 @@ class LedgerStore:
 
         :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
         """
-        return manifests.load_manifest(self.ledger_path(topic, ledger_id), topic, ledger_id)
+        return manifests.load_manifest(self.objects, self._prefix(topic, ledger_id), topic, ledger_id)
+
+    def open_reader(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerReader:
+        """A reader of the ledger whose files ``manifest`` lists, reading them through the store.
+
+        :raises LedgerCorrupt: a file is missing, not Parquet, or has another row count than listed.
+        """
+        return LedgerReader(self.ledger_path(topic, ledger_id), manifest, self.objects, self._prefix(topic, ledger_id))
 
     def verify(self, topic: str, ledger_id: int) -> LedgerManifest:
         """Load the manifest and check every listed file's size and CRC-32C.
 
         :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
         """
-        return manifests.verify(self.ledger_path(topic, ledger_id), topic, ledger_id)
+        return manifests.verify(self.objects, self._prefix(topic, ledger_id), topic, ledger_id)
 
     def check_free_space(self, needed_bytes: int) -> None:
         """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
@@ -424,6 +432,11 @@ class LedgerStore:
         pointer = self.pointer(topic)
         keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
         return removal.remove_orphans(self.objects, topic, keep, pointer.ledger is not None)
+
+    def _prefix(self, topic: str, ledger_id: int) -> str:
+        """The key prefix of a ledger's objects, ``<topic>/ledger-<id>/`` (name and id checked)."""
+        self.ledger_path(topic, ledger_id)
+        return f"{topic}/{ledger_dir_name(ledger_id)}/"
 
     def _is_current(self, topic: str, path: Path) -> bool:
         current = self.current_ledger_id(topic)

@@ -64,6 +64,10 @@ class ObjectStore(ABC):
     def describe(self) -> str:
         """Where the objects are, for messages: ``local root /x``, ``s3://bucket/prefix``."""
 
+    def location(self, key: str) -> str:
+        """Where the object ``key`` is, for messages (a local path, an ``s3://`` URL)."""
+        return f"{key} in {self.describe()}"
+
     @abstractmethod
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``, sorted by key (``"a/"`` lists a's folder).

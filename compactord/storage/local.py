@@ -48,6 +48,9 @@ class LocalStore(ObjectStore):
     def describe(self) -> str:
         return f"local root {self.root}"
 
+    def location(self, key: str) -> str:
+        return str(self.root / key)
+
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
 

@@ -16,7 +16,7 @@ from compactord.engine.factory import SparkCompactionServiceFactory
 from compactord.engine.service import SparkTopicCompactionService
 from compactord.errors import Fenced, LedgerRetired
 from compactord.interfaces import ServiceContext
-from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.ledger.reader import LedgerHandle
 from compactord.model import Position
 from tests.unit.ledger.test_store import make_ledger, rows
 
@@ -38,8 +38,7 @@ def switch(service: SparkTopicCompactionService, ledger_id: int) -> None:
     """What a run does at its end: the switch from the pointer it read, then the replaced ledger kept."""
     store = service.factory.store
     base = store.switch_base(service.topic)
-    handle = LedgerHandle(LedgerReader(store.ledger_path(service.topic, ledger_id),
-                                       store.load_manifest(service.topic, ledger_id)))
+    handle = LedgerHandle(store.open_reader(service.topic, ledger_id, store.load_manifest(service.topic, ledger_id)))
     old, problem = service.switch_to(handle, ledger_id, base)
     assert problem is None
     if old is not None and base.ledger is not None:
@@ -116,7 +115,7 @@ def test_a_run_fenced_by_another_writer_changes_nothing(root: Path) -> None:
         winner = make_ledger(store, "t", rows(0, range(7)))
         store.switch("t", winner, store.switch_base("t"))  # another writer switches meanwhile
         loser = make_ledger(store, "t")
-        handle = LedgerHandle(LedgerReader(store.ledger_path("t", loser), store.load_manifest("t", loser)))
+        handle = LedgerHandle(store.open_reader("t", loser, store.load_manifest("t", loser)))
         with pytest.raises(Fenced):
             service.switch_to(handle, loser, base)
         assert store.current_ledger_id("t") == winner and len(values(service, None)) == 7
