@@ -1,59 +1,29 @@
-"""The ledger root on disk: the root's lock, ledger ids, finalising and verifying ledgers, the atomic
-``CURRENT`` pointer, and the removal of orphans.
+"""The ledger root: the root's lock, ledger ids, finalising and verifying ledgers, the compare-and-swap
+``CURRENT`` pointer, and the removal of orphans. The layout is docs/design.md's ("The compacted ledger"):
+``<topic>/CURRENT``, ``<topic>/ledger-<id>/`` (parts and ``manifest.json``), ``<topic>/DELETING``, and the
+daemon's own objects under ``@compactord/`` (``@`` is illegal in Kafka topic names: no collision).
 
-Layout::
-
-    <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
-    <root>/@compactord/epoch           the writer epoch, raised by each daemon that opens the root
-    <root>/@compactord/ledger-seq      an older version's root-wide last ledger id (ids stay above it)
-    <root>/@compactord/ledger-ids/<topic>  the topic's last ledger id (never reused; kept when it is deleted)
-    <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
-    <root>/@compactord/quarantine/<topic>-<time>/  ledgers of a topic found without its CURRENT
-    <root>/@compactord/history/<topic>.jsonl       the topic's run history (``daemon/history.py``)
-    <root>/<topic>/CURRENT             the pointer: ledger served, writer epoch, retired ledgers (``pointer.py``)
-    <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
-    <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()
-
-``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
 Every object goes through the root's ``ObjectStore`` (``compactord/storage``), which maps the store's
 errors; the pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and verifying a ledger's
-manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s.
+manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, the root's lock ``lock.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-from compactord.errors import (
-    CompactordError,
-    InsufficientDiskSpace,
-    InvalidArgument,
-    LedgerCorrupt,
-    LedgerRootUnwritable,
-    StorageUnavailable,
-)
+from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt
 from compactord.ledger import manifests, removal
-from compactord.ledger.files import (
-    CURRENT,
-    LEDGER_RE,
-    MANIFEST,
-    TMP_SUFFIX,
-    file_crc32c,
-    fsync_path,
-    ledger_dir_name,
-    list_names,
-    remove_path,
-)
-from compactord.ledger.lock import RootLock
-from compactord.ledger.reader import LedgerReader
-from compactord.ledger.quarantine import lost_pointer, quarantine
-from compactord.ledger.removal import DELETING
+from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, file_crc32c, fsync_path, ledger_dir_name
+from compactord.ledger.files import list_names, remove_path
+from compactord.ledger.lock import RootLock, unwritable
 from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
+from compactord.ledger.quarantine import lost_pointer, quarantine
+from compactord.ledger.reader import LedgerReader
+from compactord.ledger.removal import DELETING
 from compactord.model import LedgerManifest, validate_topic_name
 from compactord.storage import ObjectStore, open_store
 
@@ -122,9 +92,9 @@ class LedgerStore:
                     self.delete_topic(topic)
             for topic in self.topics():
                 try:
-                    topic_dir = self.topic_dir(topic)
-                    if lost_pointer(topic_dir):
-                        quarantine(topic, topic_dir, self._daemon_dir / _QUARANTINE)
+                    self.topic_dir(topic)
+                    if lost_pointer(self.objects, topic):
+                        quarantine(self.objects, topic, f"{DAEMON_DIR}/{_QUARANTINE}")
                     self.sweep_retired(topic)
                     self.remove_orphans(topic)
                 except LedgerCorrupt as exc:
@@ -135,22 +105,8 @@ class LedgerStore:
             raise
         return self
 
-    @contextlib.contextmanager
-    def _unwritable(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (StorageUnavailable, InsufficientDiskSpace) as exc:
-            raise LedgerRootUnwritable(
-                f"ledger root {self.root} {what}: {exc}; compactedLedgerRoot must be a writable directory on a "
-                "mounted file system with free space", root=str(self.root)) from exc
-        except CompactordError:
-            raise
-        except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise LedgerRootUnwritable(
-                f"ledger root {self.root} {what}: {reason} ({exc}); compactedLedgerRoot must be a writable "
-                "directory on a mounted file system with free space", root=str(self.root)
-            ) from exc
+    def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return unwritable(self.root, what)
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""
@@ -311,8 +267,6 @@ class LedgerStore:
         """
         pointer = self.pointer(topic)
         doomed = expired(pointer, now)
-        if not doomed:
-            return []
         self.drop_retired(topic, set(doomed), pointer)
         for ledger_id in doomed:
             self.delete_ledger(topic, ledger_id)
@@ -378,17 +332,13 @@ class LedgerStore:
         """
         resolved = Path(path).resolve()
         parts = resolved.relative_to(self.root).parts if resolved.is_relative_to(self.root) else ()
-        is_topic = len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT
-        if not is_topic:
-            raise InvalidArgument(
-                f"refusing to discard {path}: only an entry of a topic directory under ledger root "
-                f"{self.root} (not its CURRENT) can be discarded"
-            )
+        if not (len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT):
+            raise InvalidArgument(f"refusing to discard {path}: only an entry of a topic directory under ledger "
+                                  f"root {self.root} (not its CURRENT) can be discarded")
         if self._is_current(parts[0], resolved):
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
-        key = f"{parts[0]}/{parts[1]}"
-        self.objects.delete(key)
-        self.objects.delete_prefix(key + "/")
+        self.objects.delete(f"{parts[0]}/{parts[1]}")
+        self.objects.delete_prefix(f"{parts[0]}/{parts[1]}/")
 
     def mark_deleting(self, topic: str) -> bool:
         """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
@@ -417,7 +367,7 @@ class LedgerStore:
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
-        return sorted(list_names(self._daemon_dir / _QUARANTINE))
+        return sorted(name.rstrip("/") for name in self.objects.children(f"{DAEMON_DIR}/{_QUARANTINE}/"))
 
     def remove_orphans(self, topic: str) -> list[str]:
         """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;

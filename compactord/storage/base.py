@@ -131,6 +131,14 @@ class ObjectStore(ABC):
         """
 
     @abstractmethod
+    def copy(self, source: str, target: str) -> str:
+        """Write the object ``source`` also as ``target`` (within the store, without reading it here); return
+        the new object's version.
+
+        :raises ObjectNotFound: there is no object under ``source``.
+        """
+
+    @abstractmethod
     def open_input(self, key: str) -> pa.NativeFile:
         """A random-access reader of the object, for Parquet reads (footers, row groups). Close it.
 

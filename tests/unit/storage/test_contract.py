@@ -132,6 +132,16 @@ def test_put_file_and_random_access_for_parquet(store: ObjectStore, tmp_path: Pa
         store.put_file("t/x", tmp_path / "absent")
 
 
+def test_copy(store: ObjectStore) -> None:
+    store.put("t/ledger-1/part", b"rows")
+    version = store.copy("t/ledger-1/part", "@compactord/quarantine/t-1/ledger-1/part")
+    store.delete("t/ledger-1/part")
+    assert store.get("@compactord/quarantine/t-1/ledger-1/part") == b"rows"
+    assert store.head("@compactord/quarantine/t-1/ledger-1/part").version == version  # type: ignore[union-attr]
+    with pytest.raises(ObjectNotFound):
+        store.copy("t/ledger-1/part", "elsewhere")
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "./a", "a/", "a/.", "a\\b"])
 def test_bad_keys_are_refused(store: ObjectStore, key: str) -> None:
     with pytest.raises(InvalidArgument, match="key"):
