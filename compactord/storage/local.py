@@ -6,8 +6,8 @@ file to the key (a link fails on an existing name); ``put_if_match`` compares th
 ``flock`` of one lock file of the root, which every conditional write and delete takes (threads of this process
 included: each takes its own open file). A version is the file's inode, modification time in nanoseconds (set
 at each write) and size. Names that start with ``.~`` are the store's own (the lock, temporary files): listings
-never show them. An empty folder left by a delete is removed, so that folders look like an object store's
-prefixes.
+never show them. A folder that holds no object is no prefix: listings skip it, as an object store's do
+(deletes leave folders in place, so that a writer about to create a file in one never loses it).
 """
 
 from __future__ import annotations
@@ -83,8 +83,14 @@ class LocalStore(ObjectStore):
             raise InvalidArgument(f"children are asked of '' or a prefix ending in '/', got: {prefix!r}")
         check_prefix(prefix)
         base = self.root / prefix
+        found = []
         with self._errors(f"listing {prefix!r}"):
-            return sorted(name + "/" if os.path.isdir(base / name) else name for name in _names(base))
+            for name in _names(base):
+                if not os.path.isdir(base / name):
+                    found.append(name)
+                elif _holds_objects(base / name):
+                    found.append(name + "/")
+        return sorted(found)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -212,7 +218,6 @@ class LocalStore(ObjectStore):
             except (FileNotFoundError, NotADirectoryError):
                 return
             fsync_path(path.parent)
-            self._prune(path.parent)
 
     def delete_prefix(self, prefix: str) -> list[str]:
         # A folder goes as a whole: with it the files a crash left unnamed (a put's or a task's temporary file).
@@ -221,7 +226,6 @@ class LocalStore(ObjectStore):
             folder = self.root / prefix.rstrip("/")
             if folder != self.root:
                 remove_path(folder)
-                self._prune(folder.parent)
         return keys
 
     def recover(self) -> None:
@@ -256,16 +260,6 @@ class LocalStore(ObjectStore):
             return _version(path.stat())
         except (FileNotFoundError, NotADirectoryError):
             return None
-
-    def _prune(self, folder: Path) -> None:
-        """Remove ``folder`` and its parents below the root while they are empty (called under the lock)."""
-        while folder != self.root and folder.is_relative_to(self.root):
-            try:
-                folder.rmdir()
-            except OSError:
-                return  # not empty (or gone): a folder that holds an object stays
-            fsync_path(folder.parent)
-            folder = folder.parent
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -303,6 +297,14 @@ def _names(folder: Path) -> list[str]:
         return [n for n in os.listdir(folder) if not n.startswith(PRIVATE)]
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _holds_objects(folder: Path) -> bool:
+    """Whether a file other than the store's own is in ``folder`` or below (stops at the first)."""
+    for _, _, names in os.walk(folder):
+        if any(not name.startswith(PRIVATE) for name in names):
+            return True
+    return False
 
 
 def _version(st: os.stat_result) -> str:

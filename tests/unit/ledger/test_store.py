@@ -121,6 +121,8 @@ def test_allocate_creates_the_topic_dir_but_not_the_ledger_dir(store: LedgerStor
     ledger_id, path = store.allocate_ledger("orders")
     assert ledger_id == 1 and path == store.root / "orders" / "ledger-1"
     assert store.topic_dir("orders").is_dir() and not path.exists()
+    assert store.topics() == []  # a topic is listed once it holds an object, as on an object store
+    store.switch("orders", make_ledger(store, "orders"))
     assert store.topics() == ["orders"]
 
 
@@ -138,7 +140,7 @@ def test_ids_increase_per_topic_and_are_never_reused(tmp_path: Path) -> None:
         s.delete_ledger("a", seen[-2])
         seen.append(s.allocate_ledger("a")[0])
         s.delete_topic("a")  # its ledgers, pointer and folder go; its last id stays
-        assert s.topics() == ["b"]
+        assert not s.topic_dir("a").exists() and s.topics() == []
         seen.append(s.allocate_ledger("a")[0])
         threads_ids: list[int] = []
         workers = [
@@ -384,7 +386,7 @@ def test_remove_orphans_keeps_the_current_ledger_only(
         assert sorted(p.name for p in s.ledger_path("t", current).iterdir()) == [
             "manifest.json", "part-00000-c000.snappy.parquet"
         ]
-        assert not s.topic_dir("never-switched").exists() and s.topics() == ["t"]
+        assert list(s.topic_dir("never-switched").iterdir()) == [] and s.topics() == ["t"]
         s.verify("t", current)
     logged = caplog.text
     for name in (f"ledger-{old}", partial.name, "CURRENT.tmp", "manifest.json.tmp"):
@@ -432,8 +434,10 @@ def test_ledger_ids_are_positive_integers(store: LedgerStore, ledger_id: Any) ->
 
 
 def test_topics_lists_valid_topic_dirs_only(store: LedgerStore) -> None:
-    for name in ("b.topic", "a_topic", "not a topic"):
+    for name in ("b.topic", "a_topic", "not a topic", "empty"):
         (store.root / name).mkdir()
+        if name != "empty":
+            (store.root / name / "policies.json").write_text("{}")
     (store.root / "file-not-dir").write_text("")
     assert store.topics() == ["a_topic", "b.topic"]
     assert LedgerStore(store.root / "missing").topics() == []
