@@ -20,7 +20,7 @@ from compactord.errors import (
     NotCompacted,
 )
 from compactord.interfaces import TopicCompactionService
-from compactord.ledger.pointer import Pointer
+from compactord.ledger.pointer import Pointer, expired
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
 from compactord.task import CompactionTaskCtx
@@ -153,7 +153,7 @@ class SparkTopicCompactionService(TopicCompactionService):
                 return []
             try:
                 pointer = store.pointer(self.topic)
-                doomed = [r.id for r in pointer.retired if r.until <= time.time()]
+                doomed = expired(pointer)
                 if doomed:
                     store.drop_retired(self.topic, set(doomed), pointer)
             except (Fenced, LedgerCorrupt) as exc:  # another writer, or a pointer its reads report
