@@ -229,11 +229,14 @@ class LocalStore(ObjectStore):
         return keys
 
     def recover(self) -> None:
+        # Temporary files of interrupted writes, and the folders that hold nothing then (deletes leave them).
         with self._errors("removing temporary files"):
-            for folder, _, names in os.walk(self.root):
+            for folder, subfolders, names in os.walk(self.root, topdown=False):
                 for name in names:
                     if name.startswith(PRIVATE) and name.endswith(TMP_SUFFIX):
                         Path(folder, name).unlink(missing_ok=True)
+                if Path(folder) != self.root and not os.listdir(folder):
+                    os.rmdir(folder)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -48,3 +48,15 @@ def test_a_full_disk_is_insufficient_space(tmp_path: Path) -> None:
         with pytest.raises(InsufficientDiskSpace, match="no space left"):
             store.put("big", b"x" * 200_000)
         assert store.list() == []  # the temporary file went with the failure
+
+
+def test_recover_removes_what_interrupted_writes_left(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("t/CURRENT", b"x")
+    (tmp_path / "t" / ".~CURRENT.1-2-3.tmp").write_bytes(b"a put a crash interrupted")
+    (tmp_path / "t" / "ledger-2").mkdir()  # a ledger a crash left before its first file
+    store.put("u/ledger-1/part", b"p")
+    store.delete("u/ledger-1/part")
+    store.recover()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".~")) == ["t"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["CURRENT"]
