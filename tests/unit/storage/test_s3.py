@@ -204,6 +204,24 @@ def test_listings_page_past_a_thousand(s3_server: S3Server) -> None:
     assert store.list() == [] and store.children() == []
 
 
+def test_the_daemons_metrics_count_the_stores_requests(s3_server: S3Server) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from compactord.daemon.metrics import Metrics
+
+    metrics = Metrics()
+    store = s3_server.store(observer=metrics.storage_request)
+    store.put("k", b"x")
+    store.get("k")
+    store.get("k", 0, 1)
+    samples = {(s.name, s.labels.get("op"), s.labels.get("le")): s.value
+               for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
+    assert samples[("compactord_storage_requests_total", "put", None)] == 1
+    assert samples[("compactord_storage_requests_total", "get", None)] == 2
+    assert samples[("compactord_storage_request_seconds_count", "get", None)] == 2
+    assert samples[("compactord_storage_request_seconds_bucket", "get", "+Inf")] == 2
+
+
 def test_a_missing_object_through_open_input(s3_server: S3Server) -> None:
     with pytest.raises(ObjectNotFound, match=r"s3://ledgers/.* has no object 'absent'"):
         s3_server.store().open_input("absent")
