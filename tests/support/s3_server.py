@@ -3,7 +3,7 @@ per test session, data on disk under the session's temporary folder.
 
 ``weed mini`` runs a master, a volume server, a filer and the S3 gateway in one process; each listens on a port
 and on that port + 10000 for gRPC, so the ports are chosen below 22768 with both free. It binds 127.0.0.1 only,
-keeps its Unix sockets in its own folder (not /tmp), sends no telemetry, and creates the bucket at start. It is
+keeps its Unix sockets and logs in its own folder (not /tmp), sends no telemetry, and creates the bucket at start. It is
 ready once the bucket answers a signed HEAD. It stops on SIGTERM (SIGKILL after a grace period), by PID.
 
 The session's server is the ``s3_server`` fixture (``tests/conftest.py`` imports it); a test gets a store on a
@@ -77,7 +77,7 @@ class S3Server:
     ports: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> S3Server:
-        data, sockets = self.folder / "data", self.folder / "sockets"
+        data, sockets = self.folder / "data", self.folder / "tmp"
         data.mkdir(parents=True, exist_ok=True)
         sockets.mkdir(exist_ok=True)
         identities = self.folder / "identities.json"
@@ -97,7 +97,9 @@ class S3Server:
         ]
         log = open(self.folder / "weed.log", "wb")  # noqa: SIM115 - the process holds it
         started = time.monotonic()
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+        # Its gRPC servers' Unix sockets and its logs go to the temporary folder Go is given, not /tmp.
+        env = {**os.environ, "TMPDIR": str(sockets)}
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
                                         start_new_session=True)
         log.close()
         try:
