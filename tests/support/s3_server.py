@@ -2,9 +2,10 @@
 per test session, data on disk under the session's temporary folder.
 
 ``weed mini`` runs a master, a volume server, a filer and the S3 gateway in one process; each listens on a port
-and on that port + 10000 for gRPC, so the ports are chosen below 22768 with both free. It binds 127.0.0.1 only,
-keeps its Unix sockets and logs in its own folder (not /tmp), sends no telemetry, and creates the bucket at start. It is
-ready once the bucket answers a signed HEAD. It stops on SIGTERM (SIGKILL after a grace period), by PID.
+and on that port + 10000 for gRPC, so the ports are chosen below 22768 with both free. It binds 127.0.0.1
+only, keeps its Unix sockets and logs in its own folder (not /tmp), sends no telemetry, and creates the bucket
+at start. It is ready once the store's start check passes (bucket, credentials, conditional writes). It stops
+on SIGTERM (SIGKILL after a grace period), by PID.
 
 The session's server is the ``s3_server`` fixture (``tests/conftest.py`` imports it); a test gets a store on a
 fresh prefix with ``s3_server.store()``.
