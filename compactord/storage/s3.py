@@ -181,6 +181,19 @@ class S3Store(ObjectStore):
                 f"is at version {current.version if current else 'none (absent)'}, not {condition['IfMatch']}")
             raise self._io.precondition(key, why, current.version if current else None) from failed.exc
 
+    def copy(self, source: str, target: str) -> str:
+        src, full = self._key(source), self._key(target)
+        args = {"Bucket": self.bucket, "Key": full, "CopySource": {"Bucket": self.bucket, "Key": src},
+                **self.options.write_args()}
+        try:
+            answer = self._io.write("copy", lambda c: c.copy_object(**args))
+        except RequestFailed as failed:
+            if error_code(failed.exc) == "NoSuchKey" or status_of(failed.exc) == 404:
+                raise self._io.not_found(source) from failed.exc
+            raise self._io.unavailable(f"copying {source!r} to {target!r}", failed) from failed.exc
+        etag = str(answer["CopyObjectResult"]["ETag"])
+        return etag if etag.startswith(('"', 'W/"')) else f'"{etag}"'  # some stores leave it unquoted here
+
     def put_file(self, key: str, path: Path) -> str:
         source = Path(path)
         if not source.is_file():
