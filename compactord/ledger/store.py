@@ -81,9 +81,9 @@ class LedgerStore:
                 self.epoch = raise_epoch(self.objects)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
-            # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
+            # Progress folders an older version's tasks left (tasks now report over the driver's channel).
             for task in list_names(self._daemon_dir / _PROGRESS):
-                log.warning("removing progress files of interrupted task %s", task)
+                log.warning("removing the progress files an older version left for task %s", task)
                 remove_path(self._daemon_dir / _PROGRESS / task)
             # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
             for topic in self.topics():
@@ -146,12 +146,6 @@ class LedgerStore:
         if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 1:
             raise InvalidArgument(f"ledger id must be a positive integer, got: {ledger_id!r}")
         return self.topic_dir(topic) / ledger_dir_name(ledger_id)
-
-    def progress_dir(self, task_id: str) -> Path:
-        """The folder where a task's readers report progress (removed at ``open()`` if a crash left it)."""
-        if not task_id or Path(task_id).name != task_id or task_id.startswith("."):
-            raise InvalidArgument(f"task id must be a plain name, got: {task_id!r}")
-        return self._daemon_dir / _PROGRESS / task_id
 
     def topics(self) -> list[str]:
         """Sorted names of the topics under the root."""
