@@ -255,6 +255,8 @@ def test_a_cancel_during_the_spark_job_logs_one_info_line(daemon: DaemonProcess,
         for i in range(CANCEL_RECORDS):
             producer.send(topic, key=b"k%d" % (i % 5000), value=b"v" * 30, partition=i % 2)
         producer.flush()
+    # A read budget of ~2 s of the topic, so that the cancel comes while the tasks read, however fast the run.
+    ok(cli(daemon, "policies", topic, "--set", f"maxReadBytesPerSecond={CANCEL_RECORDS * 35 // 2}"))
     mark = len(daemon.log_text())
     task = json.loads(ok(cli(daemon, "compact", topic, "--json")))
     # the Spark job is reading: the executors report progress
