@@ -35,6 +35,11 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
     +-- LedgerRootUnwritable (OSError)  ledger_root_unwritable       503
+    +-- Fenced                          fenced                       409
+    +-- StorageUnavailable (ConnectionError)
+    |                                   storage_unavailable          503
+    +-- PreconditionFailed              precondition_failed          500   (internal)
+    +-- ObjectNotFound (LookupError)    object_not_found             500   (internal)
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                permission_denied            403
     +-- HostNotAllowed                  host_not_allowed             400
@@ -45,7 +50,9 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     |   +-- NotCompactordApi            not_compactord_api           502   (client side)
 
 Third-party errors (kafka-python, py4j/Spark, the file system) are translated at one boundary each
-(``kafka/client.py``, ``engine/spark_session.py``, ``ledger/store.py``) with ``raise ... from exc``.
+(``kafka/client.py``, ``engine/spark_session.py``, each backend of ``storage/``) with ``raise ... from exc``.
+``PreconditionFailed`` and ``ObjectNotFound`` are the store's answers to its callers in ``ledger/``, which
+turn them into ``Fenced``, ``LedgerCorrupt`` or ``LedgerRetired``; an API answer with them is a bug.
 """
 
 from __future__ import annotations
@@ -269,6 +276,45 @@ class LedgerRootUnwritable(CompactordError, OSError):
 
     code = "ledger_root_unwritable"
     status = 503
+
+
+class Fenced(CompactordError):
+    """A switch lost: the topic's pointer changed since the task read it, or names a writer of a higher epoch.
+    The task fails and changes nothing; the view stays as the winner left it."""
+
+    code = "fenced"
+    status = 409
+
+
+class StorageUnavailable(CompactordError, ConnectionError):
+    """The ledger root's store failed an operation (an I/O error, a permission, an unreachable store)."""
+
+    code = "storage_unavailable"
+    status = 503
+
+
+class PreconditionFailed(CompactordError):
+    """A conditional write of the store found the object in another state than its condition
+    (``put_if_absent``: it exists; ``put_if_match``: another version, or none)."""
+
+    code = "precondition_failed"
+    status = 500
+
+    def __init__(self, message: str, *, key: str, current: str | None = None) -> None:
+        super().__init__(message, key=key, current=current)
+        self.key = key
+        self.current = current
+
+
+class ObjectNotFound(CompactordError, LookupError):
+    """The store holds no object under the key read."""
+
+    code = "object_not_found"
+    status = 500
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message, key=key)
+        self.key = key
 
 
 class PluginLoadError(ConfigError):

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
 JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
-HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl, the run history of each topic
+HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl and <topic>/, the run history of each topic
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ class Daemon:
         self.settings = settings
         self._jvm_check_timeout_s = jvm_check_timeout_s
         self.store, deleted = _open_store(settings.compacted_ledger_root)
-        self.history = RunHistory(self.store.root / DAEMON_DIR / HISTORY_DIR, settings.compaction_history_max_runs,
-                                  settings.compaction_history_max_age_days)
+        self.history = RunHistory(self.store.objects, f"{DAEMON_DIR}/{HISTORY_DIR}",
+                                  settings.compaction_history_max_runs, settings.compaction_history_max_age_days)
         for topic in deleted:  # the rest of the topic went in open()
             self._delete_history(topic)
         self._owns_spark = spark is None

@@ -1,35 +1,37 @@
 """The run history: every ended task of a topic, kept on the ledger root across restarts.
 
 Layout (outside the topic folders, so that the ledger layout of ``ledger/store.py`` is unchanged; ``@``
-is illegal in topic names, so no topic is ever mistaken for it)::
+is illegal in topic names, so no topic is ever mistaken for it), objects of the root's store::
 
-    <root>/@compactord/history/<topic>.jsonl   one JSON object a line, oldest first
+    @compactord/history/<topic>.jsonl           the compacted runs: one JSON object a line, oldest first
+    @compactord/history/<topic>/<seq>.json      one run each, recorded since the last compaction
 
-A run is appended, and the file fsynced (its folder too when the file is new), before the task's end
-is visible (``CompactionTaskCtx.add_end_recorder``): a caller who saw the end finds the run here, also
-after a crash. A crash in the middle of an append leaves a torn last line: reads skip it and the next
-append starts on a line of its own.
+An object store can neither append nor rename, so a run is not appended to the file: it is written as an
+object of its own (``put``: durable, whole or absent) before the task's end is visible
+(``CompactionTaskCtx.add_end_recorder``), so that a caller who saw the end finds the run here, also after a
+crash. Once ``_PENDING_MAX`` runs wait as objects, or the bounds below call for it, the runs are compacted:
+the file is written whole with every run within the bounds, then the run objects it now holds are deleted. A
+crash between the two leaves a run both in the file and as an object: reads take each ``seq`` once. A file an
+older version appended to may end in a torn line: reads skip it.
 
 Bounded per topic: ``compactionHistoryMaxRuns`` runs, none older than ``compactionHistoryMaxAgeDays``.
-Reads apply both bounds; the file is rewritten (atomically) once it holds a tenth more runs than the
-bound, or its oldest run has expired, so that an append stays one small write.
+Reads apply both bounds; the file is compacted once it and the run objects hold a tenth more runs than the
+bound, or its oldest run has expired.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
-from compactord.errors import InvalidArgument
-from compactord.ledger.files import disk_errors, fsync_path, remove_path, write_atomic
+from compactord.errors import InvalidArgument, ObjectNotFound
 from compactord.model import validate_topic_name
+from compactord.storage import ObjectStore
 from compactord.task import CompactionTaskCtx, TaskState
 
 __all__ = ["RunHistory", "RunPage", "RunRecord"]
@@ -37,6 +39,9 @@ __all__ = ["RunHistory", "RunPage", "RunRecord"]
 log = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
+# Runs recorded as objects of their own before they are compacted into the topic's file: what a read of the
+# history gets one by one (a list and a small get each), and how often the file is written whole.
+_PENDING_MAX = 32
 _TEXT_MAX = 2000  # an error or a reason detail longer than this is cut (a line stays small)
 DAY_S = 86400.0
 
@@ -123,19 +128,22 @@ class RunPage:
 
 @dataclass(slots=True)
 class _FileState:
-    count: int  # valid runs in the file
+    count: int  # valid runs, in the file and as objects
     last_seq: int
     oldest_finished: float | None
+    pending: int  # runs recorded as objects of their own
 
 
 class RunHistory:
-    """The run histories under one folder. Thread-safe; one writer process (the root's lock holder)."""
+    """The run histories under ``prefix`` (e.g. ``@compactord/history``) of ``objects``. Thread-safe; one
+    writer process (the root's lock holder)."""
 
-    def __init__(self, folder: Path, max_runs: int, max_age_days: float,
+    def __init__(self, objects: ObjectStore, prefix: str, max_runs: int, max_age_days: float,
                  clock: Callable[[], float] = time.time) -> None:
         if max_runs < 1 or max_age_days <= 0:
             raise ValueError(f"max_runs must be >= 1 and max_age_days positive, got: {max_runs}, {max_age_days}")
-        self.folder = Path(folder)
+        self.objects = objects
+        self.prefix = prefix.rstrip("/")
         self.max_runs = max_runs
         self.max_age_s = max_age_days * DAY_S
         self._clock = clock
@@ -144,92 +152,102 @@ class RunHistory:
         # The newest run of each topic asked for: status and listing requests read it, not the file.
         self._last: dict[str, RunRecord | None] = {}
 
-    def path(self, topic: str) -> Path:
-        """:raises InvalidTopicName: ``topic`` is not a legal Kafka topic name."""
-        return self.folder / (validate_topic_name(topic) + SUFFIX)
+    def key(self, topic: str) -> str:
+        """The key of the topic's compacted file.
+
+        :raises InvalidTopicName: ``topic`` is not a legal Kafka topic name.
+        """
+        return f"{self.prefix}/{validate_topic_name(topic)}{SUFFIX}"
+
+    def _runs_prefix(self, topic: str) -> str:
+        return f"{self.prefix}/{validate_topic_name(topic)}/"
 
     # -- writing --------------------------------------------------------------------------------
 
     def append(self, record: RunRecord) -> RunRecord:
-        """Append ``record`` durably (its ``seq`` is assigned here) and return it as stored.
+        """Record ``record`` durably (its ``seq`` is assigned here) and return it as stored.
 
-        :raises InsufficientDiskSpace: the disk is full. :raises OSError: it cannot be written.
+        :raises InsufficientDiskSpace: the disk is full. :raises StorageUnavailable: it cannot be written.
         """
-        path = self.path(record.topic)
-        with self._lock, disk_errors(f"recording run {record.task_id} of topic {record.topic!r}"):
-            state = self._state(record.topic, path)
+        topic = record.topic
+        with self._lock:
+            state = self._state(topic)
             stored = replace(record, seq=state.last_seq + 1)
-            line = json.dumps(stored.to_json(), separators=(",", ":")).encode() + b"\n"
-            if not self.folder.is_dir():
-                self.folder.mkdir(parents=True, exist_ok=True)
-                fsync_path(self.folder.parent)
-            created = not path.exists()
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    line = b"\n" + line  # a crash tore the last line: start on a line of our own
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if created:
-                fsync_path(self.folder)
+            self.objects.put(f"{self._runs_prefix(topic)}{stored.seq:012d}.json", _line(stored))
             state.count += 1
+            state.pending += 1
             state.last_seq = stored.seq
-            self._last[record.topic] = stored
+            self._last[topic] = stored
             if state.oldest_finished is None:
                 state.oldest_finished = stored.finished_at
-            if self._needs_rewrite(state):
-                self._rewrite(record.topic, path)
+            if state.pending >= _PENDING_MAX or self._needs_rewrite(state):
+                self._compact(topic)
         return stored
 
     def delete(self, topic: str) -> None:
         """Remove the topic's history (durably; missing is fine)."""
-        path = self.path(topic)
+        key, runs = self.key(topic), self._runs_prefix(topic)
         with self._lock:
             self._files.pop(topic, None)
             self._last.pop(topic, None)
-            remove_path(path)
+            self.objects.delete_prefix(runs)
+            self.objects.delete(key)
 
     def _needs_rewrite(self, state: _FileState) -> bool:
         over = state.count > self.max_runs + max(1, self.max_runs // 10)
         expired = state.oldest_finished is not None and state.oldest_finished < self._clock() - self.max_age_s
         return over or expired
 
-    def _rewrite(self, topic: str, path: Path) -> None:
-        kept = self._bounded(self._read(path))
-        write_atomic(path, b"".join(json.dumps(r.to_json(), separators=(",", ":")).encode() + b"\n" for r in kept))
+    def _compact(self, topic: str) -> None:
+        """Write the file whole with the runs within the bounds, then delete the run objects it now holds."""
+        runs, pending = self._read(topic)
+        kept = self._bounded(runs)
+        self.objects.put(self.key(topic), b"".join(_line(r) for r in kept))
+        self.objects.delete_many(pending)
         state = self._files[topic]
-        state.count = len(kept)
+        state.count, state.pending = len(kept), 0
         state.oldest_finished = kept[0].finished_at if kept else None
 
-    def _state(self, topic: str, path: Path) -> _FileState:
+    def _state(self, topic: str) -> _FileState:
         state = self._files.get(topic)
         if state is None:
-            runs = self._read(path)
+            runs, pending = self._read(topic)
             state = _FileState(len(runs), max((r.seq for r in runs), default=0),
-                               runs[0].finished_at if runs else None)
+                               runs[0].finished_at if runs else None, len(pending))
             self._files[topic] = state
         return state
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _read(self, path: Path) -> list[RunRecord]:
-        """Every readable run of the file, oldest first (a torn or edited line is skipped)."""
+    def _read(self, topic: str) -> tuple[list[RunRecord], list[str]]:
+        """Every readable run of the topic, each ``seq`` once, oldest first (a torn or edited line is skipped),
+        and the keys of the run objects not compacted yet."""
+        key = self.key(topic)
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return []
-        runs: list[RunRecord] = []
+            data = self.objects.get(key)
+        except ObjectNotFound:
+            data = b""
+        found: dict[int, RunRecord] = {}
         for number, line in enumerate(data.split(b"\n"), 1):
-            if not line.strip():
-                continue
+            self._parse(line, f"{self.objects.location(key)}: line {number}", found)
+        pending = [info.key for info in self.objects.list(self._runs_prefix(topic))]
+        for run_key in pending:
             try:
-                runs.append(RunRecord.from_json(json.loads(line)))
-            except ValueError as exc:  # json's errors are ValueErrors too
-                log.warning("run history %s: line %d skipped (%s)", path, number, exc)
-        return runs
+                self._parse(self.objects.get(run_key), self.objects.location(run_key), found)
+            except ObjectNotFound:
+                continue  # removed by hand since the listing
+        return [found[seq] for seq in sorted(found)], pending
+
+    @staticmethod
+    def _parse(line: bytes, where: str, found: dict[int, RunRecord]) -> None:
+        if not line.strip():
+            return
+        try:
+            record = RunRecord.from_json(json.loads(line))
+        except ValueError as exc:  # json's errors are ValueErrors too
+            log.warning("run history %s skipped (%s)", where, exc)
+            return
+        found[record.seq] = record
 
     def _bounded(self, runs: list[RunRecord]) -> list[RunRecord]:
         since = self._clock() - self.max_age_s
@@ -237,16 +255,16 @@ class RunHistory:
 
     def runs(self, topic: str) -> list[RunRecord]:
         """The topic's runs within the bounds, newest first."""
-        path = self.path(topic)
+        self.key(topic)
         with self._lock:
-            return list(reversed(self._bounded(self._read(path))))
+            return list(reversed(self._bounded(self._read(topic)[0])))
 
     def last(self, topic: str) -> RunRecord | None:
         """The topic's newest run within the bounds (read from the file once, then kept in memory)."""
-        path = self.path(topic)
+        self.key(topic)
         with self._lock:
             if topic not in self._last:
-                runs = self._bounded(self._read(path))
+                runs = self._bounded(self._read(topic)[0])
                 self._last[topic] = runs[-1] if runs else None
             last = self._last[topic]
         return last if last is not None and last.finished_at >= self._clock() - self.max_age_s else None
@@ -266,3 +284,7 @@ class RunHistory:
         runs = [r for r in self.runs(topic) if before is None or r.seq < before]
         page = runs[:limit]
         return RunPage(page, str(page[-1].seq) if len(runs) > limit else None)
+
+
+def _line(record: RunRecord) -> bytes:
+    return json.dumps(record.to_json(), separators=(",", ":")).encode() + b"\n"

@@ -8,15 +8,12 @@ skip a topic that moved to another broker, until it is loaded again or compacted
 from __future__ import annotations
 
 import json
-import os
-import threading
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import InvalidArgument, PoliciesUnreadable
+from compactord.errors import InvalidArgument, ObjectNotFound, PoliciesUnreadable, StorageUnavailable
 
 __all__ = ["PolicyStore", "TopicPolicies"]
 
@@ -85,15 +82,15 @@ class TopicPolicies:
 
 
 class PolicyStore:
-    """Reads and writes the per-topic files through the ledger store's topic folders."""
+    """Reads and writes the per-topic objects through the ledger store's object store (``LedgerStore.objects``)."""
 
     def __init__(self, store: Any, allowed_strategies: Collection[str]) -> None:
         self._store = store
         self.allowed_strategies = tuple(allowed_strategies)
-        self._lock = threading.Lock()
 
-    def _path(self, topic: str, name: str) -> Path:
-        return Path(self._store.topic_dir(topic)) / name
+    def _key(self, topic: str, name: str) -> str:
+        self._store.topic_dir(topic)  # checks the name, and that the topic's folder is the root's
+        return f"{topic}/{name}"
 
     def get(self, topic: str) -> TopicPolicies:
         """The topic's overrides (none if it has no file).
@@ -101,35 +98,30 @@ class PolicyStore:
         :raises CompactordError: the file is unreadable or holds bad overrides (e.g. edited by hand);
             the monitor then skips this topic only, and a PUT or DELETE of the policies repairs it.
         """
-        path = self._path(topic, POLICIES)
+        objects = self._store.objects
+        key = self._key(topic, POLICIES)
         try:
-            return TopicPolicies.from_json(json.loads(path.read_text()), self.allowed_strategies)
-        except FileNotFoundError:
+            return TopicPolicies.from_json(json.loads(objects.get(key)), self.allowed_strategies)
+        except ObjectNotFound:
             return TopicPolicies()
-        except (OSError, ValueError) as exc:  # InvalidArgument is a ValueError too
+        except (StorageUnavailable, ValueError) as exc:  # InvalidArgument is a ValueError too
             raise PoliciesUnreadable(
-                f"policies file {path} of topic {topic!r} is not usable ({exc}); replace it with "
+                f"policies file {objects.location(key)} of topic {topic!r} is not usable ({exc}); replace it with "
                 f"PUT /v1/topics/{topic}/policies or remove it with DELETE"
             ) from exc
 
     def put(self, topic: str, policies: TopicPolicies) -> None:
-        path = self._path(topic, POLICIES)
-        with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(policies.to_json(), indent=1))
-            os.replace(tmp, path)
+        self._store.objects.put(self._key(topic, POLICIES), json.dumps(policies.to_json(), indent=1).encode())
 
     def delete(self, topic: str) -> None:
-        self._path(topic, POLICIES).unlink(missing_ok=True)
+        self._store.objects.delete(self._key(topic, POLICIES))
 
     def unloaded(self, topic: str) -> bool:
-        return self._path(topic, UNLOADED).exists()
+        return self._store.objects.head(self._key(topic, UNLOADED)) is not None
 
     def set_unloaded(self, topic: str, unloaded: bool) -> None:
-        path = self._path(topic, UNLOADED)
+        key = self._key(topic, UNLOADED)
         if unloaded:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
+            self._store.objects.put(key, b"")
         else:
-            path.unlink(missing_ok=True)
+            self._store.objects.delete(key)

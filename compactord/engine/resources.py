@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from compactord.engine.spark_session import SparkSessionManager
     from compactord.engine.strategies import ResolvedStrategy
     from compactord.interfaces import BrokerMetadata
+    from compactord.ledger.pointer import Pointer
     from compactord.ledger.reader import LedgerHandle
     from compactord.ledger.store import LedgerStore
     from compactord.task import TaskProbe
@@ -77,10 +78,12 @@ class TopicLedger(Protocol):
         """
         ...
 
-    def switch_to(self, handle: LedgerHandle, ledger_id: int) -> tuple[LedgerHandle | None, Exception | None]:
-        """Make ``handle`` current; return the ledger it replaced in memory and any error past the commit
-        point (the switch then stands).
+    def switch_to(self, handle: LedgerHandle, ledger_id: int,
+                  base: Pointer | None = None) -> tuple[LedgerHandle | None, Exception | None]:
+        """Make ``handle`` current if the pointer is still ``base``; return the ledger it replaced in memory
+        and any error past the commit point (the switch then stands).
 
+        :raises Fenced: the pointer changed since ``base`` (another writer switched); nothing changed.
         :raises Exception: the switch failed before its commit point (the previous ledger stays current).
         """
         ...

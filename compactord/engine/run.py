@@ -27,7 +27,7 @@ from compactord.engine.resources import TopicLedger
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
-from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.ledger.reader import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
 
@@ -68,6 +68,7 @@ class CompactionRun:
         try:
             ctx.checkpoint("pending")
             ctx.transition(TaskState.CREATING_RAW_READER)
+            base = self.store.switch_base(self.topic)  # the switch commits only if the pointer is still this
             self.key_ttl_ms = self.factory.key_ttl_ms_for(self.topic)
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             cancel_hook = self._cancel_hook(channel)
@@ -99,11 +100,11 @@ class CompactionRun:
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(plan, ledger_id, tail, started)
-            handle = LedgerHandle(LedgerReader(new_path, manifest))
+            handle = LedgerHandle(self.store.open_reader(self.topic, ledger_id, manifest))
             ctx.checkpoint("written")
             ctx.begin_switch()
             ctx.checkpoint("switch")
-            old, problem = self.service.switch_to(handle, ledger_id)
+            old, problem = self.service.switch_to(handle, ledger_id, base)
             switched = True
             if problem is not None:
                 ctx.stats.switch_warning = f"ledger {ledger_id} is current, but the switch then failed: {problem}"
@@ -380,7 +381,7 @@ class CompactionRun:
                             old_id, topic, exc_info=True)
 
         if old is None:  # never loaded in memory: a handle of its own, so that pinned reads find it
-            old = LedgerHandle(LedgerReader(store.ledger_path(topic, old_id), previous))
+            old = LedgerHandle(store.open_reader(topic, old_id, previous))
         self.service.keep_retired(old, old_id, delete)
 
     def _delete_replaced(self, ledger_id: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -12,12 +13,14 @@ from compactord.engine.resources import EngineResources
 from compactord.engine.run import CompactionRun
 from compactord.errors import (
     CompactionAlreadyRunning,
+    Fenced,
     InvalidArgument,
     LedgerCorrupt,
     LedgerRetired,
     NotCompacted,
 )
 from compactord.interfaces import TopicCompactionService
+from compactord.ledger.pointer import Pointer, expired
 from compactord.ledger.reader import LedgerHandle, LedgerReader
 from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
 from compactord.task import CompactionTaskCtx
@@ -29,6 +32,9 @@ T = TypeVar("T")
 # A read retries when a switch retires the ledger it found; more than one retry needs two switches
 # within one read, so this bound is never reached in practice.
 _READ_ATTEMPTS = 10
+# A sweep of retired ledgers waits while a task of the topic runs (the pointer is the task's base); it is tried
+# again this much later.
+_SWEEP_RETRY_S = 5.0
 
 
 class SparkTopicCompactionService(TopicCompactionService):
@@ -40,8 +46,11 @@ class SparkTopicCompactionService(TopicCompactionService):
         self._handle: LedgerHandle | None = None
         self._handle_id: int | None = None
         self._corrupt: LedgerCorrupt | None = None
-        # Ledgers a switch replaced, readable by id (a pinned read) until their grace period ends.
-        self._retired: dict[int, LedgerHandle] = {}
+        # Ledgers a switch replaced that a pinned read opened, readable by id until the ``until`` the pointer's
+        # retired list gives them (the list, not this, says which are readable: it outlives a restart).
+        self._retired: dict[int, tuple[LedgerHandle, Callable[[], None]]] = {}
+        self._sweep: threading.Timer | None = None
+        self._sweep_at = 0.0
 
     # -- the current ledger ---------------------------------------------------------------------
 
@@ -52,7 +61,10 @@ class SparkTopicCompactionService(TopicCompactionService):
         """
         store = self.factory.store
         with self._lock:
-            ledger_id = store.current_ledger_id(self.topic)
+            pointer = store.pointer(self.topic)
+            ledger_id = pointer.ledger
+            if pointer.retired:  # also after a restart: the retired ledgers are deleted when their time comes
+                self._arm_sweep(min(r.until for r in pointer.retired))
             if ledger_id is None:
                 return None
             cached = self._handle if self._handle is not None and self._handle_id == ledger_id else None
@@ -71,7 +83,7 @@ class SparkTopicCompactionService(TopicCompactionService):
             self._corrupt = None
             if cached is not None:
                 return cached
-            handle = LedgerHandle(LedgerReader(store.ledger_path(self.topic, ledger_id), manifest))
+            handle = LedgerHandle(store.open_reader(self.topic, ledger_id, manifest))
             displaced = self._install(handle, ledger_id)
             if displaced is not None:
                 # CURRENT moved without this service's switch (another service on the store): readers
@@ -87,20 +99,26 @@ class SparkTopicCompactionService(TopicCompactionService):
             old, self._handle, self._handle_id = self._handle, handle, ledger_id
             return old
 
-    def switch_to(self, handle: LedgerHandle, ledger_id: int) -> tuple[LedgerHandle | None, Exception | None]:
-        """Make ``handle`` current: the CURRENT pointer and the in-memory ledger, under the lock that reads
-        take to find the current ledger, so that no read installs the new ledger in between and leaves
-        the old one unretired.
+    def switch_to(self, handle: LedgerHandle, ledger_id: int,
+                  base: Pointer | None = None) -> tuple[LedgerHandle | None, Exception | None]:
+        """Make ``handle`` current: the CURRENT pointer (by compare-and-swap against ``base``, the pointer the
+        task read when it started; the ledger it names joins the retired list for
+        ``compactionRetiredLedgerGraceSeconds``) and the in-memory ledger, under the lock that reads take to
+        find the current ledger, so that no read installs the new ledger in between and leaves the old one
+        unretired.
 
         The commit point is the replacement of CURRENT: an error before it raises (the previous ledger
-        stays current); an error after it (e.g. the directory's fsync) is returned with the ledger
-        this replaced in memory, and the switch stands.
+        stays current; ``Fenced`` if another writer switched since ``base``); an error after it (e.g. the
+        directory's fsync) is returned with the ledger this replaced in memory, and the switch stands.
         """
         store = self.factory.store
+        grace = self.factory.settings.compaction_retired_ledger_grace_seconds
         with self._lock:
             problem: Exception | None = None
             try:
-                store.switch(self.topic, ledger_id)
+                store.switch(self.topic, ledger_id, base, retire_for=grace)
+            except Fenced:
+                raise
             except Exception as exc:
                 if store.current_ledger_id(self.topic) != ledger_id:
                     raise
@@ -112,49 +130,113 @@ class SparkTopicCompactionService(TopicCompactionService):
     # -- ledgers replaced by a switch ------------------------------------------------------------
 
     def keep_retired(self, handle: LedgerHandle, ledger_id: int, delete: Callable[[], None]) -> None:
-        """A ledger replaced by a switch stays readable by id (``ledger_id=`` reads) for
-        ``compactionRetiredLedgerGraceSeconds``, so that a reader pinned to it finishes; then it is
-        retired, and deleted once no read holds it."""
-        grace = self.factory.settings.compaction_retired_ledger_grace_seconds
-        if grace <= 0:
+        """A ledger replaced by a switch stays readable by id (``ledger_id=`` reads) until the ``until`` the
+        switch gave it in the pointer's retired list (``compactionRetiredLedgerGraceSeconds``), so that a reader
+        pinned to it finishes; then the sweep takes it off the list, retires it, and ``delete`` runs once no
+        read holds it."""
+        if self.factory.settings.compaction_retired_ledger_grace_seconds <= 0:
             handle.retire(delete)
             return
+        until = self.factory.store.pointer(self.topic).retired_until(ledger_id)
         with self._lock:
-            self._retired[ledger_id] = handle
-        timer = threading.Timer(grace, self._expire, args=(ledger_id, delete))
-        timer.daemon = True
-        timer.start()
+            self._retired[ledger_id] = (handle, delete)
+        self._arm_sweep(until if until is not None else time.time())
 
-    def _expire(self, ledger_id: int, delete: Callable[[], None]) -> None:
+    def sweep_retired(self) -> list[int]:
+        """Take the retired ledgers past their ``until`` off the pointer, retire them and delete their files
+        once no read holds them; return their ids. Waits while a task of the topic runs (its switch must find
+        the pointer as the task read it)."""
+        store = self.factory.store
         with self._lock:
-            handle = self._retired.pop(ledger_id, None)
-        if handle is not None:
-            handle.retire(delete)
+            if self._task is not None and not self._task.done:
+                self._arm_sweep(time.time() + _SWEEP_RETRY_S)
+                return []
+            try:
+                pointer = store.pointer(self.topic)
+                doomed = expired(pointer)
+                if doomed:
+                    store.drop_retired(self.topic, set(doomed), pointer)
+            except (Fenced, LedgerCorrupt) as exc:  # another writer, or a pointer its reads report
+                log.warning("retired ledgers of topic %s not swept: %s", self.topic, exc)
+                return []
+            left = [r.until for r in pointer.retired if r.id not in doomed]
+            gone = [(i, self._retired.pop(i, None)) for i in doomed]
+        if left:
+            self._arm_sweep(min(left))
+        for ledger_id, held in gone:
+            handle, delete = held if held is not None else (None, self._deleter(ledger_id))
+            if handle is not None:
+                handle.retire(delete)
+            else:
+                delete()
+        if gone:
+            log.info("topic %s: retired ledgers %s deleted (past their grace period)", self.topic, doomed)
+        return doomed
+
+    def _deleter(self, ledger_id: int) -> Callable[[], None]:
+        def delete() -> None:
+            self.factory.store.delete_ledger(self.topic, ledger_id)
+        return delete
+
+    def _arm_sweep(self, at: float) -> None:
+        """Sweep at ``at`` (UTC seconds), unless a sweep is due before then."""
+        with self._lock:
+            if self._sweep is not None and self._sweep.is_alive() and self._sweep_at <= at:
+                return
+            if self._sweep is not None:
+                self._sweep.cancel()
+            self._sweep_at = at
+            self._sweep = threading.Timer(max(0.0, at - time.time()), self._run_sweep)
+            self._sweep.daemon = True
+            self._sweep.start()
+
+    def _run_sweep(self) -> None:
+        try:
+            self.sweep_retired()
+        except Exception:  # a timer thread has no caller: the next switch or start sweeps again
+            log.exception("sweeping the retired ledgers of topic %s failed", self.topic)
 
     def _expire_all(self) -> None:
         with self._lock:
             retired, self._retired = self._retired, {}
-        for handle in retired.values():
-            handle.retire(lambda: None)  # the files go with the topic, or at the next start-up
+            if self._sweep is not None:
+                self._sweep.cancel()
+        for handle, _ in retired.values():
+            handle.retire(lambda: None)  # the files go with the topic, or at the next sweep or start-up
 
     def _handle_for(self, ledger_id: int | None) -> LedgerHandle:
-        """The current ledger, or (``ledger_id``) that ledger if it is current or in its grace period.
+        """The current ledger, or (``ledger_id``) that ledger if it is current or retired before its ``until``
+        (read from the pointer: also after a restart).
 
-        :raises LedgerRetired: the pinned ledger is gone (its grace period passed, or it never was).
+        :raises LedgerRetired: the pinned ledger is past its ``until``, never existed, or its files are gone.
         """
         handle = self.current()
         if handle is None and ledger_id is None:
             raise NotCompacted(self.topic)
         if ledger_id is None or (handle is not None and handle.manifest.ledger_id == ledger_id):
             return handle  # type: ignore[return-value]
-        with self._lock:
-            retired = self._retired.get(ledger_id)
-        if retired is None:
-            current = None if handle is None else handle.manifest.ledger_id
+        current = None if handle is None else handle.manifest.ledger_id
+        until = self.factory.store.pointer(self.topic).retired_until(ledger_id)
+        if until is None or until <= time.time():
             raise LedgerRetired(
                 f"ledger {ledger_id} of topic {self.topic!r} is not readable: it was replaced more than "
                 f"compactionRetiredLedgerGraceSeconds ago, or never existed; start the read again "
                 f"(the current ledger is {current})", topic=self.topic, ledger_id=ledger_id, current=current)
+        with self._lock:
+            held = self._retired.get(ledger_id)
+            if held is not None:
+                return held[0]
+            store = self.factory.store
+            try:  # retired before a restart: opened again, its files as its manifest lists them
+                manifest = store.load_manifest(self.topic, ledger_id)
+                retired = LedgerHandle(store.open_reader(self.topic, ledger_id, manifest))
+            except LedgerCorrupt as exc:
+                raise LedgerRetired(
+                    f"ledger {ledger_id} of topic {self.topic!r} is not readable: its files are gone ({exc}); "
+                    f"start the read again (the current ledger is {current})",
+                    topic=self.topic, ledger_id=ledger_id, current=current) from exc
+            self._retired[ledger_id] = (retired, self._deleter(ledger_id))
+        self._arm_sweep(until)
         return retired
 
     def _read(self, fn: Callable[[LedgerReader], T], ledger_id: int | None = None) -> tuple[LedgerManifest, T]:
@@ -174,6 +256,12 @@ class SparkTopicCompactionService(TopicCompactionService):
                 continue
             try:
                 return handle.manifest, fn(reader)
+            except LedgerCorrupt as exc:
+                if ledger_id is None or handle is self._handle:
+                    raise
+                raise LedgerRetired(  # a retired ledger's files went before its time (removed by hand)
+                    f"ledger {ledger_id} of topic {self.topic!r} is not readable: its files are gone ({exc}); "
+                    "start the read again", topic=self.topic, ledger_id=ledger_id) from exc
             finally:
                 handle.release()
 

@@ -1,8 +1,10 @@
 """The ledger store: compacted ledgers as Parquet files under one root, and reads of them with pyarrow.
 
 ``store.LedgerStore`` owns the root (its lock, ids, manifests, the ``CURRENT`` pointer, orphans,
-durable topic deletion), with ``manifests`` (sealing, loading, verifying a ledger's manifest) and
-``removal`` (deletion, orphans); ``quarantine`` moves aside ledgers found without their ``CURRENT``;
+durable topic deletion), every object through the root's ``compactord.storage.ObjectStore``, with
+``pointer`` (the compare-and-swap pointer, its retired list, ledger ids, the writer epoch), ``manifests``
+(sealing, loading, verifying a ledger's manifest) and ``removal`` (deletion, orphans); ``quarantine`` moves
+aside ledgers found without their ``CURRENT``;
 ``reader.LedgerReader`` reads one verified ledger; ``reader.LedgerHandle`` counts its readers so that
 a switch never deletes files from under a read; ``row_groups`` reads the files' footers (a partition's
 row groups, its rows from those alone).

@@ -6,17 +6,44 @@ A lock whose holder died is free again (flock locks die with their process).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from compactord.errors import LedgerRootLocked
+from compactord.errors import (
+    CompactordError,
+    InsufficientDiskSpace,
+    LedgerRootLocked,
+    LedgerRootUnwritable,
+    StorageUnavailable,
+)
 
-__all__ = ["RootLock"]
+__all__ = ["RootLock", "unwritable"]
+
+
+@contextlib.contextmanager
+def unwritable(root: Path, what: str) -> Iterator[None]:
+    """What fails while a root is opened (created, locked, its probe written) is ``LedgerRootUnwritable``: the
+    daemon does not start (exit status 74)."""
+    try:
+        yield
+    except (StorageUnavailable, InsufficientDiskSpace) as exc:
+        raise LedgerRootUnwritable(
+            f"ledger root {root} {what}: {exc}; compactedLedgerRoot must be a writable directory on a mounted "
+            "file system with free space", root=str(root)) from exc
+    except CompactordError:
+        raise
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise LedgerRootUnwritable(
+            f"ledger root {root} {what}: {reason} ({exc}); compactedLedgerRoot must be a writable directory on "
+            "a mounted file system with free space", root=str(root)) from exc
 
 
 class RootLock:

@@ -1,6 +1,7 @@
 """A ledger's ``manifest.json``: sealing a ledger Spark has written (checksums, counts, the manifest),
 loading the manifest, and verifying the files it lists. ``LedgerStore`` calls these with the ledger's
-directory; they are the boundary where a bad file becomes ``LedgerCorrupt``.
+directory (sealing: the parts the tasks wrote there) or the root's store and the ledger's key prefix (the
+manifest, reading, verifying); they are the boundary where a bad file becomes ``LedgerCorrupt``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactord.errors import LedgerCorrupt
-from compactord.ledger.files import (
-    DISK_FULL,
-    MANIFEST,
-    check_file,
-    disk_errors,
-    file_crc32c,
-    fsync_path,
-    write_atomic,
-)
+from compactord.errors import LedgerCorrupt, ObjectNotFound
+from compactord.ledger.files import DISK_FULL, MANIFEST, check_object, disk_errors, file_crc32c, fsync_path
 from compactord.ledger.parts import is_partial_part, is_seal, read_seal
 from compactord.model import RECORD_SCHEMA, LedgerManifest
+from compactord.storage import ObjectStore
 
 __all__ = ["finalize", "load_manifest", "verify"]
 
@@ -37,9 +31,10 @@ __all__ = ["finalize", "load_manifest", "verify"]
 _SEALING_THREADS = 8
 
 
-def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
-    """Seal the ledger in ``path`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is filled in place.
-    Spark's marker files and a dead task attempt's partial part are removed.
+def finalize(path: Path, manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> LedgerManifest:
+    """Seal the ledger in ``path`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is filled in place and
+    written as ``prefix + manifest.json`` through ``objects``. Spark's marker files and a dead task attempt's
+    partial part are removed.
 
     :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
     :raises InsufficientDiskSpace: the disk is full.
@@ -69,8 +64,7 @@ def finalize(path: Path, manifest: LedgerManifest) -> LedgerManifest:
         oldest = [f.pop("oldest_marker_at") for f in files]
         manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
         manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
-        write_atomic(path / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
-        fsync_path(path.parent)
+        objects.put(prefix + MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
     return manifest
 
 
@@ -101,15 +95,16 @@ def _describe_part(where: str, part: Path) -> dict[str, Any]:
             "oldest_marker_at": oldest}
 
 
-def load_manifest(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
-    """The manifest of the ledger in ``path``.
+def load_manifest(objects: ObjectStore, prefix: str, topic: str, ledger_id: int) -> LedgerManifest:
+    """The manifest of the ledger under ``prefix``.
 
     :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
     """
-    file = path / MANIFEST
+    key = prefix + MANIFEST
+    file = objects.location(key)
     try:
-        manifest = LedgerManifest.from_json(json.loads(file.read_bytes()))
-    except FileNotFoundError as exc:
+        manifest = LedgerManifest.from_json(json.loads(objects.get(key)))
+    except ObjectNotFound as exc:
         raise LedgerCorrupt(f"manifest {file} of topic {topic!r} is missing", topic=topic) from exc
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerCorrupt(
@@ -124,17 +119,17 @@ def load_manifest(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
     return manifest
 
 
-def verify(path: Path, topic: str, ledger_id: int) -> LedgerManifest:
+def verify(objects: ObjectStore, prefix: str, topic: str, ledger_id: int) -> LedgerManifest:
     """Load the manifest and check every listed file's size and CRC-32C.
 
     :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
     """
-    manifest = load_manifest(path, topic, ledger_id)
+    manifest = load_manifest(objects, prefix, topic, ledger_id)
     where = f"ledger {ledger_id} of topic {topic!r} is corrupt"
     if not manifest.files:
         raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
     for entry in manifest.files:
-        problem = check_file(path, entry)
+        problem = check_object(objects, prefix, entry)
         if problem is not None:
             name = entry.get("name")
             raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)

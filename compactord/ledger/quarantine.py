@@ -10,45 +10,46 @@ only an unfinished first run (no manifest) is an orphan, removed as such.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from pathlib import Path
 
-from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, disk_errors, fsync_path, list_names
+from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST
+from compactord.storage import ObjectStore
 
 __all__ = ["lost_pointer", "quarantine"]
 
 log = logging.getLogger("compactord.ledger.store")  # one logger for what open() finds
 
 
-def lost_pointer(topic_dir: Path) -> bool:
+def _ledgers(objects: ObjectStore, topic: str) -> list[str]:
+    return [name[:-1] for name in objects.children(f"{topic}/") if name.endswith("/") and LEDGER_RE.fullmatch(name[:-1])]
+
+
+def lost_pointer(objects: ObjectStore, topic: str) -> bool:
     """A finalized ledger and no ``CURRENT``: the pointer was lost, not a first run left unfinished
     (whose ledger has no manifest yet)."""
-    if (topic_dir / CURRENT).exists():
+    if objects.head(f"{topic}/{CURRENT}") is not None:
         return False
-    return any(LEDGER_RE.fullmatch(n) and (topic_dir / n / MANIFEST).is_file() for n in list_names(topic_dir))
+    return any(objects.head(f"{topic}/{name}/{MANIFEST}") is not None for name in _ledgers(objects, topic))
 
 
-def quarantine(topic: str, topic_dir: Path, base: Path) -> Path:
-    """Move the topic's ledgers into ``base/<topic>-<time>`` (its policies stay); an operator decides
-    what they were. Returns that folder.
+def quarantine(objects: ObjectStore, topic: str, base: str) -> str:
+    """Move the topic's ledgers under ``base/<topic>-<time>/`` (its policies stay); an operator decides what
+    they were. Returns that prefix. Each object is copied, then the ledger deleted: a crash in between leaves
+    the ledger where it was (quarantined again, into another folder, at the next start).
 
     :raises InsufficientDiskSpace: the disk is full.
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = base / f"{topic}-{stamp}"
-    n = 1
-    while target.exists():
+    target, n = f"{base}/{topic}-{stamp}", 1
+    while objects.list(target + "/"):
         n += 1
-        target = base / f"{topic}-{stamp}-{n}"
-    with disk_errors(f"quarantining the ledgers of topic {topic!r}"):
-        target.mkdir(parents=True)
-        fsync_path(base)
-        moved = sorted(name for name in list_names(topic_dir) if name.startswith("ledger-"))
-        for name in moved:
-            os.rename(topic_dir / name, target / name)
-        fsync_path(target)
-        fsync_path(topic_dir)
+        target = f"{base}/{topic}-{stamp}-{n}"
+    moved = _ledgers(objects, topic)
+    for name in moved:
+        for info in objects.list(f"{topic}/{name}/"):
+            objects.copy(info.key, f"{target}/{info.key[len(topic) + 1:]}")
+    for name in moved:
+        objects.delete_prefix(f"{topic}/{name}/")
     log.warning("topic %r has finalized ledgers %s but no %s: moved them to %s (not served; not removed)",
-                topic, moved, CURRENT, target)
+                topic, moved, CURRENT, objects.location(target))
     return target

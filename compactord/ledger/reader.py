@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired
+from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired, ObjectNotFound, StorageUnavailable
 from compactord.ledger.row_groups import RowGroup, at_or_after, of_partition, row_groups_of
 from compactord.model import Entry, LedgerManifest
+from compactord.storage import ObjectStore
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
 
@@ -44,20 +45,25 @@ class LedgerSlice:
 class LedgerReader:
     """An opened, verified ledger. Safe to share between threads: every read opens its own file."""
 
-    def __init__(self, path: Path, manifest: LedgerManifest) -> None:
-        """Read the footers of the files ``manifest`` lists.
+    def __init__(self, path: Path, manifest: LedgerManifest, objects: ObjectStore | None = None,
+                 prefix: str = "") -> None:
+        """Read the footers of the files ``manifest`` lists: through ``objects`` under ``prefix`` (the ledger's
+        ``<topic>/ledger-<id>/``, as ``LedgerStore.open_reader`` gives them), else in the folder ``path``.
 
         :raises LedgerCorrupt: a file is missing, not Parquet, or has another row count than listed.
         """
         self.path = Path(path)
         self.manifest = manifest
+        self._objects = objects
+        self._prefix = prefix
         self._metadata: list[pq.FileMetaData] = []
         groups: list[RowGroup] = []
         for file_index, spec in enumerate(sorted(manifest.files, key=lambda f: f["name"])):
             file = self.path / spec["name"]
             try:
-                metadata = pq.read_metadata(file)
-            except (OSError, pa.ArrowException) as exc:
+                with self._open(file) as source:
+                    metadata = pq.read_metadata(source)
+            except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
                 raise LedgerCorrupt(f"ledger file {file} cannot be opened: {exc}", file=spec["name"]) from exc
             if "rows" in spec and metadata.num_rows != spec["rows"]:
                 raise LedgerCorrupt(
@@ -77,6 +83,11 @@ class LedgerReader:
     def __repr__(self) -> str:
         return f"LedgerReader({str(self.path)!r}, row_groups={len(self.row_groups)})"
 
+    def _open(self, file: Path) -> pa.NativeFile:
+        if self._objects is not None:
+            return self._objects.open_input(self._prefix + file.name)
+        return pa.OSFile(str(file), "r")
+
     @property
     def num_rows(self) -> int:
         """Rows in the ledger, markers included."""
@@ -88,9 +99,10 @@ class LedgerReader:
         :raises LedgerCorrupt: the file cannot be read.
         """
         try:
-            with pq.ParquetFile(group.file, metadata=self._metadata[group.file_index]) as pf:
+            with self._open(group.file) as source, \
+                    pq.ParquetFile(source, metadata=self._metadata[group.file_index]) as pf:
                 return pf.read_row_group(group.index, use_threads=False)
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
             raise LedgerCorrupt(
                 f"row group {group.index} of ledger file {group.file} cannot be read: {exc}",
                 file=group.file.name,

@@ -1,59 +1,33 @@
-"""The ledger root on disk: the root's lock, ledger ids, finalising and verifying ledgers, the atomic
-``CURRENT`` pointer, and the removal of orphans.
+"""The ledger root: the root's lock, ledger ids, finalising and verifying ledgers, the compare-and-swap
+``CURRENT`` pointer, and the removal of orphans. The layout is docs/design.md's ("The compacted ledger"):
+``<topic>/CURRENT``, ``<topic>/ledger-<id>/`` (parts and ``manifest.json``), ``<topic>/DELETING``, and the
+daemon's own objects under ``@compactord/`` (``@`` is illegal in Kafka topic names: no collision).
 
-Layout::
-
-    <root>/@compactord/lock            flock of the one daemon that writes here, holder as JSON
-    <root>/@compactord/ledger-seq      last ledger id handed out (never reused)
-    <root>/@compactord/progress/<task> a running task's reader progress files and CANCEL flag
-    <root>/@compactord/quarantine/<topic>-<time>/  ledgers of a topic found without its CURRENT
-    <root>/@compactord/history/<topic>.jsonl       the topic's run history (``daemon/history.py``)
-    <root>/<topic>/CURRENT             "ledger-<id>\\n": the ledger that is served
-    <root>/<topic>/ledger-<id>/        part-*.parquet (written by Spark) and manifest.json
-    <root>/<topic>/DELETING            the topic's deletion was asked for; completed at the next open()
-
-``@`` is illegal in Kafka topic names, so ``@compactord`` never collides with a topic directory.
-This module is the boundary where file-system errors become ``CompactordError`` subclasses; sealing,
-loading and verifying a ledger's manifest are in ``manifests.py``, deletion and orphans in ``removal.py``.
+Every object goes through the root's ``ObjectStore`` (``compactord/storage``), which maps the store's
+errors; the pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and verifying a ledger's
+manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, the root's lock ``lock.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-from compactord.errors import (
-    CompactordError,
-    InsufficientDiskSpace,
-    InvalidArgument,
-    LedgerCorrupt,
-    LedgerRootUnwritable,
-)
+from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt
 from compactord.ledger import manifests, removal
-from compactord.ledger.files import (
-    CURRENT,
-    LEDGER_RE,
-    MANIFEST,
-    TMP_SUFFIX,
-    disk_errors,
-    file_crc32c,
-    fsync_path,
-    ledger_dir_name,
-    list_names,
-    remove_path,
-    write_atomic,
-)
-from compactord.ledger.lock import RootLock
+from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, file_crc32c, fsync_path, ledger_dir_name
+from compactord.ledger.files import list_names, remove_path
+from compactord.ledger.lock import RootLock, unwritable
+from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine
+from compactord.ledger.reader import LedgerReader
 from compactord.ledger.removal import DELETING
 from compactord.model import LedgerManifest, validate_topic_name
+from compactord.storage import ObjectStore, open_store
 
-__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "file_crc32c", "ledger_dir_name"]
+__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "Pointer", "file_crc32c", "ledger_dir_name"]
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +44,19 @@ class LedgerStore:
     """
 
     def __init__(self, root: str | Path) -> None:
+        self.objects: ObjectStore = open_store(str(root))
         self.root: Path = Path(root).expanduser().resolve()
         self._daemon_dir = self.root / DAEMON_DIR
         self._lock = RootLock(self._daemon_dir / _LOCK, self.root)
-        self._seq_lock = threading.Lock()
+        # The writer epoch this store switches with: raised by ``open()``; 0 until then (an older version's).
+        self.epoch = 0
 
     # -- the root's lock -------------------------------------------------------------------------
 
     def open(self) -> LedgerStore:
-        """Create the root if needed, take its lock, complete the topic deletions a restart interrupted,
-        quarantine ledgers that lost their ``CURRENT`` and remove orphans left by a previous run.
+        """Create the root if needed, take its lock, raise the writer epoch, complete the topic deletions a
+        restart interrupted, quarantine ledgers that lost their ``CURRENT`` and remove orphans left by a
+        previous run (retired ledgers past their ``until`` included).
 
         A lock whose holder died is free again (flock locks die with their process).
 
@@ -97,9 +74,11 @@ class LedgerStore:
             with self._unwritable("cannot be written"):
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
-                probe = self._daemon_dir / _WRITE_PROBE
-                write_atomic(probe, b"compactord checks that the ledger root can be written\n")
-                remove_path(probe)
+                probe = f"{DAEMON_DIR}/{_WRITE_PROBE}"
+                self.objects.put(probe, b"compactord checks that the ledger root can be written\n")
+                self.objects.delete(probe)
+                self.objects.recover()
+                self.epoch = raise_epoch(self.objects)
             with contextlib.suppress(FileNotFoundError):
                 (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
@@ -113,9 +92,10 @@ class LedgerStore:
                     self.delete_topic(topic)
             for topic in self.topics():
                 try:
-                    topic_dir = self.topic_dir(topic)
-                    if lost_pointer(topic_dir):
-                        quarantine(topic, topic_dir, self._daemon_dir / _QUARANTINE)
+                    self.topic_dir(topic)
+                    if lost_pointer(self.objects, topic):
+                        quarantine(self.objects, topic, f"{DAEMON_DIR}/{_QUARANTINE}")
+                    self.sweep_retired(topic)
                     self.remove_orphans(topic)
                 except LedgerCorrupt as exc:
                     # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
@@ -125,18 +105,8 @@ class LedgerStore:
             raise
         return self
 
-    @contextlib.contextmanager
-    def _unwritable(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except CompactordError:
-            raise
-        except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise LedgerRootUnwritable(
-                f"ledger root {self.root} {what}: {reason} ({exc}); compactedLedgerRoot must be a writable "
-                "directory on a mounted file system with free space", root=str(self.root)
-            ) from exc
+    def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return unwritable(self.root, what)
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""
@@ -184,60 +154,60 @@ class LedgerStore:
         return self._daemon_dir / _PROGRESS / task_id
 
     def topics(self) -> list[str]:
-        """Sorted names of the topic directories under the root."""
+        """Sorted names of the topics under the root."""
+        folders = [name[:-1] for name in self.objects.children() if name.endswith("/")]
+        return [name for name in folders if name != DAEMON_DIR and _is_topic_name(name)]
+
+    def pointer(self, topic: str) -> Pointer:
+        """The topic's ``CURRENT`` as read now, with its version (``Pointer(None)``: the topic has no ledger).
+
+        :raises LedgerCorrupt: ``CURRENT`` holds neither the JSON pointer nor an older version's line.
+        """
+        return read_pointer(self.objects, validate_topic_name(topic))
+
+    def switch_base(self, topic: str) -> Pointer:
+        """The pointer a task switches against (``switch``'s ``base``): as ``pointer`` reads it, or, when it is
+        unreadable, its version alone, so that the run that rebuilds the topic replaces it."""
         try:
-            children = [c for c in self.root.iterdir() if c.name != DAEMON_DIR and c.is_dir()]
-        except FileNotFoundError:
-            return []
-        return sorted(c.name for c in children if _is_topic_name(c.name))
+            return self.pointer(topic)
+        except LedgerCorrupt:
+            info = self.objects.head(f"{topic}/{CURRENT}")
+            return Pointer(None, version=None if info is None else info.version)
 
     def current_ledger_id(self, topic: str) -> int | None:
         """The ledger ``CURRENT`` names, or None if the topic has no ledger.
 
-        :raises LedgerCorrupt: ``CURRENT`` cannot be read or does not hold ``ledger-<id>``.
+        :raises LedgerCorrupt: ``CURRENT`` is unreadable.
         """
-        path = self.topic_dir(topic) / CURRENT
-        try:
-            text = path.read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise LedgerCorrupt(f"pointer {path} of topic {topic!r} cannot be read: {exc}") from exc
-        match = LEDGER_RE.fullmatch(text.rstrip("\n"))
-        if match is None:
-            raise LedgerCorrupt(
-                f"pointer {path} of topic {topic!r} holds {text[:80]!r}; expected one line 'ledger-<id>'",
-                topic=topic,
-            )
-        return int(match.group(1))
+        return self.pointer(topic).ledger
+
+    def ledger_ids(self, topic: str) -> list[int]:
+        """The ids of the ledger folders under the topic, sorted (finished or not)."""
+        names = self.objects.children(f"{validate_topic_name(topic)}/")
+        found = (LEDGER_RE.fullmatch(name.rstrip("/")) for name in names)
+        return sorted(int(m.group(1)) for m in found if m)
 
     # -- writing a ledger ------------------------------------------------------------------------
 
     def allocate_ledger(self, topic: str) -> tuple[int, Path]:
-        """Hand out the next ledger id (monotonic over the whole root, never reused) and its path.
+        """Hand out the topic's next ledger id (strictly increasing per topic, never reused: its last id
+        advanced by compare-and-swap, ``pointer.allocate_id``) and its path.
 
         Creates the topic directory; the ledger directory is left to its writer (Spark).
 
-        :raises LedgerCorrupt: the id counter file does not hold an integer.
+        :raises LedgerCorrupt: the last id or an older version's counter does not hold an integer.
         :raises InsufficientDiskSpace: the disk is full.
         """
         topic_dir = self.topic_dir(topic)
-        seq_path = self._daemon_dir / _SEQ
-        with self._seq_lock, disk_errors(f"allocating a ledger of topic {topic!r}"):
-            try:
-                text = seq_path.read_text(encoding="ascii", errors="replace")
-            except FileNotFoundError:
-                text = "0"
-            if not text.strip().isdigit():
-                raise LedgerCorrupt(f"ledger id counter {seq_path} holds {text[:40]!r}; expected an integer")
-            # Should the counter ever be lost, still never hand out an id this topic has used.
-            used = [int(m.group(1)) for m in map(LEDGER_RE.fullmatch, list_names(topic_dir)) if m]
-            next_id = max([int(text), *used]) + 1
-            self._daemon_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(seq_path, f"{next_id}\n".encode())
-            if not topic_dir.is_dir():
-                topic_dir.mkdir(parents=True, exist_ok=True)
-                fsync_path(self.root)
+        # Should the last id ever be lost, still never hand out an id this topic has used.
+        used = self.ledger_ids(topic)
+        with contextlib.suppress(LedgerCorrupt):  # a bad pointer is reported by reads and the run's plan
+            pointer = self.pointer(topic)
+            used += [*(r.id for r in pointer.retired), pointer.ledger or 0]
+        next_id = allocate_id(self.objects, topic, used)
+        if not topic_dir.is_dir():  # the writers of a ledger's parts write into it (a local folder, for now)
+            topic_dir.mkdir(parents=True, exist_ok=True)
+            fsync_path(self.root)
         return next_id, topic_dir / ledger_dir_name(next_id)
 
     def finalize_ledger(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerManifest:
@@ -257,22 +227,50 @@ class LedgerStore:
                 f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
                 f"ledger {ledger_id} of topic {topic!r}; they must match"
             )
-        return manifests.finalize(path, manifest)
+        return manifests.finalize(path, manifest, self.objects, self._prefix(topic, ledger_id))
 
-    def switch(self, topic: str, ledger_id: int) -> None:
-        """Point ``CURRENT`` at a finalized ledger; a crash leaves the old or the new pointer, never a mix.
+    def switch(self, topic: str, ledger_id: int, base: Pointer | None = None,
+               retire_for: float | None = None) -> Pointer:
+        """Point ``CURRENT`` at a finalized ledger by compare-and-swap against ``base`` (the pointer the
+        task read when it started; None: as read now), with this store's epoch; return the new pointer. The
+        ledger ``base`` named joins the retired list for ``retire_for`` seconds (None or <= 0: it does not).
+        A crash leaves the old or the new pointer, never a mix.
 
+        :raises Fenced: the pointer is no longer ``base`` (another writer switched since), or names a
+            writer of a higher epoch than this store's; nothing changed.
         :raises InvalidArgument: the ledger has no ``manifest.json`` (it was not finalized).
         :raises InsufficientDiskSpace: the disk is full.
         """
-        path = self.ledger_path(topic, ledger_id)
-        if not (path / MANIFEST).is_file():
+        self.ledger_path(topic, ledger_id)  # checks the name and the id
+        key = f"{topic}/{ledger_dir_name(ledger_id)}/{MANIFEST}"
+        if self.objects.head(key) is None:
             raise InvalidArgument(
-                f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} at {path}: "
+                f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} in {self.objects.describe()}: "
                 "only a finalized ledger can become current"
             )
-        with disk_errors(f"switching topic {topic!r} to ledger {ledger_id}"):
-            write_atomic(path.parent / CURRENT, f"{ledger_dir_name(ledger_id)}\n".encode())
+        base = self.pointer(topic) if base is None else base
+        return write_pointer(self.objects, topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
+
+    def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
+        """Take ``ids`` off the pointer's retired list by compare-and-swap against ``base``.
+
+        :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
+        """
+        new = base.without(topic, ids, self.epoch)
+        return base if new.retired == base.retired else write_pointer(self.objects, topic, new, base)
+
+    def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
+        """Take the retired ledgers past their ``until`` off the pointer, then delete their files; return them.
+        Only while no task of the topic runs (the pointer is the task's base).
+
+        :raises Fenced: the pointer changed while this ran (nothing is deleted then).
+        """
+        pointer = self.pointer(topic)
+        doomed = expired(pointer, now)
+        self.drop_retired(topic, set(doomed), pointer)
+        for ledger_id in doomed:
+            self.delete_ledger(topic, ledger_id)
+        return doomed
 
     # -- reading a ledger's manifest -------------------------------------------------------------
 
@@ -281,14 +279,21 @@ class LedgerStore:
 
         :raises LedgerCorrupt: ``manifest.json`` is missing, unparseable or names another ledger.
         """
-        return manifests.load_manifest(self.ledger_path(topic, ledger_id), topic, ledger_id)
+        return manifests.load_manifest(self.objects, self._prefix(topic, ledger_id), topic, ledger_id)
+
+    def open_reader(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerReader:
+        """A reader of the ledger whose files ``manifest`` lists, reading them through the store.
+
+        :raises LedgerCorrupt: a file is missing, not Parquet, or has another row count than listed.
+        """
+        return LedgerReader(self.ledger_path(topic, ledger_id), manifest, self.objects, self._prefix(topic, ledger_id))
 
     def verify(self, topic: str, ledger_id: int) -> LedgerManifest:
         """Load the manifest and check every listed file's size and CRC-32C.
 
         :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
         """
-        return manifests.verify(self.ledger_path(topic, ledger_id), topic, ledger_id)
+        return manifests.verify(self.objects, self._prefix(topic, ledger_id), topic, ledger_id)
 
     def check_free_space(self, needed_bytes: int) -> None:
         """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
@@ -317,7 +322,7 @@ class LedgerStore:
                 f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
                 "before deleting it, or delete the topic"
             )
-        remove_path(path)
+        self.objects.delete_prefix(f"{topic}/{ledger_dir_name(ledger_id)}/")
 
     def discard(self, path: Path) -> None:
         """Remove a partial ledger directory (missing is fine).
@@ -327,15 +332,13 @@ class LedgerStore:
         """
         resolved = Path(path).resolve()
         parts = resolved.relative_to(self.root).parts if resolved.is_relative_to(self.root) else ()
-        is_topic = len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT
-        if not is_topic:
-            raise InvalidArgument(
-                f"refusing to discard {path}: only an entry of a topic directory under ledger root "
-                f"{self.root} (not its CURRENT) can be discarded"
-            )
+        if not (len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT):
+            raise InvalidArgument(f"refusing to discard {path}: only an entry of a topic directory under ledger "
+                                  f"root {self.root} (not its CURRENT) can be discarded")
         if self._is_current(parts[0], resolved):
             raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
-        remove_path(resolved)
+        self.objects.delete(f"{parts[0]}/{parts[1]}")
+        self.objects.delete_prefix(f"{parts[0]}/{parts[1]}/")
 
     def mark_deleting(self, topic: str) -> bool:
         """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
@@ -344,36 +347,46 @@ class LedgerStore:
         False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
         deletion goes on without it (logged), rather than being refused.
         """
-        return removal.mark_deleting(self.root, self.topic_dir(topic), topic)
+        return removal.mark_deleting(self.objects, validate_topic_name(topic))
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
-        remove_path(self.topic_dir(topic) / DELETING)
+        self.objects.delete(f"{validate_topic_name(topic)}/{DELETING}")
 
     def deletion_pending(self, topic: str) -> bool:
         """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
-        return (self.topic_dir(topic) / DELETING).is_file()
+        return self.objects.head(f"{validate_topic_name(topic)}/{DELETING}") is not None
 
     def delete_topic(self, topic: str) -> None:
         """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
 
         The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
         """
-        removal.delete_topic(self.root, self.topic_dir(topic))
+        self.topic_dir(topic)  # checks the name, and that the folder is the root's
+        removal.delete_topic(self.objects, topic)
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
-        return sorted(list_names(self._daemon_dir / _QUARANTINE))
+        return sorted(name.rstrip("/") for name in self.objects.children(f"{DAEMON_DIR}/{_QUARANTINE}/"))
 
-    def remove_orphans(self, topic: str) -> list[Path]:
-        """Remove the ledgers ``CURRENT`` does not name and leftover temporary files; return them.
+    def remove_orphans(self, topic: str) -> list[str]:
+        """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;
+        return their keys (a ledger's ending in ``/``).
 
         Only safe while nothing is being written, i.e. at ``open()``. Without ``CURRENT``, a finalized
         ledger (one with a manifest) is never removed: ``open()`` quarantines it.
 
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
-        return removal.remove_orphans(self.topic_dir(topic), topic, self.current_ledger_id(topic))
+        self.topic_dir(topic)
+        pointer = self.pointer(topic)
+        keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
+        return removal.remove_orphans(self.objects, topic, keep, pointer.ledger is not None)
+
+    def _prefix(self, topic: str, ledger_id: int) -> str:
+        """The key prefix of a ledger's objects, ``<topic>/ledger-<id>/`` (name and id checked)."""
+        self.ledger_path(topic, ledger_id)
+        return f"{topic}/{ledger_dir_name(ledger_id)}/"
 
     def _is_current(self, topic: str, path: Path) -> bool:
         current = self.current_ledger_id(topic)

@@ -9,6 +9,7 @@ after its ledger is written) is the one that gets SIGTERM during a compaction.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from compactord.daemon.history import RunHistory
+from compactord.storage import LocalStore
 from tests.support.daemon import DaemonProcess, compact, status
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
@@ -96,7 +98,8 @@ def test_restart_reports_the_ledger(restarted: DaemonProcess, state: dict[str, A
     assert run["ledger_before"] is None and isinstance(run["ledger_after"], int)
     # kept outside the topic's folder: the ledger layout is unchanged
     root = Path(state["root"])
-    assert (root / "@compactord" / "history" / f"{topic}.jsonl").is_file()
+    [recorded] = (root / "@compactord" / "history" / topic).iterdir()  # one object per run, until compacted
+    assert json.loads(recorded.read_bytes())["task_id"] == run["task_id"]
     assert {p.name for p in (root / topic).iterdir()} == {"CURRENT", f"ledger-{run['ledger_after']}",
                                                           "policies.json", "UNLOADED"}
     horizon = restarted.http.get(f"/v1/topics/{topic}/horizon").json()
@@ -137,6 +140,6 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     assert list((root / "@compactord" / "progress").glob("*")) == []
     assert len(ledger_dirs(root, state["topic"])) == 1
     # the cancel is in the history the next start reads (the file as the daemon wrote it before exiting)
-    [run] = RunHistory(root / "@compactord" / "history", 1000, 30).runs(topic)
+    [run] = RunHistory(LocalStore(root), "@compactord/history", 1000, 30).runs(topic)
     assert (run.task_id, run.state, run.error) == (response.json()["task_id"], "Cancelled",
                                                    "the daemon is shutting down")

@@ -45,6 +45,7 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
     assert daemon.http.get(f"/v1/topics/{dropped}/history").json() == {"topic": dropped, "runs": [], "next": None}
     assert not (root / "@compactord" / "history" / f"{dropped}.jsonl").exists()
+    assert not (root / "@compactord" / "history" / dropped).exists()
     deleted = daemon.http.delete(f"/v1/topics/{topic}")
     assert deleted.status_code == 202, deleted.text
     assert deleted.json()["deleted"] is False

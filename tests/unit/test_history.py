@@ -12,6 +12,7 @@ import pytest
 
 from compactord.daemon.history import RunHistory, RunRecord
 from compactord.errors import InvalidArgument, InvalidTopicName
+from compactord.storage import LocalStore
 from compactord.task import CompactionTaskCtx, Reason, TaskState
 
 S = TaskState
@@ -55,7 +56,7 @@ def clock() -> Clock:
 
 
 def history(tmp_path: Path, clock: Clock, max_runs: int = 1000, max_age_days: float = 30) -> RunHistory:
-    return RunHistory(tmp_path / "@compactord" / "history", max_runs, max_age_days, clock=clock)
+    return RunHistory(LocalStore(tmp_path), "@compactord/history", max_runs, max_age_days, clock=clock)
 
 
 def test_a_record_holds_what_the_task_did(tmp_path: Path, clock: Clock) -> None:
@@ -89,7 +90,7 @@ def test_appended_runs_are_read_back_newest_first_after_a_new_start(tmp_path: Pa
     assert again.last("orders") == second
     assert again.append(ended()).seq == 3  # numbering goes on
     assert again.runs("other") == [] and again.last("other") is None
-    assert store.path("orders") == tmp_path / "@compactord" / "history" / "orders.jsonl"
+    assert store.key("orders") == "@compactord/history/orders.jsonl"
 
 
 def test_pages_go_from_newest_to_oldest(tmp_path: Path, clock: Clock) -> None:
@@ -119,7 +120,7 @@ def test_the_history_keeps_at_most_max_runs(tmp_path: Path, clock: Clock) -> Non
     store = history(tmp_path, clock, max_runs=10)
     ids = [store.append(ended()).task_id for _ in range(25)]
     assert [r.task_id for r in store.runs("orders")] == list(reversed(ids[-10:]))
-    lines = store.path("orders").read_bytes().splitlines()
+    lines = (tmp_path / store.key("orders")).read_bytes().splitlines()
     assert len(lines) <= 10 + 1  # rewritten once past a tenth over the bound
     assert [r.seq for r in history(tmp_path, clock, max_runs=10).runs("orders")] == list(range(25, 15, -1))
 
@@ -130,25 +131,53 @@ def test_runs_older_than_max_age_are_dropped(tmp_path: Path, clock: Clock) -> No
     store.append(RunRecord(**{**old.to_json(), "finished_at": clock.now - 2 * 86400}))
     recent = store.append(ended())
     assert [r.task_id for r in store.runs("orders")] == [recent.task_id]  # the old one is not answered
-    assert len(store.path("orders").read_bytes().splitlines()) == 1  # and the append dropped it from the file
+    # and the append dropped it from what is stored: the file was compacted without it
+    stored = (tmp_path / store.key("orders")).read_bytes() + b"".join(
+        p.read_bytes() for p in (tmp_path / "@compactord" / "history" / "orders").iterdir())
+    assert old.task_id not in stored.decode() and recent.task_id in stored.decode()
     assert store.last("orders") == recent
     clock.now += 2 * 86400  # the recent one expires too
     assert store.last("orders") is None and store.runs("orders") == []
 
 
-def test_a_torn_last_line_is_skipped_and_the_next_run_starts_a_line(tmp_path: Path, clock: Clock) -> None:
-    store = history(tmp_path, clock)
-    kept = store.append(ended())
-    path = store.path("orders")
-    whole = path.read_bytes()
-    with open(path, "ab") as f:  # a crash half-way through the second append
-        f.write(json.dumps(ended().to_json()).encode()[:40])
+def test_a_torn_last_line_of_an_older_versions_file_is_skipped(tmp_path: Path, clock: Clock) -> None:
+    kept = ended()
+    path = tmp_path / "@compactord" / "history" / "orders.jsonl"
+    path.parent.mkdir(parents=True)
+    # An older version appended lines; a crash half-way through the second append tore it.
+    path.write_bytes(json.dumps({**kept.to_json(), "seq": 1}).encode() + b"\n"
+                     + json.dumps(ended().to_json()).encode()[:40])
     restarted = history(tmp_path, clock)
     assert [r.task_id for r in restarted.runs("orders")] == [kept.task_id]
     after = restarted.append(ended())
     assert [r.task_id for r in restarted.runs("orders")] == [after.task_id, kept.task_id]
-    assert path.read_bytes().startswith(whole) and path.read_bytes().endswith(b"}\n")
     assert after.seq == 2
+
+
+def test_each_run_is_an_object_until_the_runs_are_compacted_into_the_file(tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    first = store.append(ended())
+    # Recorded as an object of its own, whole: what a crash right after the task's end leaves is read back.
+    assert sorted(os.listdir(tmp_path / "@compactord" / "history" / "orders")) == ["000000000001.json"]
+    assert [r.task_id for r in history(tmp_path, clock).runs("orders")] == [first.task_id]
+    ids = [first.task_id] + [store.append(ended()).task_id for _ in range(40)]
+    runs = tmp_path / "@compactord" / "history" / "orders"
+    pending = sorted(os.listdir(runs)) if runs.exists() else []
+    in_file = (tmp_path / store.key("orders")).read_bytes().splitlines()
+    assert len(in_file) == 32 and len(pending) == 9  # compacted once 32 waited
+    assert [r.task_id for r in history(tmp_path, clock).runs("orders")] == list(reversed(ids))
+
+
+def test_a_crash_between_writing_the_file_and_deleting_the_run_objects_counts_each_run_once(
+        tmp_path: Path, clock: Clock) -> None:
+    store = history(tmp_path, clock)
+    ids = [store.append(ended()).task_id for _ in range(3)]
+    runs = tmp_path / "@compactord" / "history" / "orders"
+    # The file is written with the three runs; the crash comes before their objects are deleted.
+    (tmp_path / store.key("orders")).write_bytes(b"".join(p.read_bytes() for p in sorted(runs.iterdir())))
+    restarted = history(tmp_path, clock)
+    assert [r.task_id for r in restarted.runs("orders")] == list(reversed(ids))
+    assert restarted.append(ended()).seq == 4
 
 
 def test_delete_removes_the_topic_s_history_only(tmp_path: Path, clock: Clock) -> None:
@@ -157,7 +186,7 @@ def test_delete_removes_the_topic_s_history_only(tmp_path: Path, clock: Clock) -
     store.append(ended("prices"))
     store.delete("orders")
     store.delete("never-had-one")
-    assert not store.path("orders").exists() and store.runs("orders") == []
+    assert not (tmp_path / store.key("orders")).exists() and store.runs("orders") == []
     assert len(store.runs("prices")) == 1
     assert store.append(ended("orders")).seq == 1  # a new topic of the same name starts afresh
-    assert sorted(os.listdir(store.folder)) == ["orders.jsonl", "prices.jsonl"]
+    assert sorted(os.listdir(tmp_path / "@compactord" / "history")) == ["orders", "prices"]

@@ -164,11 +164,14 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_ledger(kafka, make_
             assert view == new_view, f"{what}: ledger {current} is neither the old nor the new view"
             assert manifest.records_read == len(old_view) + len(new_records)
             outcome = "new"
-        # The next start: opening the root removes every orphan and keeps the current ledger.
+        # The next start: opening the root removes every orphan and keeps the current ledger, and the ledger it
+        # replaced while the pointer's retired list keeps it readable.
         with LedgerStore(root) as reopened:
             assert reopened.current_ledger_id(topic) == current
             topic_dir = reopened.topic_dir(topic)
-            assert sorted(os.listdir(topic_dir)) == ["CURRENT", f"ledger-{current}"], what
+            retired = [f"ledger-{r.id}" for r in reopened.pointer(topic).retired]
+            assert retired == ([] if current == old_id else [f"ledger-{old_id}"]), what
+            assert sorted(os.listdir(topic_dir)) == sorted(["CURRENT", f"ledger-{current}", *retired]), what
             files = sorted(os.listdir(topic_dir / f"ledger-{current}"))
             assert files == sorted([*(f["name"] for f in manifest.files), "manifest.json"]), what
             daemon_dir = root / "@compactord"

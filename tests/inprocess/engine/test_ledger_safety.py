@@ -16,6 +16,7 @@ from compactord.errors import InsufficientDiskSpace, LedgerCorrupt, LedgerRootLo
 from compactord.ledger.store import LedgerStore
 from compactord.model import Position
 from compactord.task import TaskState
+from tests.support.probes import Hold
 from tests.support.service import compact, last_value_model, ledger_dirs, view
 from tests.support.timeouts import TASK_TIMEOUT_S
 
@@ -136,6 +137,35 @@ def test_a_second_store_on_an_open_root_is_refused(make_factory, tmp_path):
     factory.close()
     with LedgerStore(root) as again:  # free once the holder has closed it
         assert again.is_open
+
+
+# -- two writers of one topic ----------------------------------------------------------------------
+
+
+def test_a_run_whose_switch_lost_is_fenced_and_changes_nothing(kafka, make_factory):
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1"), ("b", "2")])
+    hold = Hold("written")  # the first writer's ledger is sealed; its switch waits
+    slow = make_factory(probe=hold, compaction_retired_ledger_grace_seconds=600)
+    # A second writer of the same root and topic.
+    fast = make_factory(store=slow.store, compaction_retired_ledger_grace_seconds=600)
+    first = compact(fast.new_topic_compaction_service(topic)).ledger_id
+    kafka.produce(topic, [("a", "3")])
+    ctx = slow.new_topic_compaction_service(topic).compact()
+    try:
+        assert hold.reached.wait(TASK_TIMEOUT_S)
+        kafka.produce(topic, [("c", "5")])
+        winner = compact(fast.new_topic_compaction_service(topic))
+        assert winner.ledger_id > first
+    finally:
+        hold.release()
+        ctx.worker_done.wait(TASK_TIMEOUT_S)
+    assert ctx.state is TaskState.FAILED and ctx.error_type == "fenced", ctx.error
+    store = slow.store
+    assert store.current_ledger_id(topic) == winner.ledger_id  # the view is the winner's
+    assert [r.id for r in store.pointer(topic).retired] == [first]
+    assert ledger_dirs(store.root, topic) == sorted([f"ledger-{first}", f"ledger-{winner.ledger_id}"])
+    assert view(fast.new_topic_compaction_service(topic)) == {b"a": b"3", b"b": b"2", b"c": b"5"}
 
 
 # -- reads while ledgers switch ---------------------------------------------------------------------

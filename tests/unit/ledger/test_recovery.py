@@ -100,7 +100,7 @@ def test_an_unfinished_first_run_is_cleaned_as_before(tmp_path: Path) -> None:
     with LedgerStore(root) as s:
         spark_write(s.allocate_ledger("t")[1], rows(0, range(5)))  # written, never finalized
     with LedgerStore(root) as s:
-        assert list(s.topic_dir("t").iterdir()) == [] and s.quarantined() == []
+        assert list(s.topic_dir("t").iterdir()) == [] and s.topics() == [] and s.quarantined() == []
 
 
 def test_remove_orphans_never_removes_a_finalized_ledger_without_current(tmp_path: Path) -> None:

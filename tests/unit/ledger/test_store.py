@@ -121,21 +121,26 @@ def test_allocate_creates_the_topic_dir_but_not_the_ledger_dir(store: LedgerStor
     ledger_id, path = store.allocate_ledger("orders")
     assert ledger_id == 1 and path == store.root / "orders" / "ledger-1"
     assert store.topic_dir("orders").is_dir() and not path.exists()
+    assert store.topics() == []  # a topic is listed once it holds an object, as on an object store
+    store.switch("orders", make_ledger(store, "orders"))
     assert store.topics() == ["orders"]
 
 
-def test_ids_are_monotonic_and_never_reused(tmp_path: Path) -> None:
+def test_ids_increase_per_topic_and_are_never_reused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     seen: list[int] = []
     with LedgerStore(root) as s:
-        seen += [s.allocate_ledger("a")[0], s.allocate_ledger("b")[0]]
+        assert [s.allocate_ledger("a")[0], s.allocate_ledger("b")[0]] == [1, 1]  # per topic
         current = make_ledger(s, "a")
         s.switch("a", current)
         seen += [current, make_ledger(s, "a")]  # the last one becomes an orphan
     with LedgerStore(root) as s:  # orphans removed at open
         assert not s.ledger_path("a", seen[-1]).exists()
         seen.append(s.allocate_ledger("a")[0])
-        s.delete_topic("a")
+        s.delete_ledger("a", seen[-2])
+        seen.append(s.allocate_ledger("a")[0])
+        s.delete_topic("a")  # its ledgers, pointer and folder go; its last id stays
+        assert not s.topic_dir("a").exists() and s.topics() == []
         seen.append(s.allocate_ledger("a")[0])
         threads_ids: list[int] = []
         workers = [
@@ -145,15 +150,22 @@ def test_ids_are_monotonic_and_never_reused(tmp_path: Path) -> None:
             w.start()
         for w in workers:
             w.join()
-    assert seen == sorted(seen) and len(set(seen)) == len(seen) == 6
-    assert sorted(threads_ids) == list(range(seen[-1] + 1, seen[-1] + 21))
+    assert seen == sorted(seen) and len(set(seen)) == len(seen) == 5 and seen[0] == 2
+    assert sorted(threads_ids) == list(range(1, 21))
 
 
 def test_a_lost_counter_never_reuses_an_id_of_the_topic(store: LedgerStore) -> None:
     ledger_id = make_ledger(store, "t")
     store.switch("t", ledger_id)
-    (store.root / "@compactord" / "ledger-seq").unlink()
+    (store.root / "@compactord" / "ledger-ids" / "t").unlink()
     assert store.allocate_ledger("t")[0] == ledger_id + 1
+
+
+def test_ids_stay_above_an_older_versions_root_counter(store: LedgerStore) -> None:
+    (store.root / "@compactord" / "ledger-seq").write_text("41\n")
+    assert store.allocate_ledger("t")[0] == 42
+    assert store.allocate_ledger("t")[0] == 43
+    assert store.allocate_ledger("u")[0] == 42
 
 
 def test_a_garbled_counter_is_reported(store: LedgerStore) -> None:
@@ -276,7 +288,7 @@ def test_switch_replaces_the_pointer(store: LedgerStore) -> None:
     assert store.current_ledger_id("t") is None
     first, second = make_ledger(store, "t"), make_ledger(store, "t")
     store.switch("t", first)
-    assert (store.topic_dir("t") / "CURRENT").read_text() == f"ledger-{first}\n"
+    assert json.loads((store.topic_dir("t") / "CURRENT").read_text()) == {"ledger": first, "epoch": 1, "retired": []}
     store.switch("t", second)
     assert store.current_ledger_id("t") == second
     assert not (store.topic_dir("t") / "CURRENT.tmp").exists()
@@ -374,7 +386,7 @@ def test_remove_orphans_keeps_the_current_ledger_only(
         assert sorted(p.name for p in s.ledger_path("t", current).iterdir()) == [
             "manifest.json", "part-00000-c000.snappy.parquet"
         ]
-        assert list(s.topic_dir("never-switched").iterdir()) == []
+        assert list(s.topic_dir("never-switched").iterdir()) == [] and s.topics() == ["t"]
         s.verify("t", current)
     logged = caplog.text
     for name in (f"ledger-{old}", partial.name, "CURRENT.tmp", "manifest.json.tmp"):
@@ -405,7 +417,7 @@ def test_bad_topic_names_never_reach_the_file_system(store: LedgerStore, name: s
             call(name)
     with pytest.raises(InvalidTopicName):
         store.ledger_path(name, 1)
-    assert sorted(p.name for p in store.root.iterdir()) == ["@compactord"]
+    assert sorted(p.name for p in store.root.iterdir() if not p.name.startswith(".~")) == ["@compactord"]
 
 
 def test_a_topic_dir_linking_outside_the_root_is_refused(store: LedgerStore, tmp_path: Path) -> None:
@@ -422,8 +434,10 @@ def test_ledger_ids_are_positive_integers(store: LedgerStore, ledger_id: Any) ->
 
 
 def test_topics_lists_valid_topic_dirs_only(store: LedgerStore) -> None:
-    for name in ("b.topic", "a_topic", "not a topic"):
+    for name in ("b.topic", "a_topic", "not a topic", "empty"):
         (store.root / name).mkdir()
+        if name != "empty":
+            (store.root / name / "policies.json").write_text("{}")
     (store.root / "file-not-dir").write_text("")
     assert store.topics() == ["a_topic", "b.topic"]
     assert LedgerStore(store.root / "missing").topics() == []

@@ -1,0 +1,170 @@
+"""The object-store protocol every byte under the ledger root goes through, and what a listing says of an object.
+
+The protocol asks only for what an object store gives (S3, GCS, Azure, a local disk): objects under
+``/``-separated keys relative to the root, listed by prefix, read whole or by byte range, written whole,
+created only if absent or replaced only if still at a version (the compare-and-swap that the ledger pointer
+and the ledger ids are written with), deleted one by one or many at once. No rename, no append, no lock.
+
+Every backend maps its errors once, at its boundary: a full disk becomes ``InsufficientDiskSpace``, a lost
+condition ``PreconditionFailed``, a missing object ``ObjectNotFound``, any other failure of the store
+``StorageUnavailable``. The contract every backend passes is ``tests/unit/storage/test_contract.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from compactord.errors import InvalidArgument
+
+__all__ = ["ObjectInfo", "ObjectStore", "check_key", "check_prefix"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object: its key, its size in bytes, its version (a token that changes at every write of the key:
+    what ``put_if_match`` compares) and when it was last written (UTC seconds since the epoch)."""
+
+    key: str
+    size: int
+    version: str
+    modified: float
+
+
+def check_key(key: str) -> str:
+    """``key`` if it names an object: non-empty ``/``-separated segments, none ``.``/``..``, no leading ``/``.
+
+    :raises InvalidArgument: it does not.
+    """
+    if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/") or "\\" in key \
+            or "\0" in key or any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidArgument(
+            f"an object key is one or more '/'-separated names, none empty, '.' or '..', got: {key!r}")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is empty (everything) or a key, optionally ending in ``/``.
+
+    :raises InvalidArgument: it is neither.
+    """
+    if prefix:
+        check_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+class ObjectStore(ABC):
+    """The objects under one root. Implementations are safe to share between threads."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the objects are, for messages: ``local root /x``, ``s3://bucket/prefix``."""
+
+    def location(self, key: str) -> str:
+        """Where the object ``key`` is, for messages (a local path, an ``s3://`` URL)."""
+        return f"{key} in {self.describe()}"
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key (``"a/"`` lists a's folder).
+
+        :raises StorageUnavailable: the store cannot be listed.
+        """
+
+    @abstractmethod
+    def children(self, prefix: str = "") -> list[str]:
+        """The distinct names one level below ``prefix`` (which is empty or ends in ``/``), sorted: an object's
+        name, a folder's (a prefix of deeper keys) ending in ``/``, as an object store's delimited listing
+        gives them.
+
+        :raises StorageUnavailable: the store cannot be listed.
+        """
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object under ``key``, or None if there is none.
+
+        :raises StorageUnavailable: the store cannot be asked.
+        """
+
+    @abstractmethod
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """The bytes ``[start, end)`` of the object (``end`` None: to its end; a range past the end is cut).
+
+        :raises ObjectNotFound: there is no object under ``key``.
+        :raises InvalidArgument: ``start`` is negative, or ``end`` below ``start``.
+        :raises StorageUnavailable: it cannot be read.
+        """
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> str:
+        """Write the object whole (a reader sees the old or the new bytes, never a mix); return its version.
+
+        :raises InsufficientDiskSpace: the store is full.
+        :raises StorageUnavailable: it cannot be written.
+        """
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """``put``, only if no object is under ``key``: of writers racing, exactly one wins.
+
+        :raises PreconditionFailed: an object is under ``key``.
+        """
+
+    @abstractmethod
+    def put_if_match(self, key: str, data: bytes, version: str) -> str:
+        """``put``, only if the object under ``key`` is still at ``version``: of writers racing from one
+        version, exactly one wins.
+
+        :raises PreconditionFailed: the object is at another version, or absent.
+        """
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> str:
+        """Write the local file ``path`` as the object (a large one in parts); return its version.
+
+        :raises FileNotFoundError: ``path`` does not exist (a bug of the caller, not of the store).
+        """
+
+    @abstractmethod
+    def copy(self, source: str, target: str) -> str:
+        """Write the object ``source`` also as ``target`` (within the store, without reading it here); return
+        the new object's version.
+
+        :raises ObjectNotFound: there is no object under ``source``.
+        """
+
+    @abstractmethod
+    def open_input(self, key: str) -> pa.NativeFile:
+        """A random-access reader of the object, for Parquet reads (footers, row groups). Close it.
+
+        :raises ObjectNotFound: there is no object under ``key``.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; an absent one is no error.
+
+        :raises StorageUnavailable: it cannot be removed.
+        """
+
+    def recover(self) -> None:
+        """Remove what writes an interrupted process left unfinished (a local root's temporary files, an object
+        store's incomplete uploads). Called by the root's one writer when it opens the root, before it writes."""
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """``delete`` each of ``keys`` (a backend with a batch call overrides this)."""
+        for key in keys:
+            self.delete(key)
+
+    def delete_prefix(self, prefix: str) -> list[str]:
+        """Delete every object under ``prefix`` (which ends in ``/``); return their keys."""
+        if not prefix.endswith("/"):
+            raise InvalidArgument(f"a prefix to delete ends in '/', got: {prefix!r}")
+        keys = [info.key for info in self.list(prefix)]
+        self.delete_many(keys)
+        return keys
