@@ -32,8 +32,9 @@ from compactord.config_values import (
     host_list,
     int_range,
     is_loopback,
-    local_path,
+    ledger_root,
     regex,
+    s3_location,
     text,
 )
 from compactord.errors import ConfigError, ConfigFileError
@@ -115,9 +116,28 @@ class Settings:
     kafka_ssl_check_hostname: bool = _key("kafkaSslCheckHostname", boolean, "true", "broker",
         "Check that the broker's certificate matches its host name.")
     # Storage
-    compacted_ledger_root: str = _key("compactedLedgerRoot", local_path, "data/ledgers", "storage",
-        "Folder of the compacted ledgers (one writer daemon at a time; shared by every executor on a "
-        "cluster).")
+    compacted_ledger_root: str = _key("compactedLedgerRoot", ledger_root, "data/ledgers", "storage",
+        "Where the compacted ledgers are kept, by one writer daemon at a time: a folder (on a cluster, shared by "
+        "every executor), or s3://BUCKET/PREFIX, a bucket that needs no shared folder (s3Region required).")
+    s3_endpoint: str = _key("s3Endpoint", text, "", "storage",
+        "URL of an S3-compatible store (e.g. https://minio.example.internal:9000); empty = AWS S3 in s3Region.")
+    s3_region: str = _key("s3Region", text, "", "storage",
+        "Region of the bucket (e.g. eu-west-1); required for an s3:// root, so that no client looks it up.")
+    s3_access_key_id: str = _key("s3AccessKeyId", text, "", "storage",
+        "Access key id; with s3SecretAccessKey empty too, the standard AWS credential chain is used "
+        "(environment, profile, instance or pod role).")
+    s3_secret_access_key: str = _key("s3SecretAccessKey", text, "", "storage",
+        "Secret access key (file:/path reads it from a file); set with s3AccessKeyId, or neither.", secret=True)
+    s3_path_style_access: bool | str = _key("s3PathStyleAccess", boolean, "", "storage",
+        "Address the bucket in the path (https://endpoint/bucket/key) instead of the host name; empty = true "
+        "when s3Endpoint is set, false for AWS.")
+    s3_ca_bundle: str = _key("s3CaBundle", text, "", "storage",
+        "CA bundle (PEM) to verify the store's certificate; empty = the system's.")
+    s3_server_side_encryption: str = _key("s3ServerSideEncryption", choice("", "AES256", "aws:kms"), "",
+        "storage", "Server-side encryption of every object written: empty (the bucket's default), AES256, or "
+        "aws:kms (with s3KmsKeyId, or the account's default key).")
+    s3_kms_key_id: str = _key("s3KmsKeyId", text, "", "storage",
+        "KMS key (id, ARN or alias) for s3ServerSideEncryption=aws:kms.")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "
@@ -241,6 +261,11 @@ class Settings:
         """The references of ``compactionStrategyPlugins``."""
         return tuple(self.compaction_strategy_plugins.split(",")) if self.compaction_strategy_plugins else ()
 
+    @property
+    def s3_path_style(self) -> bool:
+        """``s3PathStyleAccess``, or its default: path style when ``s3Endpoint`` is set."""
+        return bool(self.s3_endpoint) if self.s3_path_style_access == "" else bool(self.s3_path_style_access)
+
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)
 
@@ -326,6 +351,24 @@ def _check_http(values: dict[str, Any]) -> None:
         raise ConfigError("httpReadToken", "<the value of httpAuthToken>", "must differ from httpAuthToken")
 
 
+def _check_s3(values: dict[str, Any]) -> None:
+    """The rules between the storage keys: an s3:// root has what it needs, and the s3* keys an s3:// root."""
+    root = values["compacted_ledger_root"]
+    if s3_location(root) is None:
+        return
+    if not values["s3_region"].strip():
+        raise ConfigError("s3Region", values["s3_region"], f"required when compactedLedgerRoot is an s3:// root "
+                          f"({root}): the bucket's region, e.g. us-east-1 (never looked up)")
+    if bool(values["s3_access_key_id"]) != bool(values["s3_secret_access_key"]):
+        missing = "s3SecretAccessKey" if values["s3_access_key_id"] else "s3AccessKeyId"
+        raise ConfigError(missing, "", "set s3AccessKeyId and s3SecretAccessKey together, or neither (the "
+                          "standard AWS credential chain)")
+    if values["s3_kms_key_id"] and values["s3_server_side_encryption"] != "aws:kms":
+        raise ConfigError("s3KmsKeyId", values["s3_kms_key_id"], "needs s3ServerSideEncryption=aws:kms")
+    if values["s3_endpoint"] and not values["s3_endpoint"].startswith(("http://", "https://")):
+        raise ConfigError("s3Endpoint", values["s3_endpoint"], "an http:// or https:// URL")
+
+
 def _resolve_factory_alias(values: dict[str, Any], explicit: set[str]) -> None:
     factory = values["compaction_service_factory_class_name"]
     if factory == PULSAR_DEFAULT_FACTORY:
@@ -386,6 +429,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
             raise ConfigError(from_env[key.name], exc.value, exc.message.partition(" is invalid: ")[2]) from None
     _resolve_factory_alias(values, explicit)
     _check_http(values)
+    _check_s3(values)
     values["spark_conf"] = spark_conf
     return Settings(**values)
 

@@ -27,8 +27,9 @@ __all__ = [
     "host_list",
     "int_range",
     "is_loopback",
-    "local_path",
+    "ledger_root",
     "regex",
+    "s3_location",
     "text",
 ]
 
@@ -132,15 +133,38 @@ def _class_refs(raw: str) -> str:
 class_refs = Parser("module:Class[,module:Class...]", _class_refs)
 
 
-def _local_path(raw: str) -> str:
+_S3_SCHEME = "s3://"
+# S3's bucket names: 3 to 63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def s3_location(root: str) -> tuple[str, str] | None:
+    """(bucket, prefix) of an ``s3://BUCKET/PREFIX`` ledger root (the prefix without its slashes), or None for
+    a path. A root that ``ledger_root`` accepted only."""
+    if not root.startswith(_S3_SCHEME):
+        return None
+    bucket, _, prefix = root[len(_S3_SCHEME):].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _ledger_root(raw: str) -> str:
     value = raw.strip()
+    if value.startswith(_S3_SCHEME):
+        bucket, _, prefix = value[len(_S3_SCHEME):].partition("/")
+        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+            raise Rejected(f"{bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.', '-')")
+        parts = prefix.strip("/").split("/") if prefix.strip("/") else []
+        if any(part in ("", ".", "..") for part in parts) or "\\" in prefix:
+            raise Rejected(f"the prefix {prefix!r} has an empty, '.' or '..' segment")
+        return _S3_SCHEME + bucket + ("/" + "/".join(parts) if parts else "")
     if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", value) or re.match(r"(hdfs|s3a?|gs|abfss?|wasbs?):", value):
         raise Rejected()
     return value
 
 
-local_path = Parser("a file-system path (on a cluster: a shared mount at the same path on every executor); "
-                    "URLs such as hdfs:// or s3a:// are not supported", _local_path)
+ledger_root = Parser("a file-system path (on a cluster: a shared mount at the same path on every executor), or "
+                     "s3://BUCKET/PREFIX (see the s3* keys); other URLs such as s3a://, hdfs:// or file:// are not "
+                     "supported", _ledger_root)
 
 
 def _regex(raw: str) -> str:

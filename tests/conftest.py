@@ -26,6 +26,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, os.environ.get("
 
 from compactord.config import Settings
 from compactord.embedded import EmbeddedBroker
+from tests.support.s3_server import s3_server  # noqa: F401 - the session's S3 server, a fixture
 
 _counter = itertools.count()
 

@@ -21,6 +21,8 @@ __all__ = ["Metrics"]
 
 _RESULT = {TaskState.SUCCEED: "succeeded", TaskState.FAILED: "failed", TaskState.CANCELLED: "cancelled"}
 _DURATION_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+# A store's request: a local disk's in microseconds, S3's in milliseconds, a retried one in seconds.
+_REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class _LiveCollector(Collector):
@@ -134,6 +136,12 @@ class Metrics:
             "The topic's last compaction's reading tasks: CPU seconds per wall second, summed over the tasks "
             "(near 1: each had a core; far below: they waited for one, or for the broker)", ["topic"], registry=r)
         self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
+        self.storage_requests = Counter(
+            "compactord_storage_requests", "Requests to the ledger root's store by operation (list, head, get, "
+            "put, put_if_absent, put_if_match, put_file, delete), each retry counted", ["op"], registry=r)
+        self.storage_request_seconds = Histogram(
+            "compactord_storage_request_seconds", "Latency of one request to the ledger root's store, by operation",
+            ["op"], buckets=_REQUEST_BUCKETS, registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
         if snapshot is not None:
             r.register(_LiveCollector(snapshot))
@@ -164,6 +172,11 @@ class Metrics:
                 self.recreated_rebuilds.labels(topic).inc()
             if stats.switch_warning:
                 self.switch_warnings.labels(topic).inc()
+
+    def storage_request(self, op: str, seconds: float) -> None:
+        """The store's observer (``open_store(..., observer=metrics.storage_request)``): one request done."""
+        self.storage_requests.labels(op).inc()
+        self.storage_request_seconds.labels(op).observe(seconds)
 
     def forget(self, topic: str) -> None:
         """Drop every series of a deleted topic (a test checks that each metric with a topic label is

@@ -479,12 +479,19 @@ def _check_sasl_tls(s: Settings) -> None:
     assert client["ssl_cafile"] and client["ssl_check_hostname"] is True
 
 
+def _check_s3(s: Settings) -> None:
+    assert s.compacted_ledger_root.startswith("s3://") and s.s3_region
+    assert s.s3_secret_access_key == "from /etc/compactord/s3-secret" and s.s3_access_key_id
+    assert s.s3_path_style is False  # AWS: virtual-host addressing
+
+
 _CONFIG_CHECKS = {
     "broker.conf.example": _check_example,
     "embedded.conf": _check_embedded,
     "production.conf": _check_production,
     "spark-standalone.conf": _check_spark_standalone,
     "sasl-tls.conf": _check_sasl_tls,
+    "s3.conf": _check_s3,
 }
 
 

@@ -18,7 +18,7 @@ def test_a_plain_path_is_a_local_root(tmp_path: Path) -> None:
     assert store.describe() == f"local root {(tmp_path / 'root').resolve()}"
 
 
-@pytest.mark.parametrize("root", ["s3://bucket/prefix", "s3a://bucket/x", "file:///tmp/x", "hdfs://nn/x"])
+@pytest.mark.parametrize("root", ["s3a://bucket/x", "file:///tmp/x", "hdfs://nn/x"])
 def test_other_schemes_are_refused_naming_what_is_allowed(root: str) -> None:
     with pytest.raises(ConfigError, match=r"compactedLedgerRoot.*not supported.*plain path") as caught:
         open_store(root)
