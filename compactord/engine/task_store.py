@@ -114,7 +114,8 @@ def _open(descriptor: Mapping[str, Any], secrets: Mapping[str, Any]) -> ObjectSt
 
     location = s3_location(root)
     if location is None:
-        raise InvalidArgument(f"a task's store descriptor names {root!r} with S3 settings: s3://BUCKET/PREFIX is allowed")
+        raise InvalidArgument(f"a task's store descriptor names {root!r} with S3 settings: "
+                              "s3://BUCKET/PREFIX is allowed")
     options = S3Options(**descriptor["s3"], access_key_id=str(secrets.get("access_key_id", "")),
                         secret_access_key=str(secrets.get("secret_access_key", "")))
     return S3Store(location[0], location[1], options)

@@ -83,7 +83,9 @@ def write_part(tables: pa.Table | Iterable[pa.Table], store: ObjectStore, key: s
     local = isinstance(store, LocalStore)
     if local:
         target = Path(store.location(key))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.is_dir():  # the ledger's folder: its first part makes it, durably
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fsync_path(target.parent.parent)
         tmp = target.with_name(f"{PRIVATE}{name}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}")
     else:
         fd, spooled = tempfile.mkstemp(prefix=f"compactord-{name}.", suffix=TMP_SUFFIX)

@@ -88,7 +88,8 @@ class LedgerStore:
                 self.objects.recover()
                 self.epoch = raise_epoch(self.objects)
             with contextlib.suppress(FileNotFoundError):
-                (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
+                if self.local:
+                    (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
             # Progress folders of tasks that a crash interrupted: no task runs before open() returns.
             for task in list_names(self._daemon_dir / _PROGRESS) if self.local else []:
                 log.warning("removing progress files of interrupted task %s", task)
@@ -132,6 +133,11 @@ class LedgerStore:
         self.close()
 
     # -- names and paths -------------------------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        """Where the root is, for logs and ``/v1/info``: a local folder's path, or ``s3://BUCKET/PREFIX``."""
+        return str(self.root) if self.local else self.objects.describe()
 
     def topic_dir(self, topic: str) -> Path:
         """The directory of ``topic`` (it may not exist).

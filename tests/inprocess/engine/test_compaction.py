@@ -521,7 +521,7 @@ def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(k
 
 def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, make_factory, monkeypatch):
     """Each writing task puts its part durably in the store and leaves the part's manifest entry beside it
-    (``parts.write_part``): the driver seals the ledger without reading a part (its checksum pass fails
+    (``parts.write_part``): the driver seals the ledger without reading a part (its read of a part fails
     here), the entries are the files' own, none is left in the ledger, and the ledger verifies. The grouping
     job's Python writer seals its parts the same way (``ledger_io.write_sorted``)."""
     from compactord.engine import job as engine_job

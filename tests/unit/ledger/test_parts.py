@@ -216,3 +216,32 @@ def test_an_entry_that_no_longer_describes_its_part_is_not_taken(tmp_path: Path)
         assert (sealed.markers, sealed.records_kept) == (0, 30)
         assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0), part_name(1)]
         store.verify("t", ledger_id)
+
+
+def test_a_part_written_to_an_s3_store_is_sealed_from_its_seal_object(s3_server, monkeypatch) -> None:
+    """On an object store the part is written on the local disk, put, and the local file removed; its seal is
+    an object beside it, which sealing the ledger takes (reading no part) and removes."""
+    import tempfile
+
+    store = s3_server.store()
+    spooled = set(Path(tempfile.gettempdir()).glob("compactord-*"))
+    write_part(iter([_marked(60, {7: 5_000}), _marked(40, {})]), store, f"t/ledger-1/{part_name(0)}")
+    write_part(table(10, partition=1), store, f"t/ledger-1/{part_name(1)}")
+    assert set(Path(tempfile.gettempdir()).glob("compactord-*")) == spooled
+    assert [i.key for i in store.list("t/ledger-1/")] == [
+        f"t/ledger-1/{seal_name(part_name(0))}", f"t/ledger-1/{seal_name(part_name(1))}",
+        f"t/ledger-1/{part_name(0)}", f"t/ledger-1/{part_name(1)}"]
+
+    def not_here(*args: object) -> None:
+        raise AssertionError("a part was read to seal the ledger")
+
+    monkeypatch.setattr(manifests, "_read_part", not_here)
+    sealed = manifests.finalize(_manifest(1), store, "t/ledger-1/")
+    monkeypatch.undo()
+    assert [(f["name"], f["rows"]) for f in sealed.files] == [(part_name(0), 100), (part_name(1), 10)]
+    assert (sealed.markers, sealed.records_kept) == (1, 109)
+    assert [i.key.rpartition("/")[2] for i in store.list("t/ledger-1/")] == [
+        "manifest.json", part_name(0), part_name(1)]
+    manifests.verify(store, "t/ledger-1/", "t", 1)
+    with store.open_input(f"t/ledger-1/{part_name(1)}") as f:
+        assert pq.read_table(f).num_rows == 10
