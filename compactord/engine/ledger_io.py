@@ -11,8 +11,8 @@ job that groups its rows in Spark.
   are not read; the job's SQL drops the other rows below it, as it did for the JVM's Parquet scan.
 - ``write_sorted``: a DataFrame sorted by (partition, offset) across its Spark partitions written into a
   ledger folder, each task writing its partition's rows as one part file (``write_part``: a temporary
-  file, then put in the store, and the seal ``manifests.finalize`` takes) named by the task's partition index, so
-  that the files' names sort as their rows do. Rows are cut into row groups of at most ``ROW_GROUP_ROWS``
+  file, then put in the store, and the seal ``manifests.finalize`` takes) named by the task's partition
+  index, so that the files' names sort as their rows do. Rows are cut into row groups of at most ``ROW_GROUP_ROWS``
   rows and ``ROW_GROUP_BYTES`` bytes, as the reading tasks' parts are.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, write_part
 from compactord.engine.task_store import locate, new_output, spec_store
+from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, write_part
 from compactord.ledger.row_groups import RowGroup, ledger_row_groups, open_file
 from compactord.model import RECORD_DDL, RECORD_SCHEMA
 
@@ -146,7 +146,8 @@ def _write_partition(output_path: str, access: Mapping[str, Any],
 
     context = TaskContext.get()
     index = context.partitionId() if context is not None else 0
-    write_part(row_group_tables(batches), *locate(spec_store(access), f"{output_path}/{grouped_part_name(index)}"))
+    store, key = locate(spec_store(access), f"{output_path}/{grouped_part_name(index)}")
+    write_part(row_group_tables(batches), store, key)
     return iter(())
 
 
