@@ -100,7 +100,7 @@ def info_json(daemon: Daemon) -> dict[str, Any]:
     settings = daemon.settings
     return {"version": __version__,
             "broker": {"bootstrap": settings.kafka_bootstrap_servers, "embedded": daemon.embedded_broker},
-            "ledger_root": str(daemon.store.root), "spark_master": settings.spark_master}
+            "ledger_root": daemon.store.location, "spark_master": settings.spark_master}
 
 
 # -- tasks and topics ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, Serv
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
+from compactord.storage import open_store
 from compactord.task import CompactionTaskCtx, TaskState
 
 __all__ = ["Daemon", "Readiness"]
@@ -76,11 +77,20 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
     return cls()
 
 
-def _open_store(root: str) -> tuple[LedgerStore, list[str]]:
-    """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it).
+def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list[str]]:
+    """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it). An
+    object store is checked first (its bucket, credentials, endpoint, and that it enforces conditional
+    writes); its requests feed ``metrics``. A local root is locked; an S3 root has no lock (one daemon per
+    S3 root: docs/operations.md).
 
-    :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted)."""
-    store = LedgerStore(root)
+    :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted), or an
+        object store refuses the check."""
+    root = settings.compacted_ledger_root
+    objects = open_store(root, settings, observer=metrics.storage_request)
+    check = getattr(objects, "check", None)
+    if check is not None:
+        check("compactedLedgerRoot")
+    store = LedgerStore(root, objects)
     try:
         pending = [t for t in store.topics() if store.deletion_pending(t)]
         return store.open(), pending
@@ -102,7 +112,8 @@ class Daemon:
             raise ValueError(f"jvm_check_timeout_s must be positive, got: {jvm_check_timeout_s!r}")
         self.settings = settings
         self._jvm_check_timeout_s = jvm_check_timeout_s
-        self.store, deleted = _open_store(settings.compacted_ledger_root)
+        self.metrics = Metrics(snapshot=self._snapshot)  # before the store: it counts the store's requests
+        self.store, deleted = _open_store(settings, self.metrics)
         self.history = RunHistory(self.store.objects, f"{DAEMON_DIR}/{HISTORY_DIR}",
                                   settings.compaction_history_max_runs, settings.compaction_history_max_age_days)
         for topic in deleted:  # the rest of the topic went in open()
@@ -121,7 +132,6 @@ class Daemon:
             raise
         self.policies = PolicyStore(self.store, allowed_strategies(settings))
         self._apply_stored_strategies()
-        self.metrics = Metrics(snapshot=self._snapshot)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
@@ -150,8 +160,9 @@ class Daemon:
     def _start_spark(self) -> None:
         try:
             self.spark.start()
-            scratch = self.store.root / DAEMON_DIR / "tmp"
-            scratch.mkdir(parents=True, exist_ok=True)
+            scratch = self.store.root / DAEMON_DIR / "tmp" if self.store.local else None  # None: the host's
+            if scratch is not None:
+                scratch.mkdir(parents=True, exist_ok=True)
             self.spark.warm_up(scratch)
         except Exception as exc:
             if not self._stop.is_set():
@@ -167,6 +178,8 @@ class Daemon:
         return self._broker.problem()
 
     def _check_root(self) -> str | None:
+        if not self.store.local:
+            return None  # an object store's requests fail with storage_unavailable; there is no folder to look at
         root = self.store.root
         return None if root.is_dir() and os.access(root, os.R_OK | os.X_OK) else "the ledger root is not readable"
 

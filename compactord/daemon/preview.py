@@ -67,9 +67,11 @@ def _sampled(daemon: Daemon, topic: str) -> dict[str, Any]:
         return {**found, "exact": False}
     reader = handle.acquire()  # the ledger's files stay while they are read, whatever a switch does
     try:
-        files = [str(reader.path / f["name"]) for f in handle.manifest.files]
+        store = factory.store  # type: ignore[attr-defined]
+        folder = store.ledger_key(topic, handle.manifest.ledger_id)
+        files = [f"{folder}/{f['name']}" for f in handle.manifest.files]
         found = sampled_preview(daemon.settings.kafka_client_config(), topic, offsets, handle.manifest, files,
-                                strategy_for(topic))
+                                strategy_for(topic), store=store.objects)
     finally:
         handle.release()
     return {**found, "exact": False}

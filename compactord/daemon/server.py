@@ -119,7 +119,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
 def _warnings(settings: Settings) -> None:
     # A non-loopback address without a token is refused by the config's rules (config._check_http).
     master = settings.spark_master
-    if not master.startswith("local"):
+    if not master.startswith("local") and not settings.compacted_ledger_root.startswith("s3://"):
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
                     "executor and this daemon can reach (a shared mount at the same path)", master,
                     Path(settings.compacted_ledger_root).resolve())
@@ -155,7 +155,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         daemon.start()
         scheme = "https" if settings.http_tls_cert_file else "http"
         log.info("compactord API on %s://%s:%d (ledgers in %s)", scheme, settings.http_bind_address,
-                 settings.http_port, daemon.store.root)
+                 settings.http_port, daemon.store.location)
         try:
             server.run()
         finally:

@@ -11,6 +11,7 @@ from compactord.engine.strategies import ResolvedStrategy
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger.store import LedgerStore
+from compactord.storage import open_store
 from compactord.model import validate_topic_name
 from compactord.task import TaskProbe
 
@@ -26,7 +27,8 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         self._topic_limits: dict[str, tuple[int | None, int | None]] = {}
         self.spark: SparkSessionManager = context.spark or SparkSessionManager(settings)
         self._owns_store = context.store is None
-        self.store: LedgerStore = context.store or LedgerStore(settings.compacted_ledger_root).open()
+        root = settings.compacted_ledger_root
+        self.store: LedgerStore = context.store or LedgerStore(root, open_store(root, settings)).open()
         self._owns_broker = context.broker is None
         self.broker: BrokerMetadata = context.broker or KafkaAdmin(settings)
         self.probe: TaskProbe = context.probe

@@ -31,7 +31,6 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from compactord.config import KAFKA_SECRET_ARGS, Settings
@@ -42,9 +41,11 @@ from compactord.engine.ledger_io import ledger_rows, write_sorted
 from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.engine.strategies.publishing_order import reduce_last_offset
+from compactord.engine.task_store import describe, new_output
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
+from compactord.storage import ObjectStore
 
 __all__ = ["CompactionJobSpec", "JobWidths", "job_spec", "reads_are_final", "run_compaction_job",
            "shuffle_partitions_for", "writing_tasks_spec"]
@@ -123,6 +124,9 @@ class CompactionJobSpec:
     # The cores that run the reading tasks: a small job's ranges are packed into a task per core
     # (``kafka_source.read_tasks``); 0: a task per range.
     cores: int = 0
+    # The ledger root, as tasks open it (``task_store.describe``: no credential in it): ``ledger_files`` and
+    # ``output_path`` are its keys. None: they are local paths (the warm-up's).
+    store: Mapping[str, Any] | None = None
 
 
 def job_spec(
@@ -141,12 +145,14 @@ def job_spec(
     key_ttl_ms: int = 0,
     read_bytes_per_second: float = 0,
     cores: int = 0,
+    store: ObjectStore | None = None,
 ) -> CompactionJobSpec:
     """The one place a job's spec is built: from the settings and the strategy in force for the run.
 
     ``now_ms`` (default: now) is the instant tombstone retention and key expiry are measured at: the
-    task's start, so that a run's result does not depend on when Spark reaches the step."""
-    groups = ledger_row_groups(ledger_files) if ledger_files else []
+    task's start, so that a run's result does not depend on when Spark reaches the step. ``store``: the ledger
+    root whose keys ``ledger_files`` and ``output_path`` are (None: local paths)."""
+    groups = ledger_row_groups(ledger_files, store) if ledger_files else []
     final = reads_are_final(strategy.strategy, ranges, ledger_files, log_start, max_partition_rows(groups),
                             retain_null_key=strategy.settings.retain_null_key)
     return CompactionJobSpec(
@@ -174,6 +180,7 @@ def job_spec(
         ledger_groups={p: partition_groups(groups, p, start) for p, start in log_start.items()}
         if final and ledger_files else {},
         cores=cores,
+        store=describe(store) if store is not None else None,
     )
 
 
@@ -250,6 +257,7 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "write_to": spec.output_path if write is not None else None,
             "deletion_rules": write.to_json() if write is not None else None,
             "window_memory_bytes": windows.MEMORY_BUDGET_BYTES,
+            "store": dict(spec.store) if spec.store is not None else None,
         }
     )
 
@@ -303,7 +311,7 @@ def _records(spark: Any, spec: CompactionJobSpec) -> Any:
     records = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
     if spec.ledger_files and not spec.final_reads:  # final reads merge the ledger in the reading tasks
         ledger = ledger_rows(spark, spec.ledger_files, spec.log_start,
-                             spec.cores or spark.sparkContext.defaultParallelism)
+                             spec.cores or spark.sparkContext.defaultParallelism, _task_access(spec))
         if ledger is not None:
             records = records.unionByName(ledger)
     if any(spec.log_start.values()):
@@ -376,7 +384,7 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
     """Compute the winners and write them, sorted by (partition, offset), to ``spec.output_path``."""
     tasks = writing_tasks_spec(spec, strategy)
     if tasks is not None:
-        Path(spec.output_path).mkdir()  # a folder that exists already is an error, as for Spark's writer
+        new_output(spec.store, spec.output_path)
         run_writing_tasks(spark, tasks)
         return
     result = build_winners(spark, spec, strategy)
@@ -386,4 +394,10 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
         ordered = ordered.sortWithinPartitions("partition", "offset")
     else:
         ordered = result.orderBy("partition", "offset")
-    write_sorted(ordered, spec.output_path)
+    write_sorted(ordered, spec.output_path, _task_access(spec))
+
+
+def _task_access(spec: CompactionJobSpec) -> dict[str, Any]:
+    """What the grouping job's tasks need to open the ledger root (``task_store.spec_store``)."""
+    return {"store": dict(spec.store) if spec.store is not None else None,
+            "channel": dict(spec.channel) if spec.channel is not None else None}

@@ -11,8 +11,8 @@ job that groups its rows in Spark.
   are not read; the job's SQL drops the other rows below it, as it did for the JVM's Parquet scan.
 - ``write_sorted``: a DataFrame sorted by (partition, offset) across its Spark partitions written into a
   ledger folder, each task writing its partition's rows as one part file (``write_part``: a temporary
-  name, then renamed, and the seal ``manifests.finalize`` takes) named by the task's partition index, so
-  that the files' names sort as their rows do. Rows are cut into row groups of at most ``ROW_GROUP_ROWS``
+  file, then put in the store, and the seal ``manifests.finalize`` takes) named by the task's partition
+  index, so that the files' names sort as their rows do. Rows are cut into row groups of at most ``ROW_GROUP_ROWS``
   rows and ``ROW_GROUP_BYTES`` bytes, as the reading tasks' parts are.
 """
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from compactord.engine.task_store import locate, new_output, spec_store
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, write_part
-from compactord.ledger.row_groups import RowGroup, ledger_row_groups
+from compactord.ledger.row_groups import RowGroup, ledger_row_groups, open_file
 from compactord.model import RECORD_DDL, RECORD_SCHEMA
 
 __all__ = ["LEDGER_READ_TASK_ROWS", "as_records", "grouped_part_name", "ledger_read_tasks", "ledger_rows",
@@ -84,21 +84,27 @@ def _below_log_start(g: RowGroup, log_start: Mapping[int, int]) -> bool:
     return not g.may_hold(partition, log_start.get(partition, 0))
 
 
-def ledger_rows(spark: Any, files: Sequence[str], log_start: Mapping[int, int], cores: int) -> Any | None:
+def ledger_rows(spark: Any, files: Sequence[str], log_start: Mapping[int, int], cores: int,
+                access: Mapping[str, Any] | None = None) -> Any | None:
     """The rows of the ledger files ``files`` (markers included) as a DataFrame of ``RECORD_DDL``, read by
-    Python tasks; None when no row group may hold a row at or above its partition's log start."""
-    tasks = ledger_read_tasks(ledger_row_groups(files), log_start, cores)
+    Python tasks; None when no row group may hold a row at or above its partition's log start. ``access``:
+    the ledger root whose keys ``files`` are, and the run's channel (``task_store.spec_store``; no store:
+    local paths)."""
+    access = dict(access or {})
+    tasks = ledger_read_tasks(ledger_row_groups(files, spec_store(access)), log_start, cores)
     if not tasks:
         return None
     ids = spark.range(0, len(tasks), 1, len(tasks))
-    return map_in_arrow(ids, functools.partial(_read_tasks, tasks), RECORD_DDL)
+    return map_in_arrow(ids, functools.partial(_read_tasks, tasks, access), RECORD_DDL)
 
 
-def _read_tasks(tasks: Sequence[ReadTask], ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _read_tasks(tasks: Sequence[ReadTask], access: Mapping[str, Any],
+                ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    store = spec_store(access)
     for batch in ids:
         for task_id in batch.column(0).to_pylist():
-            for path, indexes in tasks[task_id]:
-                with pq.ParquetFile(path) as pf:
+            for name, indexes in tasks[task_id]:
+                with open_file(store, name) as f, pq.ParquetFile(f) as pf:
                     for rows in pf.iter_batches(_READ_BATCH_ROWS, row_groups=indexes, use_threads=False):
                         yield as_records(rows)
 
@@ -124,20 +130,24 @@ def as_records(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
 
 
-def write_sorted(ordered: Any, output_path: str) -> None:
+def write_sorted(ordered: Any, output_path: str, access: Mapping[str, Any] | None = None) -> None:
     """Write ``ordered`` (sorted by (partition, offset) within and across its Spark partitions) into the new
-    ledger folder ``output_path``, one part file per non-empty Spark partition, from Spark's Python workers."""
-    Path(output_path).mkdir()  # a folder that exists already is an error, as for Spark's writer
+    ledger folder ``output_path`` (a key prefix of the root ``access`` names, or a local path), one part file
+    per non-empty Spark partition, from Spark's Python workers."""
+    access = dict(access or {})
+    new_output(access.get("store"), output_path)  # one that holds something already is an error
     # The JVM's count of the tasks' (empty) output runs the job without serving results to this process.
-    map_in_arrow(ordered, functools.partial(_write_partition, output_path), "written bigint").count()
+    map_in_arrow(ordered, functools.partial(_write_partition, output_path, access), "written bigint").count()
 
 
-def _write_partition(output_path: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _write_partition(output_path: str, access: Mapping[str, Any],
+                     batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
     context = TaskContext.get()
     index = context.partitionId() if context is not None else 0
-    write_part(row_group_tables(batches), Path(output_path), grouped_part_name(index))
+    store, key = locate(spec_store(access), f"{output_path}/{grouped_part_name(index)}")
+    write_part(row_group_tables(batches), store, key)
     return iter(())
 
 

@@ -107,7 +107,7 @@ def plan_compaction(
     *,
     offsets: dict[int, PartitionOffsets],
     previous: LedgerManifest | None,
-    previous_dir: Path | None,
+    previous_dir: str | Path | None,  # the previous ledger's folder: a key prefix of the root (or a local path)
     strategy: ResolvedStrategy,
     rebuild: bool,
     reasons: list[str],
@@ -150,7 +150,7 @@ def plan_compaction(
     for p, o in sorted(offsets.items()):
         start = max(previous.horizon.get(p, -1) + 1, o.log_start) if incremental and previous else o.log_start
         ranges.append(OffsetRange(p, start, o.end))
-    files = [str(previous_dir / f["name"]) for f in previous.files] if incremental and previous and previous_dir \
+    files = [f"{previous_dir}/{f['name']}" for f in previous.files] if incremental and previous and previous_dir \
         else []
     split = plan_ranges(ranges, cores, ranges_per_core,
                         whole_partitions=reads_are_final(strategy.strategy, [r for r in ranges if r.size > 0], files,

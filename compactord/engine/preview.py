@@ -22,6 +22,7 @@ from compactord.engine.kafka_source import range_consumer
 from compactord.engine.strategies import ResolvedStrategy, fold
 from compactord.interfaces import CompactionStrategy
 from compactord.model import Entry, LedgerManifest, PartitionOffsets
+from compactord.storage import ObjectStore
 
 __all__ = ["SAMPLE_RECORDS", "LedgerTotals", "exact_preview", "kept_digest", "ledger_totals", "sampled_preview"]
 
@@ -61,16 +62,20 @@ class LedgerTotals:
     matched: dict[tuple[int, bytes], int] = field(default_factory=dict)
 
 
-def ledger_totals(files: Sequence[str], keys: Collection[bytes] = ()) -> LedgerTotals:
-    """Count a ledger's files one at a time (memory: one file's key and value columns)."""
+def ledger_totals(files: Sequence[str], keys: Collection[bytes] = (), store: ObjectStore | None = None) -> LedgerTotals:
+    """Count a ledger's files (keys of ``store``; no store: local paths) one at a time (memory: one file's key
+    and value columns)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from compactord.ledger.row_groups import open_file
+
     totals = LedgerTotals()
     wanted = pa.array(list(keys), pa.binary())
-    for path in files:
-        table = pq.read_table(path, columns=["partition", "key", "value", "marker"])
+    for name in files:
+        with open_file(store, name) as f:
+            table = pq.read_table(f, columns=["partition", "key", "value", "marker"])
         live = pc.invert(pc.fill_null(table["marker"], False))
         sizes = pc.add(pc.fill_null(pc.binary_length(table["key"]), 0), pc.fill_null(pc.binary_length(table["value"]), 0))
         totals.live += int(pc.sum(live).as_py() or 0)
@@ -87,7 +92,7 @@ def ledger_totals(files: Sequence[str], keys: Collection[bytes] = ()) -> LedgerT
 
 def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mapping[int, PartitionOffsets],
                     previous: LedgerManifest | None, ledger_files: Sequence[str], strategy: ResolvedStrategy,
-                    sample: int = SAMPLE_RECORDS) -> dict[str, Any]:
+                    sample: int = SAMPLE_RECORDS, store: ObjectStore | None = None) -> dict[str, Any]:
     """An estimate from the last ``sample`` tail records of each partition and the ledger's keys.
 
     The sample's share of kept records, of keys the ledger already holds, and of bytes is scaled to
@@ -106,7 +111,7 @@ def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mappi
         sampled += len(records)
         tail_bytes += sum(len(e.key or b"") + len(e.value or b"") for e in records)
         winners.extend(_winners(strategy, records))
-    ledger = ledger_totals(ledger_files if previous is not None else (), {w.key for w in winners if w.key})
+    ledger = ledger_totals(ledger_files if previous is not None else (), {w.key for w in winners if w.key}, store)
     live = ledger.matched
     scale = tail_total / sampled if sampled else 0.0
     kept_tail = [w for w in winners if not w.is_tombstone]

@@ -24,7 +24,6 @@ import heapq
 import time
 from collections.abc import Iterator
 from operator import itemgetter
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -36,11 +35,13 @@ from compactord.engine.merge import merge_into_ledger
 from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
+from compactord.engine.task_store import locate, spec_store
 from compactord.engine.throttle import ReadThrottle
 from compactord.engine.windows import MEMORY_BUDGET_BYTES, SettledWindows
 from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.row_groups import partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
+from compactord.storage import ObjectStore
 
 __all__ = ["FINAL_WINDOW_KEYS", "REDUCE_WINDOW", "RangeReadTask"]
 
@@ -84,8 +85,8 @@ class RangeReadTask:
         self.log_start = int(spec.get("log_start", {}).get(str(partition), 0))
         # Final reads of a compaction (not a preview): the task applies these deletion rules and writes its
         # partition's part file into this folder, and hands no row to Spark.
-        self.write: tuple[Path, DeletionRules] | None = (
-            (Path(spec["write_to"]), DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
+        self.write: tuple[str, DeletionRules] | None = (
+            (spec["write_to"], DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
         # Final reads, publishing-order: each window's last rows by key, in memory up to a budget, then on
@@ -264,12 +265,12 @@ class RangeReadTask:
             table = pa.concat_tables([table, nulls]).sort_by("offset")
         return table
 
-    def _write_windows(self, folder: Path, rules: DeletionRules) -> None:
+    def _write_windows(self, folder: str, rules: DeletionRules) -> None:
         """A compaction's final read without null-key or ledger rows: the windows, each reduced to its keys'
         winners (``SettledWindows.last_rows``), pass the deletion rules into the part file one at a time,
         never joined (joined and filtered, 500,000 distinct keys peaked 49 MB higher)."""
         self._check_cancel()
-        write_part(map(rules.apply_arrow, self._settled.last_rows()), folder, part_name(self.partition))
+        write_part(map(rules.apply_arrow, self._settled.last_rows()), *self._part(folder))
 
     def _flush(self, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]],
                last: bool = False) -> Iterator[pa.RecordBatch]:
@@ -316,14 +317,22 @@ class RangeReadTask:
         table = winners
         if self.ledger_groups:
             self._check_cancel()
-            table = merge_into_ledger(winners, partition_rows(self.ledger_groups, self.partition, self.log_start),
-                                      self.reduce)
+            rows = partition_rows(self.ledger_groups, self.partition, self.log_start, self._store())
+            table = merge_into_ledger(winners, rows, self.reduce)
         if self.write is None:
             yield from table.to_batches(max_chunksize=self.batch_records)
             return
         self._check_cancel()
         folder, rules = self.write
-        write_part(rules.apply_arrow(table), folder, part_name(self.partition))
+        write_part(rules.apply_arrow(table), *self._part(folder))
+
+    def _store(self) -> ObjectStore | None:
+        """The ledger root the spec names (its credentials from the run's channel); None: local paths."""
+        return spec_store(self.spec, self.channel)
+
+    def _part(self, folder: str) -> tuple[ObjectStore, str]:
+        """Where this partition's part file goes: the store and its key."""
+        return locate(self._store(), f"{folder}/{part_name(self.partition)}")
 
     def _progress(self, now: float) -> None:
         if now - self._last_progress < PROGRESS_EVERY_S:

@@ -24,6 +24,7 @@ from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_sp
 from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.resources import TopicLedger
+from compactord.engine.task_store import new_output, store_secrets
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
@@ -59,11 +60,11 @@ class CompactionRun:
 
     def __call__(self) -> None:
         ctx = self.ctx
-        new_path: Path | None = None
+        new_ledger: int | None = None
         switched = False
         # The run's channel to its reading tasks: their progress, the cancel, the throttled share, the early
         # start's plan, and the Kafka client's secrets, which nothing shipped to the tasks carries.
-        channel = RunChannel(self.factory.settings.kafka_client_secrets())
+        channel = RunChannel(self.factory.settings.kafka_client_secrets(), store_secrets(self.store.objects))
         early: EarlyStart | None = None
         try:
             ctx.checkpoint("pending")
@@ -92,11 +93,12 @@ class CompactionRun:
             ctx.transition(TaskState.RUNNING)
             ctx.checkpoint("running")
             self.store.check_free_space(plan.previous.bytes if plan.previous else 0)
-            ledger_id, new_path = self.store.allocate_ledger(self.topic)
+            ledger_id, _ = self.store.allocate_ledger(self.topic)
+            new_ledger = ledger_id
             if early is None:
                 ctx.add_cancel_hook(cancel_hook)
             started = time.time()
-            tail = self._spark_job(plan, str(new_path), channel, early=early)
+            tail = self._spark_job(plan, self.store.ledger_key(self.topic, ledger_id), channel, early=early)
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
             manifest = self._finalize(plan, ledger_id, tail, started)
@@ -131,12 +133,12 @@ class CompactionRun:
             try:  # never raises: the task's slot is released below whatever happens here
                 if early is not None:
                     early.abort()  # tasks not handed a plan end without a read; the job is waited for
-                if new_path is not None and not switched:
-                    self.store.discard(new_path)
+                if new_ledger is not None and not switched:
+                    self.store.delete_ledger(self.topic, new_ledger)
                 channel.close()  # tasks of the run still connected (none, normally) stop
             except Exception:
                 log.warning("topic %s (task %s): could not remove the unused ledger %s (removed at next "
-                            "start-up)", self.topic, ctx.task_id, new_path, exc_info=True)
+                            "start-up)", self.topic, ctx.task_id, new_ledger, exc_info=True)
             finally:
                 ctx.worker_done.set()
 
@@ -161,7 +163,7 @@ class CompactionRun:
         return plan_compaction(
             self.topic, offsets=offsets, previous=previous, log_now=log_now,
             first_offsets=self._first_offsets(handle, offsets),
-            previous_dir=self.store.ledger_path(self.topic, previous.ledger_id) if previous else None,
+            previous_dir=self.store.ledger_key(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
             cores=self.factory.spark.cores, ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
             corrupt_id=corrupt_id,
@@ -246,7 +248,7 @@ class CompactionRun:
         ctx.remove_cancel_hook(cancel_hook)
         ctx.checkpoint("running")
         read = plan.ledger_rows + tail.records
-        read_bytes = ledger_totals(plan.previous_files).bytes + tail.bytes
+        read_bytes = ledger_totals(plan.previous_files, store=self.store.objects).bytes + tail.bytes
         ctx.progress.records_read, ctx.progress.bytes_read = read, tail.bytes
         ctx.preview = {
             "records_kept": counted["records_kept"],
@@ -274,6 +276,7 @@ class CompactionRun:
             channel=channel.endpoint(driver_address(spark.spark)), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
             read_bytes_per_second=per_task_rate(budget, len(plan.ranges), cores), cores=cores,
+            store=self.store.objects,
         )
         tasks = writing_tasks_spec(spec, plan.strategy.strategy) if early is not None and count is None else None
         if early is not None and (tasks is None or not early.fits(tasks)):
@@ -303,11 +306,12 @@ class CompactionRun:
     @staticmethod
     def _hand_over(early: EarlyStart, tasks: dict[str, Any], output: str) -> bool:
         """Give the early tasks the run's spec; False (the early job ended) when they had stopped waiting."""
-        Path(output).mkdir()  # a folder that exists already is an error, as for Spark's writer
+        new_output(tasks.get("store"), output)  # one that holds something already is an error
         if early.go(tasks):
             return True
         early.abort()
-        Path(output).rmdir()  # the job that now runs makes it again
+        if tasks.get("store") is None:
+            Path(output).rmdir()  # the job that now runs makes it again
         log.info("the early reading tasks of %s stopped waiting for their plan; the run's job starts now",
                  early.description)
         return False

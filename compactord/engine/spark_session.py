@@ -242,6 +242,7 @@ class SparkSessionManager:
         from compactord.engine.job import job_spec, run_compaction_job
         from compactord.engine.kafka_source import OffsetRange
         from compactord.engine.strategies import ResolvedStrategy
+        from compactord.engine.task_store import locate
         from compactord.ledger.parts import write_part
         from compactord.model import RECORD_SCHEMA
 
@@ -263,7 +264,7 @@ class SparkSessionManager:
             seed = Path(tmp) / "seed"
             seed.mkdir()
             row = {"partition": 0, "offset": 0, "key": b"k", "value": b"v"}
-            write_part(pa.Table.from_pylist([row], schema=RECORD_SCHEMA), seed, "part-0.parquet")
+            write_part(pa.Table.from_pylist([row], schema=RECORD_SCHEMA), *locate(None, str(seed / "part-0.parquet")))
             grouping = dataclasses.replace(spec, final_reads=False, ledger_files=[str(seed / "part-0.parquet")],
                                            ledger_groups={}, output_path=str(Path(tmp) / "grouped"))
             self.run("warm-up", "compactord warm-up (the grouping job)",

@@ -1,26 +1,27 @@
-"""A ledger's ``manifest.json``: sealing a ledger Spark has written (checksums, counts, the manifest),
-loading the manifest, and verifying the files it lists. ``LedgerStore`` calls these with the ledger's
-directory (sealing: the parts the tasks wrote there) or the root's store and the ledger's key prefix (the
-manifest, reading, verifying); they are the boundary where a bad file becomes ``LedgerCorrupt``.
+"""A ledger's ``manifest.json``: sealing a ledger the tasks have written (checksums, counts, the manifest),
+loading the manifest, and verifying the files it lists. ``LedgerStore`` calls these with the root's store and
+the ledger's key prefix; they are the boundary where a bad file becomes ``LedgerCorrupt``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import LedgerCorrupt, ObjectNotFound
-from compactord.ledger.files import DISK_FULL, MANIFEST, check_object, disk_errors, file_crc32c, fsync_path
-from compactord.ledger.parts import is_partial_part, is_seal, read_seal
+from compactord.ledger.files import DISK_FULL, MANIFEST, check_object, disk_errors
+from compactord.ledger.parts import is_partial_part, is_seal, read_seal, seal_name
 from compactord.model import RECORD_SCHEMA, LedgerManifest
-from compactord.storage import ObjectStore
+from compactord.storage import ObjectInfo, ObjectStore
 
 __all__ = ["finalize", "load_manifest", "verify"]
 
@@ -29,34 +30,34 @@ __all__ = ["finalize", "load_manifest", "verify"]
 # free the GIL. Four parts of 250,000 rows (6 MB each), just written, were sealed in 21 ms this way, against
 # 33 ms one after the other, most of it each part's fsync.
 _SEALING_THREADS = 8
+_PART = re.compile(r"part-[^/]*\.parquet")
 
 
-def finalize(path: Path, manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> LedgerManifest:
-    """Seal the ledger in ``path`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is filled in place and
-    written as ``prefix + manifest.json`` through ``objects``. Spark's marker files and a dead task attempt's
-    partial part are removed.
+def finalize(manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> LedgerManifest:
+    """Seal the ledger under ``prefix`` of ``objects`` (see ``LedgerStore.finalize_ledger``); ``manifest`` is
+    filled in place and written as ``prefix + manifest.json``. The seals the tasks left beside their parts and
+    a dead task attempt's partial part are removed.
 
     :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
     :raises InsufficientDiskSpace: the disk is full.
     """
     where = f"ledger {manifest.ledger_id} of topic {manifest.topic!r}"
     with disk_errors(f"finalizing {where}"):
-        path.mkdir(parents=True, exist_ok=True)
-        seals = []  # the entries the reading tasks left beside their parts: taken below, then removed
-        for child in path.iterdir():
-            if child.name == "_SUCCESS" or child.name.endswith(".crc") or is_partial_part(child.name):
-                child.unlink()
-            elif is_seal(child.name):
-                seals.append(child)
-        parts = sorted(p for p in path.glob("part-*.parquet") if p.is_file())
+        listed = {info.key[len(prefix):]: info for info in objects.list(prefix)}
+        stale = [prefix + name for name in listed if name == "_SUCCESS" or name.endswith(".crc")
+                 or is_partial_part(name)]
+        seals = {name: prefix + name for name in listed if is_seal(name)}  # taken below, then removed
+        parts = sorted((info for name, info in listed.items() if _PART.fullmatch(name)), key=lambda info: info.key)
         if not parts:
             # A ledger always has a file, so that readers and verify need no special case.
-            parts = [path / "part-00000-empty.parquet"]
-            pq.write_table(RECORD_SCHEMA.empty_table(), parts[0])
+            sink = pa.BufferOutputStream()
+            pq.write_table(RECORD_SCHEMA.empty_table(), sink)
+            key = prefix + "part-00000-empty.parquet"
+            objects.put(key, sink.getvalue().to_pybytes())
+            parts = [objects.head(key)]
         with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
-            files = list(pool.map(partial(_describe_part, where), parts))  # in order; the first error raised
-        for seal in seals:
-            seal.unlink()
+            files = list(pool.map(partial(_describe_part, where, objects, seals), parts))  # the first error raised
+        objects.delete_many([*stale, *seals.values()])
         manifest.markers = sum(f.pop("markers") for f in files)
         manifest.files = files
         manifest.bytes = sum(f["bytes"] for f in files)
@@ -68,30 +69,40 @@ def finalize(path: Path, manifest: LedgerManifest, objects: ObjectStore, prefix:
     return manifest
 
 
-def _describe_part(where: str, part: Path) -> dict[str, Any]:
-    """The manifest entry of ``part``: as the reading task that wrote and fsynced it left it (``parts.read_seal``),
-    else from the file (a part Spark's writer wrote: read, checksummed and fsynced here)."""
-    sealed = read_seal(part)
-    if sealed is not None:
-        return sealed
+def _describe_part(where: str, objects: ObjectStore, seals: dict[str, str], part: ObjectInfo) -> dict[str, Any]:
+    """The manifest entry of ``part``: as the task that wrote it left it in its seal (``parts.read_seal``), else
+    from the object (read and checksummed here)."""
+    name = part.key.rpartition("/")[2]
+    seal_key = seals.get(seal_name(name))
+    if seal_key is not None:
+        with contextlib.suppress(ObjectNotFound):
+            sealed = read_seal(part, objects.get(seal_key))
+            if sealed is not None:
+                return sealed
+    return _read_part(where, objects, part)
+
+
+def _read_part(where: str, objects: ObjectStore, part: ObjectInfo) -> dict[str, Any]:
+    """The manifest entry of ``part``, from the object itself (read whole and checksummed)."""
+    name = part.key.rpartition("/")[2]
     try:
-        pf = pq.ParquetFile(part)
+        data = objects.get(part.key)
+        pf = pq.ParquetFile(pa.BufferReader(data))
         missing = set(RECORD_SCHEMA.names) - set(pf.schema_arrow.names)
         rows = pf.metadata.num_rows
         # Only the one-bit column is decoded: cheap even for millions of rows.
         flags = pf.read(columns=["marker", "marker_at"]) if rows else None
         markers = int(pc.sum(flags.column("marker")).as_py() or 0) if flags is not None else 0
         oldest = pc.min(flags.column("marker_at")).as_py() if flags is not None and markers else None
+    except ObjectNotFound as exc:
+        raise LedgerCorrupt(f"{where}: file {name} disappeared while the ledger was sealed") from exc
     except (pa.ArrowException, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno in DISK_FULL:
             raise
-        raise LedgerCorrupt(f"{where}: file {part.name} is not readable Parquet: {exc}") from exc
+        raise LedgerCorrupt(f"{where}: file {name} is not readable Parquet: {exc}") from exc
     if missing:
-        raise LedgerCorrupt(f"{where}: file {part.name} lacks the record columns {sorted(missing)}")
-    crc = file_crc32c(part)
-    fsync_path(part)
-    size = part.stat().st_size
-    return {"name": part.name, "bytes": size, "crc32c": crc, "rows": rows, "markers": markers,
+        raise LedgerCorrupt(f"{where}: file {name} lacks the record columns {sorted(missing)}")
+    return {"name": name, "bytes": len(data), "crc32c": crc32c.crc32c(data), "rows": rows, "markers": markers,
             "oldest_marker_at": oldest}
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactord.errors import CompactordError
 from compactord.ledger.files import TMP_SUFFIX, file_crc32c, fsync_path
+from compactord.storage import LocalStore, ObjectInfo, ObjectStore
+from compactord.storage.local import PRIVATE
 
 __all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "is_partial_part", "is_seal", "part_name", "read_seal", "seal_name",
            "write_part"]
@@ -48,9 +53,9 @@ def part_name(partition: int) -> str:
 
 
 def is_partial_part(name: str) -> bool:
-    """A part file, or the entry beside it (``seal_name``), that a task attempt was still writing when it died
-    (``write_part``'s temporary files)."""
-    return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)  # a seal's name is its part's, dotted
+    """A part file that a task attempt of an older version was still writing when it died (today's are the
+    local store's hidden temporary files, which listings never show)."""
+    return name.startswith(_PARTIAL) and name.endswith(TMP_SUFFIX)
 
 
 def seal_name(name: str) -> str:
@@ -62,19 +67,30 @@ def is_seal(name: str) -> bool:
     return name.startswith(".") and name.endswith(_SEAL_SUFFIX)
 
 
-def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str) -> None:
+def write_part(tables: pa.Table | Iterable[pa.Table], store: ObjectStore, key: str) -> None:
     """Write ``tables`` (one table, or tables one after another: their rows in (partition, offset) order) as
-    the part file ``name`` of the ledger being written in ``directory``, nothing for no rows. Tables given one
+    the part file ``key`` of ``store`` (``<topic>/ledger-<id>/<name>``), nothing for no rows. Tables given one
     after another are taken and written one at a time, so that a caller that makes each as it is asked for
-    holds one at a time. A hidden temporary file is written and renamed, so that a failed or retried task
-    attempt never leaves a partial part under a part's name.
+    holds one at a time. The file is written on the worker's local disk first (a local root: a hidden
+    temporary file beside the part, fsynced and renamed; an object store: a temporary file uploaded, then
+    removed), so that a failed or retried task attempt never leaves a partial part under a part's name.
 
-    The task seals its own part: it fsyncs the file and leaves, beside it, the entry the ledger's manifest
-    lists for it (rows, deletion markers, CRC-32C, size; ``seal_name``), so that sealing the ledger
-    (``manifests.finalize``) reads no part the tasks wrote: the driver's pass over every file was serial in
-    one process, and grows with the ledger (a ledger of distinct keys is as large as its topic)."""
-    directory = Path(directory)
-    tmp = directory / f".{name}.{os.getpid()}{TMP_SUFFIX}"
+    The task seals its own part: it leaves, beside it, the entry the ledger's manifest lists for it (rows,
+    deletion markers, CRC-32C, size, and the version the store gave the part; ``seal_name``), so that sealing
+    the ledger (``manifests.finalize``) reads no part the tasks wrote: the driver's pass over every file was
+    serial in one process, and grows with the ledger (a ledger of distinct keys is as large as its topic)."""
+    folder, _, name = key.rpartition("/")
+    local = isinstance(store, LocalStore)
+    if local:
+        target = Path(store.location(key))
+        if not target.parent.is_dir():  # the ledger's folder: its first part makes it, durably
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fsync_path(target.parent.parent)
+        tmp = target.with_name(f"{PRIVATE}{name}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}")
+    else:
+        fd, spooled = tempfile.mkstemp(prefix=f"compactord-{name}.", suffix=TMP_SUFFIX)
+        os.close(fd)
+        tmp = Path(spooled)
     writer: pq.ParquetWriter | None = None
     rows = markers = 0
     oldest: list[int | None] = []  # each table's oldest marker time
@@ -96,37 +112,38 @@ def write_part(tables: pa.Table | Iterable[pa.Table], directory: Path, name: str
             return
         writer.close()
         crc = file_crc32c(tmp)  # read back from the page cache: the file was just written
-        fsync_path(tmp)
-        written = tmp.stat()  # a rename keeps the inode, the size and the modification time
-        os.replace(tmp, directory / name)
+        size = tmp.stat().st_size
+        if local:  # today's durability, without a copy: fsynced, renamed, the folder fsynced by put_file
+            fsync_path(tmp)
+            os.replace(tmp, target)
+            version = store.put_file(key, target)
+        else:
+            version = store.put_file(key, tmp)
     except BaseException:
         if writer is not None:
             # Closing writes the footer, which fails again on a full disk: the first error is the one raised.
             with contextlib.suppress(OSError, pa.ArrowException):
                 writer.close()
-        tmp.unlink(missing_ok=True)
         raise
+    finally:
+        tmp.unlink(missing_ok=True)
     seal = {"rows": rows, "markers": markers, "oldest_marker_at": min((t for t in oldest if t is not None), default=None),
-            "crc32c": crc, "bytes": written.st_size, "inode": written.st_ino, "mtime_ns": written.st_mtime_ns}
-    seal_tmp = directory / f"{seal_name(name)}.{os.getpid()}{TMP_SUFFIX}"
-    try:  # a hint only (not fsynced): without it, sealing the ledger reads the part
-        seal_tmp.write_text(json.dumps(seal))
-        os.replace(seal_tmp, directory / seal_name(name))
-    except OSError:
-        seal_tmp.unlink(missing_ok=True)
+            "crc32c": crc, "bytes": size, "version": version}
+    with contextlib.suppress(CompactordError, OSError):  # a hint only: without it, sealing the ledger reads the part
+        store.put(f"{folder}/{seal_name(name)}" if folder else seal_name(name), json.dumps(seal).encode())
 
 
-def read_seal(part: Path) -> dict[str, Any] | None:
-    """The manifest entry of ``part`` as the task that wrote it left it (``write_part``): None when there is
-    none, or when it describes another file than the one there now (its inode, size or modification time
-    differ: a task attempt wrote the part again)."""
+def read_seal(part: ObjectInfo, seal: bytes) -> dict[str, Any] | None:
+    """The manifest entry of the part ``part`` as the task that wrote it left it (``write_part``, ``seal`` its
+    bytes): None when it describes another object than the one there now (its version or size differ: a task
+    attempt wrote the part again)."""
     try:
-        seal = json.loads((part.parent / seal_name(part.name)).read_bytes())
-        now = part.stat()
-        if (seal["inode"], seal["bytes"], seal["mtime_ns"]) != (now.st_ino, now.st_size, now.st_mtime_ns):
+        entry = json.loads(seal)
+        if (entry["version"], entry["bytes"]) != (part.version, part.size):
             return None
-        oldest = seal["oldest_marker_at"]
-        return {"name": part.name, "bytes": now.st_size, "crc32c": int(seal["crc32c"]), "rows": int(seal["rows"]),
-                "markers": int(seal["markers"]), "oldest_marker_at": None if oldest is None else int(oldest)}
-    except (OSError, ValueError, KeyError, TypeError):
+        oldest = entry["oldest_marker_at"]
+        return {"name": part.key.rpartition("/")[2], "bytes": part.size, "crc32c": int(entry["crc32c"]),
+                "rows": int(entry["rows"]), "markers": int(entry["markers"]),
+                "oldest_marker_at": None if oldest is None else int(oldest)}
+    except (ValueError, KeyError, TypeError):
         return None

@@ -14,9 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.model import RECORD_SCHEMA
+from compactord.storage import ObjectStore
 
-__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "of_partition", "partition_groups",
-           "partition_rows", "row_groups_of"]
+__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "of_partition", "open_file",
+           "partition_groups", "partition_rows", "row_groups_of"]
 
 _INF = math.inf
 
@@ -42,10 +43,20 @@ class RowGroup:
         return self.partition_min != self.partition_max or self.offset_max >= start
 
 
-def ledger_row_groups(files: Sequence[str | Path]) -> list[RowGroup]:
-    """Every row group of the ledger files ``files``, with its bounds, from the footers alone (the driver
-    reads them once per run: ``max_partition_rows``, ``partition_groups``)."""
-    return [g for i, path in enumerate(files) for g in row_groups_of(Path(path), i, pq.read_metadata(path))]
+def ledger_row_groups(files: Sequence[str | Path], store: ObjectStore | None = None) -> list[RowGroup]:
+    """Every row group of the ledger files ``files`` (keys of ``store``; no store: local paths), with its
+    bounds, from the footers alone (the driver reads them once per run: ``max_partition_rows``,
+    ``partition_groups``)."""
+    groups = []
+    for i, name in enumerate(files):
+        with open_file(store, str(name)) as f:
+            groups += row_groups_of(Path(name), i, pq.read_metadata(f))
+    return groups
+
+
+def open_file(store: ObjectStore | None, name: str) -> pa.NativeFile:
+    """A random-access reader of a ledger file: the object ``name`` of ``store``, or (no store) a local path."""
+    return pa.OSFile(name, "r") if store is None else store.open_input(name)
 
 
 def max_partition_rows(groups: Sequence[RowGroup]) -> int:
@@ -73,17 +84,18 @@ def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0)
     return list(by_file.items())
 
 
-def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0) -> pa.Table:
+def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0,
+                   store: ObjectStore | None = None) -> pa.Table:
     """The rows of ``partition`` with an offset >= ``start`` in the given row groups of ledger files
-    (``partition_groups``), in offset order (markers included).
+    (``partition_groups``; keys of ``store``, or local paths), in offset order (markers included).
 
     For a reading task that merges its partition's tail into the previous ledger (the files were
     verified by the run's planning; a file that went bad since fails the task). Only these row groups are
     read: the task opens no other file and no footer twice.
     """
     tables = []
-    for path, indexes in groups:
-        with pq.ParquetFile(path) as pf:
+    for name, indexes in groups:
+        with open_file(store, name) as f, pq.ParquetFile(f) as pf:
             tables.append(pf.read_row_groups(list(indexes), use_threads=False))
     if not tables:
         return RECORD_SCHEMA.empty_table()

@@ -25,7 +25,7 @@ from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.ledger.reader import LedgerReader
 from compactord.ledger.removal import DELETING
 from compactord.model import LedgerManifest, validate_topic_name
-from compactord.storage import ObjectStore, open_store
+from compactord.storage import LocalStore, ObjectStore, open_store
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "Pointer", "file_crc32c", "ledger_dir_name"]
 
@@ -43,11 +43,17 @@ class LedgerStore:
     a store that is not open; the writing ones expect the lock to be held.
     """
 
-    def __init__(self, root: str | Path) -> None:
-        self.objects: ObjectStore = open_store(str(root))
-        self.root: Path = Path(root).expanduser().resolve()
+    def __init__(self, root: str | Path, objects: ObjectStore | None = None) -> None:
+        """``objects``: the root's store as the daemon opened it (``open_store`` with its settings and
+        metrics); by default the local root ``root``."""
+        self.objects: ObjectStore = objects if objects is not None else open_store(str(root))
+        # What only a local root has (its lock, its free space, its folders) is left out on an object store,
+        # which has one daemon per root until its lease (docs/operations.md).
+        self.local = isinstance(self.objects, LocalStore)
+        self.root: Path = self.objects.root if isinstance(self.objects, LocalStore) else Path(str(root))
         self._daemon_dir = self.root / DAEMON_DIR
         self._lock = RootLock(self._daemon_dir / _LOCK, self.root)
+        self._opened = False  # an object store's (no lock)
         # The writer epoch this store switches with: raised by ``open()``; 0 until then (an older version's).
         self.epoch = 0
 
@@ -64,12 +70,14 @@ class LedgerStore:
         :raises LedgerRootUnwritable: the root cannot be created, locked or written (read-only, full,
             no permission, an I/O error).
         """
-        if self._lock.held:
+        if self.is_open:
             return self
-        with self._unwritable("cannot be created"):
-            self._daemon_dir.mkdir(parents=True, exist_ok=True)
-        with self._unwritable("cannot be locked"):
-            self._lock.acquire()
+        if self.local:
+            with self._unwritable("cannot be created"):
+                self._daemon_dir.mkdir(parents=True, exist_ok=True)
+            with self._unwritable("cannot be locked"):
+                self._lock.acquire()
+        self._opened = True
         try:
             with self._unwritable("cannot be written"):
                 # A root on a read-only or full file system takes the lock (it exists already) and
@@ -80,9 +88,10 @@ class LedgerStore:
                 self.objects.recover()
                 self.epoch = raise_epoch(self.objects)
             with contextlib.suppress(FileNotFoundError):
-                (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
+                if self.local:
+                    (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
             # Progress folders an older version's tasks left (tasks now report over the driver's channel).
-            for task in list_names(self._daemon_dir / _PROGRESS):
+            for task in list_names(self._daemon_dir / _PROGRESS) if self.local else []:
                 log.warning("removing the progress files an older version left for task %s", task)
                 remove_path(self._daemon_dir / _PROGRESS / task)
             # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
@@ -110,11 +119,12 @@ class LedgerStore:
 
     def close(self) -> None:
         """Release the root's lock (idempotent)."""
+        self._opened = False
         self._lock.release()
 
     @property
     def is_open(self) -> bool:
-        return self._lock.held
+        return self._lock.held if self.local else self._opened
 
     def __enter__(self) -> LedgerStore:
         return self.open()
@@ -124,6 +134,11 @@ class LedgerStore:
 
     # -- names and paths -------------------------------------------------------------------------
 
+    @property
+    def location(self) -> str:
+        """Where the root is, for logs and ``/v1/info``: a local folder's path, or ``s3://BUCKET/PREFIX``."""
+        return str(self.root) if self.local else self.objects.describe()
+
     def topic_dir(self, topic: str) -> Path:
         """The directory of ``topic`` (it may not exist).
 
@@ -131,7 +146,7 @@ class LedgerStore:
         :raises InvalidArgument: the directory resolves outside the root (a symbolic link).
         """
         path = self.root / validate_topic_name(topic)
-        if path.resolve().parent != self.root:
+        if self.local and path.resolve().parent != self.root:
             raise InvalidArgument(
                 f"directory of topic {topic!r} resolves to {path.resolve()}, outside ledger root {self.root}"
             )
@@ -199,7 +214,7 @@ class LedgerStore:
             pointer = self.pointer(topic)
             used += [*(r.id for r in pointer.retired), pointer.ledger or 0]
         next_id = allocate_id(self.objects, topic, used)
-        if not topic_dir.is_dir():  # the writers of a ledger's parts write into it (a local folder, for now)
+        if self.local and not topic_dir.is_dir():  # the writers of a ledger's parts write into it (a local folder, for now)
             topic_dir.mkdir(parents=True, exist_ok=True)
             fsync_path(self.root)
         return next_id, topic_dir / ledger_dir_name(next_id)
@@ -215,13 +230,12 @@ class LedgerStore:
         :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
         :raises InsufficientDiskSpace: the disk is full.
         """
-        path = self.ledger_path(topic, ledger_id)
         if manifest.topic != topic or manifest.ledger_id != ledger_id:
             raise InvalidArgument(
                 f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
                 f"ledger {ledger_id} of topic {topic!r}; they must match"
             )
-        return manifests.finalize(path, manifest, self.objects, self._prefix(topic, ledger_id))
+        return manifests.finalize(manifest, self.objects, self._prefix(topic, ledger_id))
 
     def switch(self, topic: str, ledger_id: int, base: Pointer | None = None,
                retire_for: float | None = None) -> Pointer:
@@ -293,6 +307,8 @@ class LedgerStore:
         """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
         if isinstance(needed_bytes, bool) or not isinstance(needed_bytes, int) or needed_bytes < 0:
             raise InvalidArgument(f"needed_bytes must be a non-negative integer, got: {needed_bytes!r}")
+        if not self.local:
+            return  # an object store has no free space to ask of
         # Before open() the root may not exist yet: ask about the file system that will hold it.
         probe = next(p for p in (self.root, *self.root.parents) if p.exists())
         free = shutil.disk_usage(probe).free
@@ -376,6 +392,11 @@ class LedgerStore:
         pointer = self.pointer(topic)
         keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
         return removal.remove_orphans(self.objects, topic, keep, pointer.ledger is not None)
+
+    def ledger_key(self, topic: str, ledger_id: int) -> str:
+        """The key prefix of a ledger's objects without its last ``/`` (``<topic>/ledger-<id>``): the folder
+        its tasks write into (``engine.task_store``)."""
+        return self._prefix(topic, ledger_id)[:-1]
 
     def _prefix(self, topic: str, ledger_id: int) -> str:
         """The key prefix of a ledger's objects, ``<topic>/ledger-<id>/`` (name and id checked)."""

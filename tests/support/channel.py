@@ -15,9 +15,10 @@ LOOPBACK = DriverAddress("127.0.0.1", "127.0.0.1")
 
 
 @contextlib.contextmanager
-def run_channel(client_secrets: Mapping[str, Any] | None = None) -> Iterator[RunChannel]:
+def run_channel(client_secrets: Mapping[str, Any] | None = None,
+                store_secrets: Mapping[str, Any] | None = None) -> Iterator[RunChannel]:
     """A registered run (its ``endpoint(LOOPBACK)`` is what a task's spec carries), closed at the end."""
-    channel = RunChannel(client_secrets)
+    channel = RunChannel(client_secrets, store_secrets)
     channel.endpoint(LOOPBACK)
     try:
         yield channel

@@ -11,9 +11,10 @@ import pytest
 
 from compactord.engine import ledger_io
 from compactord.engine.ledger_io import grouped_part_name, ledger_read_tasks, row_group_tables
-from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, read_seal, write_part
+from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, read_seal, seal_name, write_part
 from compactord.ledger.row_groups import RowGroup, ledger_row_groups
 from compactord.model import RECORD_SCHEMA
+from compactord.storage import LocalStore
 
 
 def _batch(rows: int, value_bytes: int, first: int = 0) -> pa.RecordBatch:
@@ -32,7 +33,7 @@ def test_the_rows_spark_hands_over_become_whole_row_groups(tmp_path, value_bytes
     but its last is full by rows or bytes, and none is over them."""
     total = 3 * batch_rows
     batches = [_batch(batch_rows, value_bytes, first) for first in range(0, total, batch_rows)]
-    write_part(row_group_tables(iter(batches)), tmp_path, "part-0.parquet")
+    write_part(row_group_tables(iter(batches)), LocalStore(tmp_path), "part-0.parquet")
     meta = pq.read_metadata(tmp_path / "part-0.parquet")
     groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert sum(groups) == total and len(groups) > 1
@@ -42,7 +43,8 @@ def test_the_rows_spark_hands_over_become_whole_row_groups(tmp_path, value_bytes
     assert 0 < groups[-1] <= full
     table = pq.read_table(tmp_path / "part-0.parquet", columns=["offset"])
     assert table["offset"].to_pylist() == list(range(total))
-    assert read_seal(tmp_path / "part-0.parquet")["rows"] == total
+    store = LocalStore(tmp_path)
+    assert read_seal(store.head("part-0.parquet"), store.get(seal_name("part-0.parquet")))["rows"] == total
 
 
 def test_a_row_larger_than_a_group_is_a_group_of_its_own():
@@ -81,6 +83,6 @@ def test_a_ledger_written_by_another_writer_reads_as_the_record_schema(tmp_path)
     table = pa.Table.from_batches([_batch(3, 5)]).cast(other)
     pq.write_table(table, tmp_path / "old.parquet")
     [task] = ledger_read_tasks(ledger_row_groups([tmp_path / "old.parquet"]), {}, cores=1)
-    batches = list(ledger_io._read_tasks([task], [pa.RecordBatch.from_pydict({"id": pa.array([0], pa.int64())})]))
+    batches = list(ledger_io._read_tasks([task], {}, [pa.RecordBatch.from_pydict({"id": pa.array([0], pa.int64())})]))
     assert all(b.schema.equals(RECORD_SCHEMA) for b in batches)
     assert pa.Table.from_batches(batches)["offset"].to_pylist() == [0, 1, 2]

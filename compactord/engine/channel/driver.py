@@ -10,7 +10,7 @@ Messages, task -> driver: ``hello`` (token; ``secrets``: whether the task needs 
 ``progress`` (a range's report; ``done`` ones are acknowledged, so that the driver holds every final report
 before the task ends), ``plan`` (the early start's ask, answered once the driver hands the plan or declines,
 or after the asked wait: see ``RunChannel.hand_plan``). Driver -> task: ``welcome`` (the run's state now:
-cancelled, the rate, the secrets if asked), ``plan``, ``cancel``, ``rate``, ``ack``.
+cancelled, the rate, the secrets (Kafka's, the ledger root's) if asked), ``plan``, ``cancel``, ``rate``, ``ack``.
 """
 
 from __future__ import annotations
@@ -81,9 +81,12 @@ class RunChannel:
     pushes to them. Made before the server is needed; ``endpoint`` registers it (and starts the server).
     Every method may be called from any thread, and after ``close``."""
 
-    def __init__(self, client_secrets: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, client_secrets: Mapping[str, Any] | None = None,
+                 store_secrets: Mapping[str, Any] | None = None) -> None:
         self.token = secrets.token_urlsafe(32)
         self._secrets = dict(client_secrets or {})
+        # The ledger root's credentials (an S3 root's keys: ``engine.task_store``), welcomed as the Kafka secrets are.
+        self._store_secrets = dict(store_secrets or {})
         self._lock = threading.Lock()
         self._server: ChannelServer | None = None
         self._connections: set[_Connection] = set()
@@ -105,7 +108,7 @@ class RunChannel:
                 self._server = server
                 server.register(self)
         return {"host": server.address.host, "port": server.port, "token": self.token,
-                "secrets": bool(self._secrets)}
+                "secrets": bool(self._secrets or self._store_secrets)}
 
     def progress(self) -> TailRead:
         """The tasks' last reports, summed."""
@@ -163,6 +166,7 @@ class RunChannel:
             welcome: dict[str, Any] = {"t": "welcome", "cancel": self._cancelled, "rate": self._rate}
             if wants_secrets:
                 welcome["secrets"] = self._secrets
+                welcome["store_secrets"] = self._store_secrets
         connection.send(encode(welcome))
         return True
 

@@ -45,6 +45,7 @@ class TaskChannel:
         self.rate: float | None = None
         self.rate_version = 0  # counts the rates received
         self.secrets: dict[str, Any] = {}
+        self.store_secrets: dict[str, Any] = {}  # the ledger root's credentials (``engine.task_store``)
         self._plan: list[Any] = []  # the plan once received (a list: None is a plan)
         self._acks = 0
         self._welcomed = False
@@ -159,6 +160,7 @@ class TaskChannel:
                 self._welcomed = True
                 self.cancelled = self.cancelled or bool(message.get("cancel"))
                 self.secrets = dict(message.get("secrets") or {})
+                self.store_secrets = dict(message.get("store_secrets") or {})
                 if message.get("rate") is not None:
                     self._new_rate(message["rate"])
             elif kind == "cancel":

@@ -16,6 +16,7 @@ from compactord.engine.kafka_source import OffsetRange
 from compactord.errors import CompactionAlreadyRunning, NotCompacted, TopicNotFound
 from compactord.ledger.parts import part_name
 from compactord.model import Position
+from compactord.storage import ObjectInfo
 from compactord.task import TaskState
 from tests.support.probes import Hold
 from tests.support.service import compact, entries, last_value_model, view
@@ -519,8 +520,8 @@ def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(k
 
 
 def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, make_factory, monkeypatch):
-    """Each writing task fsyncs its part and leaves the part's manifest entry beside it
-    (``parts.write_part``): the driver seals the ledger without reading a part (its checksum pass fails
+    """Each writing task puts its part durably in the store and leaves the part's manifest entry beside it
+    (``parts.write_part``): the driver seals the ledger without reading a part (its read of a part fails
     here), the entries are the files' own, none is left in the ledger, and the ledger verifies. The grouping
     job's Python writer seals its parts the same way (``ledger_io.write_sorted``)."""
     from compactord.engine import job as engine_job
@@ -533,12 +534,13 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
     factory = make_factory()
     service = factory.new_topic_compaction_service(topic)
 
-    def read_by_the_driver(path: Path) -> int:
-        raise AssertionError(f"the driver read {path} to seal the ledger")
+    def read_by_the_driver(where: str, objects: object, part: ObjectInfo) -> dict[str, object]:
+        raise AssertionError(f"the driver read {part.key} to seal the ledger")
 
-    monkeypatch.setattr(manifests, "file_crc32c", read_by_the_driver)
+    read_part = manifests._read_part
+    monkeypatch.setattr(manifests, "_read_part", read_by_the_driver)
     compact(service)
-    monkeypatch.setattr(manifests, "file_crc32c", files.file_crc32c)
+    monkeypatch.setattr(manifests, "_read_part", read_part)
     manifest = service.ledger_info()
     path = factory.store.ledger_path(topic, manifest.ledger_id)
     assert [f["name"] for f in manifest.files] == [part_name(p) for p in range(2)]
@@ -551,9 +553,9 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
     assert view(service, 2) == last_value_model(records)
 
     monkeypatch.setattr(engine_job, "reads_are_final", _never)
-    monkeypatch.setattr(manifests, "file_crc32c", read_by_the_driver)
+    monkeypatch.setattr(manifests, "_read_part", read_by_the_driver)
     compact(service, rebuild=True)
-    monkeypatch.setattr(manifests, "file_crc32c", files.file_crc32c)
+    monkeypatch.setattr(manifests, "_read_part", read_part)
     grouped = service.ledger_info()
     assert grouped.ledger_id > manifest.ledger_id
     assert grouped.files and all(f["name"].endswith("-grouped.snappy.parquet") for f in grouped.files)

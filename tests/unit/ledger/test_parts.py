@@ -19,6 +19,7 @@ from compactord.ledger.row_groups import (
     partition_rows,
 )
 from compactord.ledger.store import LedgerStore
+from compactord.storage import LocalStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 
 
@@ -35,12 +36,12 @@ def test_part_names_sort_as_their_partitions() -> None:
 
 
 def test_row_groups_are_bounded_by_rows_and_by_bytes(tmp_path: Path) -> None:
-    write_part(table(20_000), tmp_path, "small.parquet")
+    write_part(table(20_000), LocalStore(tmp_path), "small.parquet")
     groups = pq.ParquetFile(tmp_path / "small.parquet").metadata
     assert groups.num_rows == 20_000 and groups.num_row_groups == 3
     assert max(groups.row_group(i).num_rows for i in range(3)) == ROW_GROUP_ROWS
     # 200 rows of 100 KB: the 8 MiB bound makes groups of ~80 rows, with statistics for the read API.
-    write_part(table(200, value_bytes=100_000), tmp_path, "big.parquet")
+    write_part(table(200, value_bytes=100_000), LocalStore(tmp_path), "big.parquet")
     big = pq.ParquetFile(tmp_path / "big.parquet").metadata
     assert big.num_row_groups >= 3 and max(big.row_group(i).num_rows for i in range(big.num_row_groups)) < 100
     stats = big.row_group(1).column(1).statistics
@@ -52,7 +53,7 @@ def test_offsets_and_times_are_delta_encoded_and_only_the_bounds_read_have_stati
     """Offsets and times grow row by row: delta-encoded, a partition of 20,000 rows takes a fraction of the
     bytes they take plain, and reads back exactly; statistics are kept where ``row_groups`` reads them."""
     rows = table(20_000)
-    write_part(rows, tmp_path, "delta.parquet")
+    write_part(rows, LocalStore(tmp_path), "delta.parquet")
     pq.write_table(rows, tmp_path / "plain.parquet", compression="snappy", use_dictionary=False)
     delta, plain = pq.ParquetFile(tmp_path / "delta.parquet").metadata, pq.ParquetFile(tmp_path / "plain.parquet").metadata
 
@@ -73,8 +74,8 @@ def test_offsets_and_times_are_delta_encoded_and_only_the_bounds_read_have_stati
 def test_the_footers_bound_and_locate_each_partition_s_rows(tmp_path: Path) -> None:
     """Read once by the driver: how many rows a partition may have (``max_partition_rows``), and which
     files and row groups a reading task opens for it (``partition_groups``), no other."""
-    write_part(table(20_000, partition=0), tmp_path, part_name(0))
-    write_part(table(100, partition=1), tmp_path, part_name(1))
+    write_part(table(20_000, partition=0), LocalStore(tmp_path), part_name(0))
+    write_part(table(100, partition=1), LocalStore(tmp_path), part_name(1))
     mixed = pa.concat_tables([table(30, partition=1), table(50, partition=2)])
     pq.write_table(mixed, tmp_path / "mixed.parquet")  # one group over partitions 1 and 2
     files = [tmp_path / part_name(0), tmp_path / part_name(1), tmp_path / "mixed.parquet"]
@@ -92,7 +93,7 @@ def test_the_footers_bound_and_locate_each_partition_s_rows(tmp_path: Path) -> N
 
 
 def test_no_rows_write_no_file(tmp_path: Path) -> None:
-    write_part(table(0), tmp_path, part_name(0))
+    write_part(table(0), LocalStore(tmp_path), part_name(0))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -112,7 +113,7 @@ def test_a_failed_write_leaves_nothing_under_any_name(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(parts.pq, "ParquetWriter", FullDisk)
     with pytest.raises(OSError, match="No space left on device$"):
-        write_part(table(5), tmp_path, part_name(3))
+        write_part(table(5), LocalStore(tmp_path), part_name(3))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -120,7 +121,7 @@ def test_a_part_written_from_tables_one_after_another(tmp_path: Path) -> None:
     """Tables given one after another are one part file, in their order, with the same row groups rule; when
     the next table cannot be made, nothing is left under any name and the error is the caller's."""
     first, second = table(10_000), table(3, value_bytes=5)
-    write_part(iter([first, table(0), second]), tmp_path, part_name(0))
+    write_part(iter([first, table(0), second]), LocalStore(tmp_path), part_name(0))
     written = pq.ParquetFile(tmp_path / part_name(0))
     assert written.read().equals(pa.concat_tables([first, second]))
     assert [written.metadata.row_group(i).num_rows for i in range(written.metadata.num_row_groups)] == \
@@ -131,7 +132,7 @@ def test_a_part_written_from_tables_one_after_another(tmp_path: Path) -> None:
         raise RuntimeError("compaction cancelled while reading partition 1")
 
     with pytest.raises(RuntimeError, match="cancelled"):
-        write_part(cut_short(), tmp_path, part_name(1))
+        write_part(cut_short(), LocalStore(tmp_path), part_name(1))
     assert sorted(p.name for p in tmp_path.iterdir()) == [seal_name(part_name(0)), part_name(0)]
 
 
@@ -141,7 +142,7 @@ def test_sealing_a_ledger_removes_a_dead_attempt_s_partial_part(tmp_path: Path) 
     with LedgerStore(tmp_path / "root") as store:
         ledger_id, path = store.allocate_ledger("t")
         path.mkdir()
-        write_part(table(10), path, part_name(0))
+        write_part(table(10), LocalStore(path), part_name(0))
         partial = path / f".{part_name(1)}.4242.tmp"
         partial.write_bytes(b"PAR1 cut short")
         partial_seal = path / f"{seal_name(part_name(0))}.4243.tmp"
@@ -178,8 +179,8 @@ def test_a_part_is_sealed_by_its_writer_and_the_ledger_then_reads_none(tmp_path:
     with LedgerStore(tmp_path / "root") as store:
         ledger_id, path = store.allocate_ledger("t")
         path.mkdir()
-        write_part(iter([_marked(60, {7: 5_000}), _marked(40, {}), _marked(30, {2: 4_000, 9: 6_000})]), path,
-                   part_name(0))
+        write_part(iter([_marked(60, {7: 5_000}), _marked(40, {}), _marked(30, {2: 4_000, 9: 6_000})]),
+                   LocalStore(path), part_name(0))
         assert sorted(p.name for p in path.iterdir()) == [seal_name(part_name(0)), part_name(0)]
         assert is_seal(seal_name(part_name(0))) and not is_seal(part_name(0))
         crc = files.file_crc32c(path / part_name(0))
@@ -187,7 +188,6 @@ def test_a_part_is_sealed_by_its_writer_and_the_ledger_then_reads_none(tmp_path:
         def not_here(*args: object, **kwargs: object) -> None:
             raise AssertionError("the part was read to seal the ledger")
 
-        monkeypatch.setattr(manifests, "file_crc32c", not_here)
         monkeypatch.setattr(manifests.pq, "ParquetFile", not_here)
         sealed = store.finalize_ledger("t", ledger_id, _manifest(ledger_id))
         monkeypatch.undo()
@@ -204,11 +204,11 @@ def test_an_entry_that_no_longer_describes_its_part_is_not_taken(tmp_path: Path)
     with LedgerStore(tmp_path / "root") as store:
         ledger_id, path = store.allocate_ledger("t")
         path.mkdir()
-        write_part(_marked(50, {3: 1_000}), path, part_name(0))
+        write_part(_marked(50, {3: 1_000}), LocalStore(path), part_name(0))
         again = path / "again.parquet"
         pq.write_table(_marked(20, {}), again)
         again.replace(path / part_name(0))  # the entry beside it still says 50 rows and one marker
-        write_part(table(10, partition=1), path, part_name(1))
+        write_part(table(10, partition=1), LocalStore(path), part_name(1))
         (path / seal_name(part_name(1))).write_text("{not json")
         sealed = store.finalize_ledger("t", ledger_id, _manifest(ledger_id))
         assert [(f["name"], f["rows"], f["crc32c"]) for f in sealed.files] == [
@@ -216,3 +216,32 @@ def test_an_entry_that_no_longer_describes_its_part_is_not_taken(tmp_path: Path)
         assert (sealed.markers, sealed.records_kept) == (0, 30)
         assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0), part_name(1)]
         store.verify("t", ledger_id)
+
+
+def test_a_part_written_to_an_s3_store_is_sealed_from_its_seal_object(s3_server, monkeypatch) -> None:
+    """On an object store the part is written on the local disk, put, and the local file removed; its seal is
+    an object beside it, which sealing the ledger takes (reading no part) and removes."""
+    import tempfile
+
+    store = s3_server.store()
+    spooled = set(Path(tempfile.gettempdir()).glob("compactord-*"))
+    write_part(iter([_marked(60, {7: 5_000}), _marked(40, {})]), store, f"t/ledger-1/{part_name(0)}")
+    write_part(table(10, partition=1), store, f"t/ledger-1/{part_name(1)}")
+    assert set(Path(tempfile.gettempdir()).glob("compactord-*")) == spooled
+    assert [i.key for i in store.list("t/ledger-1/")] == [
+        f"t/ledger-1/{seal_name(part_name(0))}", f"t/ledger-1/{seal_name(part_name(1))}",
+        f"t/ledger-1/{part_name(0)}", f"t/ledger-1/{part_name(1)}"]
+
+    def not_here(*args: object) -> None:
+        raise AssertionError("a part was read to seal the ledger")
+
+    monkeypatch.setattr(manifests, "_read_part", not_here)
+    sealed = manifests.finalize(_manifest(1), store, "t/ledger-1/")
+    monkeypatch.undo()
+    assert [(f["name"], f["rows"]) for f in sealed.files] == [(part_name(0), 100), (part_name(1), 10)]
+    assert (sealed.markers, sealed.records_kept) == (1, 109)
+    assert [i.key.rpartition("/")[2] for i in store.list("t/ledger-1/")] == [
+        "manifest.json", part_name(0), part_name(1)]
+    manifests.verify(store, "t/ledger-1/", "t", 1)
+    with store.open_input(f"t/ledger-1/{part_name(1)}") as f:
+        assert pq.read_table(f).num_rows == 10

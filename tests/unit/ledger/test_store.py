@@ -197,22 +197,21 @@ def test_finalize_counts_checksums_and_removes_spark_leftovers(store: LedgerStor
     assert store.verify("t", ledger_id) == result
 
 
-def test_finalize_syncs_the_parts_at_once(store: LedgerStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sealing describes the part files side by side: each part's fsync (the disk's time) waits here until the
-    other part's has started too, which one part after the other never reaches (the barrier breaks)."""
-    from compactord.ledger import manifests
-
+def test_finalize_reads_the_parts_at_once(store: LedgerStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealing describes the part files that come without their writer's seal side by side: each part's read
+    (the store's time) waits here until the other part's has started too, which one part after the other
+    never reaches (the barrier breaks)."""
     both = threading.Barrier(2, timeout=10)
     synced: list[str] = []
-    real_fsync = manifests.fsync_path
+    real_get = store.objects.get
 
-    def fsync_path(path: Path) -> None:
-        if path.is_file():
+    def get(key: str, *args: object) -> bytes:
+        if key.endswith(".parquet"):
             both.wait()
-            synced.append(path.name)
-        real_fsync(path)
+            synced.append(key.rpartition("/")[2])
+        return real_get(key, *args)
 
-    monkeypatch.setattr(manifests, "fsync_path", fsync_path)
+    monkeypatch.setattr(store.objects, "get", get)
     ledger_id, path = store.allocate_ledger("t")
     spark_write(path, rows(0, range(50)), rows(1, range(20)))
     result = store.finalize_ledger("t", ledger_id, manifest("t", ledger_id))
