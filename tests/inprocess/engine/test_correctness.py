@@ -239,12 +239,12 @@ class _FailingSwitch(LedgerStore):
 
     when = "never"
 
-    def switch(self, topic: str, ledger_id: int) -> None:
+    def switch(self, topic: str, ledger_id: int, *args: Any, **kwargs: Any) -> Any:
         if self.when == "never":
-            return super().switch(topic, ledger_id)
+            return super().switch(topic, ledger_id, *args, **kwargs)
         if self.when == "before":
             raise InsufficientDiskSpace("switching: no space left on the device (before CURRENT moved)")
-        super().switch(topic, ledger_id)
+        super().switch(topic, ledger_id, *args, **kwargs)
         raise OSError(5, "Input/output error (fsync of the topic directory, after CURRENT moved)")
 
 

@@ -73,7 +73,7 @@ def test_a_full_disk_while_writing_fails_the_task_keeps_the_ledger_and_frees_the
 def test_an_io_error_while_switching_fails_the_task_and_keeps_the_ledger(
     kafka: Any, make_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import compactord.ledger.store as store_module
+    import compactord.storage.local as local_store
 
     topic = kafka.topic()
     kafka.produce(topic, [("a", "1"), ("b", "2")])
@@ -84,14 +84,14 @@ def test_an_io_error_while_switching_fails_the_task_and_keeps_the_ledger(
     before = snapshot(service)
     kafka.produce(topic, [("a", "3")])
 
-    real = store_module.write_atomic
+    real = local_store.write_durable
 
-    def failing(path: Path, data: bytes) -> None:
-        if path.name == CURRENT:
+    def failing(path: Path, data: bytes) -> None:  # the pointer's new version, written beside it
+        if CURRENT in path.name:
             raise OSError(errno.EIO, "Input/output error", str(path))
         real(path, data)
 
-    monkeypatch.setattr(store_module, "write_atomic", failing)
+    monkeypatch.setattr(local_store, "write_durable", failing)
     ctx = registry.trigger(topic)
     assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
     assert ctx.worker_done.wait(TASK_TIMEOUT_S)
