@@ -16,6 +16,7 @@ cancelled, the rate, the secrets (Kafka's, the ledger root's) if asked), ``plan`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import logging
@@ -40,6 +41,8 @@ HELLO_TIMEOUT_S = 10.0
 MAX_PENDING = 64
 # A run's tasks each hold one connection per Python worker; far more than any cluster's slots for one job.
 MAX_CONNECTIONS_PER_RUN = 4096
+# How long ``cancel``, ``set_rate`` and ``hand_plan`` wait for their message to reach the tasks' sockets.
+PUSH_WAIT_S = 1.0
 
 _UNSET: Any = object()
 
@@ -215,34 +218,49 @@ class RunChannel:
             log.debug("the early reading tasks stopped waiting for their plan")
 
     def _push(self, connections: list[_Connection], message: dict[str, Any]) -> None:
+        """Send ``message`` to ``connections``; from another thread than the server's, return once it is in
+        their sockets (at most ``PUSH_WAIT_S``), so that a task's next check after a ``cancel`` or a
+        ``set_rate`` sees it."""
         if not connections:
             return
         frame = encode(message)
-        for connection in connections:
-            connection.send_threadsafe(frame)
+        loop = connections[0].loop
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:  # the server's own thread: it must not wait for itself
+                for connection in connections:
+                    connection.send(frame)
+                return
+
+        async def send_all() -> None:
+            for connection in connections:
+                connection.send(frame)
+            await asyncio.gather(*(connection.drain() for connection in connections), return_exceptions=True)
+
+        with contextlib.suppress(RuntimeError, concurrent.futures.TimeoutError):  # a stopped loop; a slow reader
+            asyncio.run_coroutine_threadsafe(send_all(), loop).result(PUSH_WAIT_S)
 
 
 class _Connection:
     """A task's connection, written to only on the server's loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter) -> None:
-        self._loop = loop
+        self.loop = loop
         self._writer = writer
 
     def send(self, frame: bytes) -> None:
         if not self._writer.is_closing():
             self._writer.write(frame)
 
-    def send_threadsafe(self, frame: bytes) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop stopped: the process is ending
-            self._loop.call_soon_threadsafe(self.send, frame)
+    async def drain(self) -> None:
+        if not self._writer.is_closing():
+            await self._writer.drain()
 
     def close(self) -> None:
         self._writer.close()
 
     def close_threadsafe(self) -> None:
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self.close)
+            self.loop.call_soon_threadsafe(self.close)
 
 
 class ChannelServer:

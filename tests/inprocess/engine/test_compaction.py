@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -691,6 +692,13 @@ def test_python_tasks_talk_to_the_jvm_over_a_unix_domain_socket(spark_manager):
         return [sorted(families)]
 
     sc = spark_manager.spark.sparkContext
-    families = sc.parallelize(range(spark_manager.cores), spark_manager.cores).mapPartitions(socket_families).collect()
+    # Workers of their own (pooled by environment): a worker that ran a reading task keeps its TCP connection
+    # to the run's channel (engine/channel) until its next run, which is not the line to the JVM.
+    sc.environment["COMPACTORD_TEST_SOCKETS"] = str(time.monotonic_ns())
+    try:
+        families = sc.parallelize(range(spark_manager.cores), spark_manager.cores).mapPartitions(
+            socket_families).collect()
+    finally:
+        del sc.environment["COMPACTORD_TEST_SOCKETS"]
     assert families and all("AF_UNIX" in found and "AF_INET" not in found and "AF_INET6" not in found
                             for found in families), families
