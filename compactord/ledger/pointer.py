@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -163,22 +164,9 @@ def allocate_id(objects: ObjectStore, topic: str, used: list[int]) -> int:
 
     :raises LedgerCorrupt: the last id or the legacy counter does not hold an integer.
     """
-    key = f"{LAST_IDS}/{topic}"
     legacy = _read_int(objects, LEGACY_SEQ_KEY) or 0
-    for _ in range(_CAS_ATTEMPTS):
-        info = objects.head(key)
-        last = _read_int(objects, key) if info is not None else None
-        next_id = max([last or 0, legacy, *used]) + 1
-        try:
-            if info is None:
-                objects.put_if_absent(key, f"{next_id}\n".encode())
-            else:
-                objects.put_if_match(key, f"{next_id}\n".encode(), info.version)
-            return next_id
-        except PreconditionFailed:
-            continue  # another allocation advanced it: take the next one
-    raise LedgerCorrupt(f"{objects.describe()}: {key} could not be advanced in {_CAS_ATTEMPTS} conditional writes; "
-                        "the store does not hold its conditions", topic=topic)
+    return _advance(objects, f"{LAST_IDS}/{topic}", lambda last: max([last or 0, legacy, *used]) + 1,
+                    "advanced", topic)
 
 
 def raise_epoch(objects: ObjectStore) -> int:
@@ -186,20 +174,29 @@ def raise_epoch(objects: ObjectStore) -> int:
 
     :raises LedgerCorrupt: ``@compactord/epoch`` does not hold an integer.
     """
+    return _advance(objects, EPOCH_KEY, lambda current: (current or 0) + 1, "raised")
+
+
+def _advance(objects: ObjectStore, key: str, following: Callable[[int | None], int], verb: str,
+             topic: str | None = None) -> int:
+    """Write the integer object ``key`` as ``following(its value)`` (None: absent) by compare-and-swap, again
+    while another writer advances it first; return the value written.
+
+    :raises LedgerCorrupt: it does not hold an integer, or the store does not hold its conditions.
+    """
     for _ in range(_CAS_ATTEMPTS):
-        info = objects.head(EPOCH_KEY)
-        current = _read_int(objects, EPOCH_KEY) if info is not None else None
-        epoch = (current or 0) + 1
+        info = objects.head(key)
+        value = following(_read_int(objects, key) if info is not None else None)
         try:
             if info is None:
-                objects.put_if_absent(EPOCH_KEY, f"{epoch}\n".encode())
+                objects.put_if_absent(key, f"{value}\n".encode())
             else:
-                objects.put_if_match(EPOCH_KEY, f"{epoch}\n".encode(), info.version)
-            return epoch
+                objects.put_if_match(key, f"{value}\n".encode(), info.version)
+            return value
         except PreconditionFailed:
-            continue
-    raise LedgerCorrupt(f"{objects.describe()}: {EPOCH_KEY} could not be raised in {_CAS_ATTEMPTS} conditional "
-                        "writes; the store does not hold its conditions")
+            continue  # another writer advanced it: take the next one
+    raise LedgerCorrupt(f"{objects.describe()}: {key} could not be {verb} in {_CAS_ATTEMPTS} conditional writes; "
+                        "the store does not hold its conditions", topic=topic)
 
 
 def expired(pointer: Pointer, now: float | None = None) -> list[int]:
