@@ -28,7 +28,8 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17 \
 
 COPY pyproject.toml README.md /tmp/compactord-src/
 COPY compactord /tmp/compactord-src/compactord
-RUN cd /tmp/compactord-src && pip install --no-cache-dir . && cd / && rm -rf /tmp/compactord-src
+# The s3 extra (boto3): an s3:// ledger root needs it, and a container is where one is most often wanted.
+RUN cd /tmp/compactord-src && pip install --no-cache-dir '.[s3]' && cd / && rm -rf /tmp/compactord-src
 
 # The default configuration: every key not set here has its default (broker.conf.example); override
 # one with COMPACTORD_CONF_<key>=value, or mount your own file over /etc/compactord/broker.conf.

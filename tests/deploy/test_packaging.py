@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 import secrets
 import shlex
 import shutil
@@ -89,7 +90,10 @@ def test_dockerfile_installs_the_package_from_the_copied_tree() -> None:
     copied = " ".join(args_of("COPY"))
     for needed in ("pyproject.toml", "README.md", "compactord"):  # pyproject's readme= needs README.md
         assert needed in copied
-    assert any(re.search(r"pip install --no-cache-dir \.(\s|$)", run) for run in args_of("RUN"))
+    # The copied tree with the s3 extra (boto3), so that the image serves an s3:// ledger root too.
+    assert any(re.search(r"pip install --no-cache-dir '\.\[s3\]'(\s|$)", run) for run in args_of("RUN"))
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(dep.startswith("boto3") for dep in extras["s3"])
     ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
     assert "*" in ignore and "!compactord" in ignore, ".dockerignore must keep .venv and data/ out"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -485,6 +486,14 @@ def _check_s3(s: Settings) -> None:
     assert s.s3_path_style is False  # AWS: virtual-host addressing
 
 
+def _check_s3_trial(s: Settings) -> None:
+    identities = json.loads((CONFIG_DIR / "s3-trial-identities.json").read_text())["identities"]
+    (pair,) = identities[0]["credentials"]
+    assert (s.s3_access_key_id, s.s3_secret_access_key) == (pair["accessKey"], pair["secretKey"])
+    assert s.compacted_ledger_root == "s3://ledgers/trial" and s.s3_endpoint.startswith("http://127.0.0.1:")
+    assert s.s3_path_style is True and s.http_bind_address == "127.0.0.1"
+
+
 _CONFIG_CHECKS = {
     "broker.conf.example": _check_example,
     "embedded.conf": _check_embedded,
@@ -492,6 +501,7 @@ _CONFIG_CHECKS = {
     "spark-standalone.conf": _check_spark_standalone,
     "sasl-tls.conf": _check_sasl_tls,
     "s3.conf": _check_s3,
+    "s3-trial.conf": _check_s3_trial,
 }
 
 
