@@ -1,4 +1,5 @@
-"""The ``compactord`` command: ``run`` the daemon, ``demo``, and a client of the HTTP API.
+"""The ``compactord`` command: ``run`` the daemon, ``demo``, ``migrate-root`` (a ledger root copied to another),
+and a client of the HTTP API.
 
 ``--url`` (or ``COMPACTORD_URL``) and ``COMPACTORD_TOKEN`` (or ``--token``) may stand before or after
 the subcommand. Tables by default, ``--json`` prints the API's body unchanged. Errors are one line on

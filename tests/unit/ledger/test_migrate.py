@@ -25,6 +25,7 @@ from compactord.ledger.migrate import Root, TopicMoved, TopicState, migrate_root
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.model import Entry
 from compactord.storage import ObjectStore
+from tests.daemon.test_doc_examples import code_block_after, command_words
 from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
 from tests.unit.ledger.test_store import REPO, make_ledger, rows
 from tests.unit.test_history import ended
@@ -226,6 +227,17 @@ def test_bad_roots_are_refused(source: Path, tmp_path: Path) -> None:
 # -- the command ---------------------------------------------------------------------------------
 
 
+def _doc_example(source: Path, target: Path) -> list[str]:
+    """docs/cli.md's example between two local roots (``migrate-root SRC DST``), its paths ``source`` and
+    ``target``."""
+    markdown = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    block = code_block_after(markdown, "## Moving a ledger root")
+    [line] = [line for line in block if line.startswith("compactord migrate-root /")]
+    words = command_words(line)[2:]
+    assert len(words) == 2, line
+    return [str(source), str(target)]
+
+
 def _command(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "compactord", "migrate-root", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -239,7 +251,7 @@ def held_dst(tmp_path: Path) -> Iterator[Path]:
 
 def test_the_command_prints_a_line_per_topic_and_exits_2_on_what_it_refuses(
         source: Path, tmp_path: Path, held_dst: Path) -> None:
-    done = _command(str(source), str(tmp_path / "dst"))
+    done = _command(*_doc_example(source, tmp_path / "dst"))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("audit: ledger 1, 1 parts, ") and lines[2].startswith("orders: ledger 2, 2 parts, ")
