@@ -14,7 +14,7 @@ whatever epoch DST's record gives it, switches from it. Retired ledgers, quarant
 
 Refused before anything is copied: SRC and DST the same root or one inside the other, SRC missing or without
 topics, a daemon holding either root (a local root's lock; an S3 root's lease), a topic DST has already that is
-not the same ledger or what an interrupted migration of it left. DST's lock (a local root) is held throughout.
+not the same ledger or what an interrupted migration of it left. A local root's lock is held throughout.
 """
 
 from __future__ import annotations
@@ -80,9 +80,11 @@ class TopicMoved:
 def open_root(text: str, settings: Settings | None, role: str) -> Root:
     """The root ``text`` names (``role``: SRC or DST, for messages).
 
-    :raises InvalidArgument: an ``s3://`` root without ``s3Region`` in ``settings``.
-    :raises ConfigError: ``text`` is empty or of another scheme.
+    :raises InvalidArgument: ``text`` is empty or of another scheme, or an ``s3://`` root comes without
+        ``s3Region`` in ``settings``.
     """
+    if not text.strip() or (s3_location(text) is None and "://" in text):
+        raise InvalidArgument(f"{role} {text!r} is not a ledger root: give a local path or s3://BUCKET/PREFIX")
     if s3_location(text) is not None and (settings is None or not settings.s3_region.strip()):
         raise InvalidArgument(f"{role} {text} is an S3 root: give --config a broker.conf that sets s3Region "
                               "(and s3Endpoint and the keys, as a daemon on that root would)")
@@ -109,8 +111,7 @@ def migrate_root(source: Root, target: Root, state: TopicState, lease_seconds: f
     topics = src.topics()
     if not topics:
         raise InvalidArgument(f"SRC {source.text} holds no topics: name a ledger root that a daemon wrote")
-    _check_free(source, lease_seconds)
-    with _holding(target, lease_seconds):
+    with _holding(source, lease_seconds, create=False), _holding(target, lease_seconds, create=True):
         plans = [_plan(src, dst, topic, state) for topic in topics]
         taken = [f"{plan.topic} ({plan.conflict})" for plan in plans if plan.conflict]
         if taken:
@@ -143,24 +144,19 @@ def _check_lease(objects: ObjectStore, lease_seconds: float) -> None:
     check_free(objects, lease_seconds)
 
 
-def _check_free(root: Root, lease_seconds: float) -> None:
-    """:raises LedgerRootLocked: a daemon holds ``root`` (its lock, taken and released here; its lease)."""
-    if root.folder is None:
-        _check_lease(root.objects, lease_seconds)
-        return
-    if not (root.folder / DAEMON_DIR).is_dir():
-        return  # no daemon ever opened it (and SRC is not written to)
-    lock = RootLock(root.folder / DAEMON_DIR / _LOCK, root.folder)
-    lock.acquire()
-    lock.release()
-
-
 @contextlib.contextmanager
-def _holding(root: Root, lease_seconds: float) -> Iterator[None]:
-    """DST's lock held while it is written (a local root; an S3 root's lease is only checked free)."""
+def _holding(root: Root, lease_seconds: float, create: bool) -> Iterator[None]:
+    """A local root's lock held meanwhile, so that no daemon starts on it (one that sweeps SRC or writes DST);
+    an S3 root's lease is only checked free, as nothing here renews one.
+
+    :raises LedgerRootLocked: a daemon holds ``root``.
+    """
     if root.folder is None:
         _check_lease(root.objects, lease_seconds)
         yield
+        return
+    if not create and not (root.folder / DAEMON_DIR).is_dir():
+        yield  # no daemon ever opened SRC, and SRC is not written to
         return
     (root.folder / DAEMON_DIR).mkdir(parents=True, exist_ok=True)
     lock = RootLock(root.folder / DAEMON_DIR / _LOCK, root.folder)

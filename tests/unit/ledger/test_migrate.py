@@ -5,6 +5,7 @@ a rerun resumes; a root a daemon holds, a DST that has the topic, and bad roots 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import types
@@ -28,7 +29,7 @@ from compactord.storage import ObjectStore
 from tests.daemon.test_doc_examples import code_block_after, command_words
 from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
 from tests.unit.ledger.test_store import REPO, make_ledger, rows
-from tests.unit.test_history import ended
+from tests.unit.test_history import S, ended
 
 STATE = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
 LEASE_S = 5.0
@@ -208,6 +209,33 @@ def test_a_root_a_daemon_holds_is_refused(source: Path, tmp_path: Path, held: st
     assert LedgerStore(tmp_path / "dst").topics() == []
 
 
+def test_no_daemon_can_open_either_local_root_while_it_copies(source: Path, tmp_path: Path) -> None:
+    refused: list[str] = []
+
+    def try_to_open(moved: TopicMoved) -> None:
+        for root in (source, tmp_path / "dst"):
+            with pytest.raises(LedgerRootLocked) as locked:
+                LedgerStore(root).open()
+            refused.append(str(locked.value))
+
+    migrate_root(_root(source, role="SRC"), _root(tmp_path / "dst"), STATE, LEASE_S, try_to_open)
+    assert len(refused) == 6 and all(f"pid {os.getpid()} " in text for text in refused)
+    LedgerStore(source).open().close()  # both free again once it is done
+    LedgerStore(tmp_path / "dst").open().close()
+
+
+def test_a_topic_without_a_ledger_moves_its_policies_and_history(tmp_path: Path) -> None:
+    with LedgerStore(tmp_path / "src") as store:
+        PolicyStore(store, allowed_strategies(Settings())).put("fresh", TopicPolicies(thresholdBytes=5))
+        _history(store.objects).append(ended("fresh", final=S.FAILED))
+    src, dst = _root(tmp_path / "src", role="SRC"), _root(tmp_path / "dst")
+    [moved] = _migrate(src, dst)
+    assert (moved.topic, moved.note) == ("fresh", "no current ledger on SRC: its history and policies copied")
+    assert dst.objects.get(f"fresh/{POLICIES}") == src.objects.get(f"fresh/{POLICIES}")
+    assert [r.state for r in _history(dst.objects).runs("fresh")] == ["Failed"]
+    assert dst.objects.head(f"fresh/{CURRENT}") is None
+
+
 def test_bad_roots_are_refused(source: Path, tmp_path: Path) -> None:
     src = _root(source, role="SRC")
     for target, problem in [(source, "are the same root"), (source / "inner", "one is inside the other"),
@@ -216,6 +244,8 @@ def test_bad_roots_are_refused(source: Path, tmp_path: Path) -> None:
             _migrate(src, _root(target))
     with pytest.raises(InvalidArgument, match=r"SRC .*missing does not exist"):
         _migrate(_root(tmp_path / "missing", role="SRC"), _root(tmp_path / "dst"))
+    with pytest.raises(InvalidArgument, match=r"SRC 'file:///x' is not a ledger root: give a local path or s3://"):
+        _root("file:///x", role="SRC")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InvalidArgument, match=r"SRC .*empty holds no topics"):
         _migrate(_root(tmp_path / "empty", role="SRC"), _root(tmp_path / "dst"))
