@@ -298,3 +298,13 @@ def test_the_command_prints_a_line_per_topic_and_exits_2_on_what_it_refuses(
         refused = _command(*args)
         assert refused.returncode == 2, refused.stderr
         assert len(refused.stderr.splitlines()) == 1 and problem in refused.stderr
+
+    [part] = [f["name"] for f in LedgerStore(source).load_manifest("audit", 1).files]
+    path = source / "audit" / "ledger-1" / part
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the disk under SRC rotted
+    path.write_bytes(bytes(data))
+    failed = _command(str(source), str(tmp_path / "d3"))
+    assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1
+    assert f"part {part} on SRC" in failed.stderr and "its manifest records" in failed.stderr
+    assert not (tmp_path / "d3" / "audit" / CURRENT).exists()
