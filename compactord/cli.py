@@ -1,4 +1,5 @@
-"""The ``compactord`` command: ``run`` the daemon, ``demo``, and a client of the HTTP API.
+"""The ``compactord`` command: ``run`` the daemon, ``demo``, ``migrate-root`` (a ledger root copied to another),
+and a client of the HTTP API.
 
 ``--url`` (or ``COMPACTORD_URL``) and ``COMPACTORD_TOKEN`` (or ``--token``) may stand before or after
 the subcommand. Tables by default, ``--json`` prints the API's body unchanged. Errors are one line on
@@ -115,6 +116,14 @@ def _parser() -> argparse.ArgumentParser:
     delete = client("delete-topic", "the topic was deleted: stop its task, remove its ledgers and policies")
     delete.add_argument("--yes", action="store_true", help="really delete (required)")
     client("info", "the daemon's version, broker, ledger root and Spark master", topic=False)
+    migrate = sub.add_parser("migrate-root", formatter_class=_FORMAT,
+                             help="copy every topic's current ledger, run history and policies to another root",
+                             description="Copy every topic's current ledger, run history and policies from SRC "
+                                         "to DST (no daemon may hold either); rerun after an interruption.")
+    migrate.add_argument("--config", help="broker.conf whose s3* keys reach an s3:// root (none: the built-in "
+                                          "defaults, enough for two local roots)")
+    migrate.add_argument("source", metavar="SRC", help="the root to copy from: a local path or s3://BUCKET/PREFIX")
+    migrate.add_argument("target", metavar="DST", help="the root to copy to: empty, or a rerun's")
     return parser
 
 
@@ -239,6 +248,38 @@ def _client(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    """``migrate-root``: a line per topic and a total; exit 2 for what is refused before anything is copied."""
+    from compactord.config import load_settings
+    from compactord.daemon.core import HISTORY_DIR
+    from compactord.daemon.history import SUFFIX
+    from compactord.daemon.policies import POLICIES
+    from compactord.errors import ConfigError, InvalidArgument, LedgerRootLocked
+    from compactord.ledger.migrate import TopicMoved, TopicState, migrate_root, open_root
+    from compactord.ledger.store import DAEMON_DIR
+
+    def line(moved: TopicMoved) -> None:
+        if moved.note:
+            print(f"{moved.topic}: {moved.note}", flush=True)
+        else:
+            print(f"{moved.topic}: ledger {moved.ledger_id}, {moved.parts} parts, {moved.bytes} bytes, "
+                  f"{moved.seconds:.2f} s", flush=True)
+
+    started = time.monotonic()
+    try:
+        settings = load_settings(args.config)
+        source, target = open_root(args.source, settings, "SRC"), open_root(args.target, settings, "DST")
+        state = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
+        # storageLeaseSeconds is the S3 lease's key; 30 s, its default, where this version does not declare it.
+        moved = migrate_root(source, target, state, float(getattr(settings, "storage_lease_seconds", 30)), line)
+    except (ConfigError, InvalidArgument, LedgerRootLocked) as exc:
+        raise UsageError(str(exc)) from exc
+    copied = [m for m in moved if not m.note]
+    print(f"total: {len(copied)} of {len(moved)} topics copied, {sum(m.parts for m in copied)} parts, "
+          f"{sum(m.bytes for m in copied)} bytes, {time.monotonic() - started:.2f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -260,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
             logging.getLogger("kafka").setLevel(logging.ERROR)  # its event-loop timing warnings are not the story
             return run_demo(args.ledger_root, args.ticks, url=args.url, token=args.token)
+        if args.command == "migrate-root":
+            return _migrate(args)
         if args.command is None:
             parser.print_help()
             return 2

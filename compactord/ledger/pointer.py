@@ -33,7 +33,7 @@ from compactord.ledger.files import CURRENT, LEDGER_RE
 from compactord.storage import ObjectStore
 
 __all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
-           "raise_epoch", "read_pointer", "write_pointer"]
+           "last_id", "raise_epoch", "raise_last_id", "read_pointer", "write_pointer"]
 
 LAST_IDS = "@compactord/ledger-ids"
 EPOCH_KEY = "@compactord/epoch"
@@ -167,6 +167,25 @@ def allocate_id(objects: ObjectStore, topic: str, used: list[int]) -> int:
     legacy = _read_int(objects, LEGACY_SEQ_KEY) or 0
     return _advance(objects, f"{LAST_IDS}/{topic}", lambda last: max([last or 0, legacy, *used]) + 1,
                     "advanced", topic)
+
+
+def last_id(objects: ObjectStore, topic: str) -> int | None:
+    """The topic's last ledger id as ``allocate_id`` counts from it (its record, or the legacy root counter if
+    higher); None if neither exists.
+
+    :raises LedgerCorrupt: either does not hold an integer.
+    """
+    found = [n for n in (_read_int(objects, f"{LAST_IDS}/{topic}"), _read_int(objects, LEGACY_SEQ_KEY)) if n]
+    return max(found, default=None)
+
+
+def raise_last_id(objects: ObjectStore, topic: str, at_least: int) -> int:
+    """Raise the topic's last ledger id to ``at_least`` unless it is higher (compare-and-swap); return it: a root
+    the topic's ledgers were copied to never hands out an id they used.
+
+    :raises LedgerCorrupt: the last id does not hold an integer.
+    """
+    return _advance(objects, f"{LAST_IDS}/{topic}", lambda last: max(last or 0, at_least), "raised", topic)
 
 
 def raise_epoch(objects: ObjectStore) -> int:
