@@ -92,25 +92,34 @@ def _body(holder: Holder, epoch: int, renewed: int, seconds: float) -> bytes:
     return json.dumps({"holder": asdict(holder), "epoch": epoch, "renewed": renewed, "seconds": seconds}).encode()
 
 
-def _peek(objects: ObjectStore) -> tuple[Holder | None, bool]:
-    """The holder the lease names (None: no lease, or one that does not parse: it can only be waited out), and
-    whether its holder released it."""
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A lease as read: its holder (None: none, or a body that does not parse: it can only be waited out),
+    whether its holder released it, and the lease time its holder renews for (0: unknown)."""
+
+    holder: Holder | None = None
+    released: bool = False
+    seconds: float = 0.0
+
+
+def _peek(objects: ObjectStore) -> _Seen:
     try:
         data = objects.get(LEASE_KEY)
     except ObjectNotFound:
-        return None, False
+        return _Seen()
     if data == _RELEASED:
-        return None, True
+        return _Seen(released=True)
     try:
-        return Holder(**json.loads(data)["holder"]), False
+        body = json.loads(data)
+        return _Seen(Holder(**body["holder"]), seconds=float(body["seconds"]))
     except (ValueError, TypeError, KeyError):
         log.warning("%s does not hold a lease compactord wrote; it is taken over once it stops changing",
                     objects.location(LEASE_KEY))
-        return None, False
+        return _Seen()
 
 
 def _holder_of(objects: ObjectStore) -> Holder | None:
-    return _peek(objects)[0]
+    return _peek(objects).holder
 
 
 def _locked(objects: ObjectStore, holder: Holder | None, why: str) -> LedgerRootLocked:
@@ -132,10 +141,10 @@ def _watch(objects: ObjectStore, seen: ObjectInfo, lease_seconds: float, clock: 
         if now is None:
             return None
         if now.version != seen.version:
-            holder, released = _peek(objects)
-            if released:
+            lease = _peek(objects)
+            if lease.released:
                 return now
-            raise _locked(objects, holder, f"its lease was renewed within {lease_seconds:g} s")
+            raise _locked(objects, lease.holder, f"its lease was renewed within {lease_seconds:g} s")
     return seen
 
 
@@ -147,19 +156,21 @@ def _take(objects: ObjectStore, lease_seconds: float, clock: Clock,
     first = _body(me, 0, 0, lease_seconds)
     info = objects.head(LEASE_KEY)
     if info is not None:
-        holder, released = _peek(objects)
-        if released:
+        lease = _peek(objects)
+        if lease.released:
             log.info("ledger root %s: its last holder released its lease", objects.describe())
-        elif holder is not None and holder.is_dead_here():
+        elif lease.holder is not None and lease.holder.is_dead_here():
             log.warning("taking over the lease of ledger root %s at once: its holder (%s) no longer runs",
-                        objects.describe(), holder.describe())
+                        objects.describe(), lease.holder.describe())
         else:
-            who = holder.describe() if holder is not None else "unknown holder"
-            log.info("ledger root %s has a lease (%s); watching it for %g s", objects.describe(), who, lease_seconds)
-            info = _watch(objects, info, lease_seconds, clock, sleep)
+            who = lease.holder.describe() if lease.holder is not None else "unknown holder"
+            # A holder with a longer lease renews less often: watch for its time.
+            watched = max(lease_seconds, lease.seconds)
+            log.info("ledger root %s has a lease (%s); watching it for %g s", objects.describe(), who, watched)
+            info = _watch(objects, info, watched, clock, sleep)
             if info is not None:
                 log.warning("taking over the lease of ledger root %s: it did not change in %g s (%s)",
-                            objects.describe(), lease_seconds, who)
+                            objects.describe(), watched, who)
     try:
         if info is None:
             return me, objects.put_if_absent(LEASE_KEY, first)
@@ -170,7 +181,8 @@ def _take(objects: ObjectStore, lease_seconds: float, clock: Clock,
 
 def acquire(objects: ObjectStore, lease_seconds: float, clock: Clock = time.monotonic,
             sleep: Callable[[float], object] = time.sleep) -> Lease:
-    """Take the root's lease (waiting up to ``lease_seconds`` for a stale one), raise the root's writer epoch,
+    """Take the root's lease (watching one that is there for ``lease_seconds``, or the lease time its holder
+    wrote if longer, before taking it over), raise the root's writer epoch,
     and start renewing; the returned lease carries the epoch.
 
     :raises LedgerRootLocked: a live daemon holds the root (its lease changed while watched, or it took the
@@ -194,17 +206,17 @@ def acquire(objects: ObjectStore, lease_seconds: float, clock: Clock = time.mono
 
 def check_free(store: ObjectStore, lease_seconds: float) -> None:
     """Return if no daemon holds the root (no lease, or one that does not change while watched for
-    ``lease_seconds``); take nothing.
+    ``lease_seconds``, or the lease time its holder wrote if longer); take nothing.
 
     :raises LedgerRootLocked: a daemon holds it (its lease changed while watched).
     """
     info = store.head(LEASE_KEY)
     if info is None:
         return
-    holder, released = _peek(store)
-    if released or (holder is not None and holder.is_dead_here()):
+    lease = _peek(store)
+    if lease.released or (lease.holder is not None and lease.holder.is_dead_here()):
         return
-    _watch(store, info, lease_seconds, time.monotonic, time.sleep)
+    _watch(store, info, max(lease_seconds, lease.seconds), time.monotonic, time.sleep)
 
 
 class Lease:

@@ -92,6 +92,14 @@ def test_a_second_acquire_is_refused_naming_the_holder_while_the_first_renews(s3
     assert json.loads(store.get(LEASE_KEY))["holder"]["id"] == leases[0].holder.id  # the holder kept it
 
 
+def test_a_holder_with_a_longer_lease_is_watched_for_its_time(s3_server: S3Server, leases: list[Lease]) -> None:
+    store = s3_server.store()
+    leases.append(acquire(store, 4 * LEASE_S))  # renews every 6.7 s: longer than this contender's lease
+    with pytest.raises(LedgerRootLocked, match="renewed within 20 s"):
+        acquire(s3_server.store(store.prefix), LEASE_S)
+    assert json.loads(store.get(LEASE_KEY))["holder"]["id"] == leases[0].holder.id
+
+
 def test_a_lease_that_stops_changing_is_taken_over_and_the_epoch_rises(
         s3_server: S3Server, leases: list[Lease], caplog: pytest.LogCaptureFixture) -> None:
     store = s3_server.store()
