@@ -38,7 +38,8 @@ _WRITE_PROBE = "write-probe"
 
 
 class LedgerStore:
-    """The compacted ledgers under one root. ``open()`` takes the root's lock; one daemon writes a root.
+    """The compacted ledgers under one root. ``open()`` takes the root's lock (an object store's lease); one daemon
+    writes a root.
 
     The reading methods (``topics``, ``current_ledger_id``, ``load_manifest``, ``verify``) also work on
     a store that is not open; the writing ones expect the lock to be held.
