@@ -27,10 +27,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
-from compactord.errors import CompactordError, Fenced, LedgerRootLocked, ObjectNotFound, PreconditionFailed
-from compactord.errors import StorageUnavailable
+from compactord.errors import (
+    CompactordError,
+    Fenced,
+    LedgerRootLocked,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageUnavailable,
+)
 from compactord.ledger.pointer import raise_epoch
 from compactord.storage import ObjectInfo, ObjectStore
 

@@ -124,10 +124,11 @@ def test_after_a_takeover_the_old_holder_is_fenced(s3_server: S3Server, proxy: F
         new.open()  # waits out the old lease
         assert new.epoch == old.epoch + 1
         proxy.heal()
-        assert old.lease is not None
-        wait_for(lambda: old.lease.lost, 3 * LEASE_S, "the old holder to find its lease taken over")  # type: ignore[union-attr]
+        old_lease = old.lease
+        assert old_lease is not None
+        wait_for(lambda: old_lease.lost, 3 * LEASE_S, "the old holder to find its lease taken over")
         with pytest.raises(Fenced, match="taken over by pid"):
-            old.lease.check()
+            old_lease.check()
         topic = "fenced-topic"
         new.objects.put(f"{topic}/ledger-1/manifest.json", b"{}")  # switch() asks only that it exists
         new.switch(topic, 1)
