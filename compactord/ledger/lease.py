@@ -197,12 +197,15 @@ def acquire(objects: ObjectStore, lease_seconds: float, clock: Clock = time.mono
     if not 0 < lease_seconds:
         raise ValueError(f"lease_seconds must be positive, got: {lease_seconds!r}")
     me, version = _take(objects, lease_seconds, clock, sleep)
-    epoch = raise_epoch(objects)
-    started = clock()
     try:
+        epoch = raise_epoch(objects)
+        started = clock()
         version = objects.put_if_match(LEASE_KEY, _body(me, epoch, 0, lease_seconds), version)
     except PreconditionFailed as exc:  # only by one who did not watch it (no compactord does)
         raise _locked(objects, _holder_of(objects), "it was taken from under this daemon") from exc
+    except BaseException:
+        _give_back(objects, version, lease_seconds)  # the next start need not wait it out
+        raise
     lease = Lease(objects, me, epoch, version, lease_seconds, started, clock)
     log.info("took the lease of ledger root %s (epoch %d, renewed every %g s)", objects.describe(), epoch,
              lease_seconds * _RENEW_SHARE)
@@ -312,10 +315,15 @@ class Lease:
         self._thread.join()
         if self._lost is not None:
             return
-        try:
-            # Rewriting it proves it is still ours; no contender takes a lease within a lease of a change.
-            self.objects.put_if_match(LEASE_KEY, _RELEASED, self._version)
-            self.objects.delete(LEASE_KEY)
-        except CompactordError as exc:
-            log.warning("the lease of ledger root %s was not released (%s): the next daemon waits %g s for it",
-                        self.objects.describe(), exc, self.seconds)
+        _give_back(self.objects, self._version, self.seconds)
+
+
+def _give_back(objects: ObjectStore, version: str, seconds: float) -> None:
+    """Remove a lease this process holds at ``version`` (best effort)."""
+    try:
+        # Rewriting it proves it is still ours; no contender takes a lease within a lease of a change.
+        objects.put_if_match(LEASE_KEY, _RELEASED, version)
+        objects.delete(LEASE_KEY)
+    except CompactordError as exc:
+        log.warning("the lease of ledger root %s was not released (%s): the next daemon may wait %g s for it",
+                    objects.describe(), exc, seconds)

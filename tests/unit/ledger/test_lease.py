@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from compactord.errors import Fenced, LedgerRootLocked, StorageUnavailable
+from compactord.errors import Fenced, LedgerCorrupt, LedgerRootLocked, StorageUnavailable
 from compactord.ledger.lease import LEASE_KEY, Holder, Lease, acquire, check_free
 from compactord.ledger.pointer import EPOCH_KEY, read_pointer, write_pointer
 from compactord.ledger.store import LedgerStore
@@ -176,6 +176,14 @@ def test_release_lets_the_next_holder_acquire_at_once(s3_server: S3Server, lease
         first.check()
     leases.append(acquire(store, LEASE_S, sleep=_no_wait))
     assert leases[0].epoch == first.epoch + 1
+
+
+def test_a_lease_taken_by_a_start_that_fails_is_given_back(s3_server: S3Server) -> None:
+    store = s3_server.store()
+    store.put(EPOCH_KEY, b"not a number\n")
+    with pytest.raises(LedgerCorrupt, match="expected an integer"):
+        acquire(store, LEASE_S)
+    assert store.head(LEASE_KEY) is None
 
 
 def test_a_lease_left_released_is_taken_at_once(s3_server: S3Server, leases: list[Lease]) -> None:
