@@ -138,6 +138,10 @@ class Settings:
         "aws:kms (with s3KmsKeyId, or the account's default key).")
     s3_kms_key_id: str = _key("s3KmsKeyId", text, "", "storage",
         "KMS key (id, ARN or alias) for s3ServerSideEncryption=aws:kms.")
+    storage_lease_seconds: int = _key("storageLeaseSeconds", int_range(5, 600), "30", "storage",
+        "Lease of an object-store root (s3://), in seconds: its daemon renews it every third of this; a second "
+        "daemon refuses to start while it is renewed, and takes over one not renewed for this long. A local "
+        "root is locked instead.")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

@@ -1,7 +1,7 @@
 """``compactord run``: one process holding the Spark session, the task registry, the backlog monitor
 and the HTTP server.
 
-Start-up: lock the ledger root (a second daemon on the same root refuses to start), resolve the
+Start-up: lock (or lease) the ledger root (a second daemon on the same root refuses to start), resolve the
 factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with ``"reads": true`` and
 ``"compactions": false``), then start and warm the Spark session in the background. Compactions can
 run once Spark is warm and the broker answers; reads need neither.
@@ -80,8 +80,8 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
 def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list[str]]:
     """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it). An
     object store is checked first (its bucket, credentials, endpoint, and that it enforces conditional
-    writes); its requests feed ``metrics``. A local root is locked; an S3 root has no lock (one daemon per
-    S3 root: docs/operations.md).
+    writes); its requests feed ``metrics``. A local root is locked; an S3 root is leased
+    (``ledger/lease.py``, for storageLeaseSeconds).
 
     :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted), or an
         object store refuses the check."""
@@ -90,7 +90,7 @@ def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list
     check = getattr(objects, "check", None)
     if check is not None:
         check("compactedLedgerRoot")
-    store = LedgerStore(root, objects)
+    store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds)
     try:
         pending = [t for t in store.topics() if store.deletion_pending(t)]
         return store.open(), pending
@@ -231,6 +231,8 @@ class Daemon:
             problems.append(self.fatal)
         if self._root_problem:
             problems.append(self._root_problem)
+        if self.store.lease is not None and self.store.lease.lost:
+            problems.append("another daemon took the ledger root's lease over")
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():

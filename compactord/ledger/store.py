@@ -19,6 +19,7 @@ from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArg
 from compactord.ledger import manifests, removal
 from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, file_crc32c, fsync_path, ledger_dir_name
 from compactord.ledger.files import list_names, remove_path
+from compactord.ledger.lease import Lease, acquire
 from compactord.ledger.lock import RootLock, unwritable
 from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine
@@ -37,23 +38,27 @@ _WRITE_PROBE = "write-probe"
 
 
 class LedgerStore:
-    """The compacted ledgers under one root. ``open()`` takes the root's lock; one daemon writes a root.
+    """The compacted ledgers under one root. ``open()`` takes the root's lock (an object store's lease); one daemon
+    writes a root.
 
     The reading methods (``topics``, ``current_ledger_id``, ``load_manifest``, ``verify``) also work on
     a store that is not open; the writing ones expect the lock to be held.
     """
 
-    def __init__(self, root: str | Path, objects: ObjectStore | None = None) -> None:
+    def __init__(self, root: str | Path, objects: ObjectStore | None = None, lease_seconds: float = 30.0) -> None:
         """``objects``: the root's store as the daemon opened it (``open_store`` with its settings and
-        metrics); by default the local root ``root``."""
+        metrics); by default the local root ``root``. ``lease_seconds``: an object store's lease
+        (``lease.py``; a local root has its lock)."""
         self.objects: ObjectStore = objects if objects is not None else open_store(str(root))
         # What only a local root has (its lock, its free space, its folders) is left out on an object store,
-        # which has one daemon per root until its lease (docs/operations.md).
+        # which has a lease instead of the lock.
         self.local = isinstance(self.objects, LocalStore)
         self.root: Path = self.objects.root if isinstance(self.objects, LocalStore) else Path(str(root))
         self._daemon_dir = self.root / DAEMON_DIR
         self._lock = RootLock(self._daemon_dir / _LOCK, self.root)
         self._opened = False  # an object store's (no lock)
+        self.lease_seconds = lease_seconds
+        self.lease: Lease | None = None  # an object store's while open
         # The writer epoch this store switches with: raised by ``open()``; 0 until then (an older version's).
         self.epoch = 0
 
@@ -65,6 +70,9 @@ class LedgerStore:
         previous run (retired ledgers past their ``until`` included).
 
         A lock whose holder died is free again (flock locks die with their process).
+
+        On an object store, the root's lease is taken instead of the lock (``lease.acquire``: a stale one after
+        ``lease_seconds``); it raises the epoch.
 
         :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
         :raises LedgerRootUnwritable: the root cannot be created, locked or written (read-only, full,
@@ -80,13 +88,15 @@ class LedgerStore:
         self._opened = True
         try:
             with self._unwritable("cannot be written"):
+                if not self.local:  # first: nothing of the root is touched before it is ours
+                    self.lease = acquire(self.objects, self.lease_seconds)
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
                 probe = f"{DAEMON_DIR}/{_WRITE_PROBE}"
                 self.objects.put(probe, b"compactord checks that the ledger root can be written\n")
                 self.objects.delete(probe)
                 self.objects.recover()
-                self.epoch = raise_epoch(self.objects)
+                self.epoch = raise_epoch(self.objects) if self.lease is None else self.lease.epoch
             with contextlib.suppress(FileNotFoundError):
                 if self.local:
                     (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
@@ -117,10 +127,19 @@ class LedgerStore:
     def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
         return unwritable(self.root, what)
 
+    def _check_lease(self) -> None:
+        """Before a write that another daemon's could conflict with (``Lease.check``: Fenced once taken over,
+        StorageUnavailable while not renewed)."""
+        if self.lease is not None:
+            self.lease.check()
+
     def close(self) -> None:
-        """Release the root's lock (idempotent)."""
+        """Release the root's lock or lease (idempotent)."""
         self._opened = False
         self._lock.release()
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
 
     @property
     def is_open(self) -> bool:
@@ -245,7 +264,8 @@ class LedgerStore:
         A crash leaves the old or the new pointer, never a mix.
 
         :raises Fenced: the pointer is no longer ``base`` (another writer switched since), or names a
-            writer of a higher epoch than this store's; nothing changed.
+            writer of a higher epoch than this store's, or another daemon took the root's lease; nothing changed.
+        :raises StorageUnavailable: the root's lease has not been renewed in time (``Lease.check``).
         :raises InvalidArgument: the ledger has no ``manifest.json`` (it was not finalized).
         :raises InsufficientDiskSpace: the disk is full.
         """
@@ -257,6 +277,7 @@ class LedgerStore:
                 "only a finalized ledger can become current"
             )
         base = self.pointer(topic) if base is None else base
+        self._check_lease()
         return write_pointer(self.objects, topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
 
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
@@ -265,6 +286,8 @@ class LedgerStore:
         :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
         """
         new = base.without(topic, ids, self.epoch)
+        if new.retired != base.retired:
+            self._check_lease()
         return base if new.retired == base.retired else write_pointer(self.objects, topic, new, base)
 
     def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
@@ -327,6 +350,7 @@ class LedgerStore:
         :raises InvalidArgument: ``CURRENT`` names this ledger.
         """
         path = self.ledger_path(topic, ledger_id)
+        self._check_lease()
         if self._is_current(topic, path):
             raise InvalidArgument(
                 f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
@@ -373,6 +397,7 @@ class LedgerStore:
         The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
         """
         self.topic_dir(topic)  # checks the name, and that the folder is the root's
+        self._check_lease()
         removal.delete_topic(self.objects, topic)
 
     def quarantined(self) -> list[str]:

@@ -1,0 +1,102 @@
+"""Real daemons on one S3 root (the session's SeaweedFS) and its lease (storageLeaseSeconds=5): a second daemon
+is refused while the first runs; a daemon killed and restarted takes its own stale lease over; a paused holder's
+lease is taken over by another daemon, and once it runs again its switches are fenced while the new daemon's view
+stays as it made it."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from compactord.ledger.lease import LEASE_KEY
+from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.s3_server import BUCKET
+from tests.support.waiting import wait_for
+
+EXIT_CONFIG = 2
+LEASE_S = 5
+
+
+def _root() -> str:
+    return f"s3://{BUCKET}/lease-{uuid.uuid4().hex[:12]}"
+
+
+def _launch(launch: Any, s3_server: Any, name: str, root: str, *, start: bool = True) -> DaemonProcess:
+    conf = {**s3_server.daemon_conf(), "storageLeaseSeconds": str(LEASE_S)}
+    daemon: DaemonProcess = launch.prepare(name, root=root, **conf)
+    return daemon.start().wait_ready() if start else daemon
+
+
+def _view(daemon: DaemonProcess, topic: str) -> dict[bytes, bytes]:
+    page = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 1000})
+    assert page.status_code == 200, page.text
+    return {base64.b64decode(e["key"]): base64.b64decode(e["value"]) for e in page.json()["entries"]}
+
+
+@contextlib.contextmanager
+def _paused(daemon: DaemonProcess) -> Iterator[None]:
+    """SIGSTOP the daemon's process (not its JVM) and SIGCONT it at the end, also when the test fails."""
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+
+
+def test_a_second_daemon_exits_2_naming_the_holder_and_a_killed_one_restarted_takes_its_lease_over(
+        launch: Any, s3_server: Any) -> None:
+    root = _root()
+    first = _launch(launch, s3_server, "lease-holder", root)
+    second = _launch(launch, s3_server, "lease-second", root, start=False)
+    second.start()
+    assert second.wait_exit(120) == EXIT_CONFIG, second.log_tail()
+    refusals = [line for line in second.log_text().splitlines() if line.startswith("compactord: cannot start:")]
+    assert len(refusals) == 1, second.log_tail()
+    assert f"is held by another compactord (pid {first.pid} on host {socket.gethostname()}" in refusals[0]
+    assert root in refusals[0]
+    assert first.http.get("/readyz").json()["compactions"] is True  # the holder goes on
+
+    # SIGKILLed, the holder leaves its lease; restarted (as systemd does), it takes it over at once.
+    killed = first.pid
+    first.kill_group()
+    assert first.process is not None and first.process.wait(30) == -signal.SIGKILL
+    lease = json.loads(s3_server.store(root.split("/", 3)[3]).get(LEASE_KEY))
+    assert lease["holder"]["pid"] == killed
+    first.start().wait_ready()
+    assert f"at once: its holder (pid {killed} on host {socket.gethostname()}) no longer runs" in first.log_text()
+
+
+def test_a_paused_holder_is_taken_over_and_then_fenced(launch: Any, kafka: Any, s3_server: Any) -> None:
+    root = _root()
+    old = _launch(launch, s3_server, "lease-paused", root)
+    topic = kafka.topic(prefix="lease")
+    kafka.produce(topic, [(f"k{i % 10}", f"old{i}") for i in range(50)])
+    compact(old, topic)
+    with _paused(old):
+        new = _launch(launch, s3_server, "lease-new", root)  # waits the lease out, then takes it
+        assert "did not change in 5 s" in new.log_text()
+        kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(10)])
+        compact(new, topic)
+    expected = {f"k{i}".encode(): f"new{i}".encode() for i in range(10)}
+    assert _view(new, topic) == expected
+
+    # Running again, the old holder finds its lease taken: it says so, and its switch is refused.
+    wait_for(lambda: "another daemon took the ledger root's lease over"
+             in old.http.get("/readyz").json()["problems"], 30, "the old holder to see its lease taken", old)
+    assert "its lease was taken over by pid" in old.log_text()
+    kafka.produce(topic, [(f"k{i}", f"late{i}") for i in range(10)])
+    started = old.http.put(f"/v1/topics/{topic}/compaction")
+    assert started.status_code == 202, started.text
+    final = wait_state(old, topic, "Succeed", "Failed", "Cancelled")
+    assert final["status"] == "ERROR" and "taken over" in (final["last_error"] or ""), final
+    assert _view(new, topic) == expected  # the new daemon's view is intact
+    assert compact(new, topic)["status"] == "SUCCESS"  # and it goes on compacting
+    assert _view(new, topic) == {f"k{i}".encode(): f"late{i}".encode() for i in range(10)}
+
