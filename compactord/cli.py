@@ -262,7 +262,7 @@ def _migrate(args: argparse.Namespace) -> int:
         if moved.note:
             print(f"{moved.topic}: {moved.note}", flush=True)
         else:
-            print(f"{moved.topic}: ledger {moved.ledger_id}, {moved.parts} parts, {moved.bytes} bytes, "
+            print(f"{moved.topic}: ledger {moved.ledger_id}, {_count(moved.parts, 'part')}, {moved.bytes} bytes, "
                   f"{moved.seconds:.2f} s", flush=True)
 
     started = time.monotonic()
@@ -270,14 +270,17 @@ def _migrate(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         source, target = open_root(args.source, settings, "SRC"), open_root(args.target, settings, "DST")
         state = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
-        # storageLeaseSeconds is the S3 lease's key; 30 s, its default, where this version does not declare it.
-        moved = migrate_root(source, target, state, float(getattr(settings, "storage_lease_seconds", 30)), line)
+        moved = migrate_root(source, target, state, float(settings.storage_lease_seconds), line)
     except (ConfigError, InvalidArgument, LedgerRootLocked) as exc:
         raise UsageError(str(exc)) from exc
     copied = [m for m in moved if not m.note]
-    print(f"total: {len(copied)} of {len(moved)} topics copied, {sum(m.parts for m in copied)} parts, "
+    print(f"total: {len(copied)} of {len(moved)} topics copied, {_count(sum(m.parts for m in copied), 'part')}, "
           f"{sum(m.bytes for m in copied)} bytes, {time.monotonic() - started:.2f} s")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,11 +4,9 @@ a rerun resumes; a root a daemon holds, a DST that has the topic, and bad roots 
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from compactord.daemon.history import SUFFIX, RunHistory
 from compactord.daemon.policies import POLICIES, PolicyStore, TopicPolicies
 from compactord.engine.strategies import allowed_strategies
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRootLocked
+from compactord.ledger import lease
 from compactord.ledger.files import CURRENT
 from compactord.ledger.migrate import Root, TopicMoved, TopicState, migrate_root, open_root
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
@@ -33,18 +32,6 @@ from tests.unit.test_history import S, ended
 
 STATE = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
 LEASE_S = 5.0
-
-
-@pytest.fixture(autouse=True)
-def lease_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An S3 root's lease is checked through ``compactord.ledger.lease``; where this tree has no such module
-    yet, a placeholder that finds every root free stands in (a local root's lock is the real one)."""
-    try:
-        importlib.import_module("compactord.ledger.lease")
-    except ImportError:
-        placeholder = types.ModuleType("compactord.ledger.lease")
-        placeholder.check_free = lambda store, lease_seconds: None  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "compactord.ledger.lease", placeholder)
 
 
 def _history(objects: ObjectStore) -> RunHistory:
@@ -209,6 +196,20 @@ def test_a_root_a_daemon_holds_is_refused(source: Path, tmp_path: Path, held: st
     assert LedgerStore(tmp_path / "dst").topics() == []
 
 
+def test_an_s3_root_whose_lease_a_daemon_renews_is_refused(source: Path, s3_server: Any, tmp_path: Path) -> None:
+    settings = _s3_settings(s3_server)
+    dst = _root(f"s3://{BUCKET}/migrate-held-{tmp_path.name}", settings)
+    held = lease.acquire(dst.objects, LEASE_S)  # as a running daemon holds it: renewed by its own thread
+    try:
+        with pytest.raises(LedgerRootLocked, match=r"pid \d+"):
+            _migrate(_root(source, role="SRC"), dst)
+    finally:
+        held.release()
+    assert LedgerStore(dst.text, dst.objects).topics() == []
+    _migrate(_root(source, role="SRC"), dst)  # released: the root is free again
+    assert LedgerStore(dst.text, dst.objects).topics() == ["audit", "orders"]
+
+
 def test_no_daemon_can_open_either_local_root_while_it_copies(source: Path, tmp_path: Path) -> None:
     refused: list[str] = []
 
@@ -284,7 +285,7 @@ def test_the_command_prints_a_line_per_topic_and_exits_2_on_what_it_refuses(
     done = _command(*_doc_example(source, tmp_path / "dst"))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("audit: ledger 1, 1 parts, ") and lines[2].startswith("orders: ledger 2, 2 parts, ")
+    assert lines[0].startswith("audit: ledger 1, 1 part, ") and lines[2].startswith("orders: ledger 2, 2 parts, ")
     assert lines[1] == "gone: skipped: its deletion is pending on SRC"
     assert lines[3].startswith("total: 2 of 3 topics copied, 3 parts, ")
     assert _entries(LedgerStore(tmp_path / "dst"), "orders") == _entries(LedgerStore(source), "orders")
