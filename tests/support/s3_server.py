@@ -148,6 +148,11 @@ class S3Server:
                   "secret_access_key": SECRET_KEY, **changes}
         return S3Options(**fields)
 
+    def daemon_conf(self, **changes: str) -> dict[str, str]:
+        """The broker.conf keys of a daemon whose root is on this server (its ``compactedLedgerRoot`` apart)."""
+        return {"s3Region": REGION, "s3Endpoint": self.endpoint, "s3AccessKeyId": ACCESS_KEY,
+                "s3SecretAccessKey": SECRET_KEY, **changes}
+
     def store(self, prefix: str | None = None, *, endpoint: str | None = None, bucket: str = BUCKET,
               options: S3Options | None = None, **kwargs: Any) -> S3Store:
         """A store on this server under ``prefix`` (a fresh one by default); ``endpoint`` reaches the server
