@@ -386,6 +386,10 @@ class LedgerStore:
         Only safe while nothing is being written, i.e. at ``open()`` (``sweep`` is for later). Without
         ``CURRENT``, a finalized ledger (one with a manifest) is never removed: ``open()`` quarantines it.
 
+        No age margin, unlike ``sweep``, on any root: a previous daemon's executors may still upload into a
+        ledger removed here, but ledger ids are never reused, so no ledger of this daemon is hit; what lands
+        later is a new orphan, which the periodic sweep removes once past its margin.
+
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
         self.topic_dir(topic)
