@@ -142,6 +142,12 @@ class Settings:
         "Lease of an object-store root (s3://), in seconds: its daemon renews it every third of this; a second "
         "daemon refuses to start while it is renewed, and takes over one not renewed for this long. A local "
         "root is locked instead.")
+    storage_sweep_interval_seconds: int = _key("storageSweepIntervalSeconds", int_range(60, 86400, or_zero=True),
+        "600", "storage", "How often each topic's folder is swept of what no pointer names (ledgers of runs that "
+        "crashed or were cancelled, unfinished uploads); 0 = only at the start.")
+    storage_sweep_min_age_seconds: int = _key("storageSweepMinAgeSeconds", int_range(60, 604800), "3600",
+        "storage", "The sweep removes only objects and uploads older than this: on a cluster, executors may still "
+        "write after their driver died.")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

@@ -67,18 +67,19 @@ def _text(raw: str) -> str:
 text = Parser("any text", _text)
 
 
-def int_range(lo: int, hi: int | None = None) -> Parser[int]:
+def int_range(lo: int, hi: int | None = None, *, or_zero: bool = False) -> Parser[int]:
+    """``or_zero``: 0 is allowed too (an "off" below the range)."""
     def convert(raw: str) -> int:
         try:
             value = int(raw.strip())
         except ValueError:
             raise Rejected() from None
-        if value < lo or (hi is not None and value > hi):
+        if (value < lo or (hi is not None and value > hi)) and not (or_zero and value == 0):
             raise Rejected()
         return value
 
     bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
-    return Parser(f"a whole number {bound}", convert)
+    return Parser(f"{'0 or ' if or_zero else ''}a whole number {bound}", convert)
 
 
 def float_range(lo: float, hi: float) -> Parser[float]:

@@ -142,6 +142,13 @@ class Metrics:
         self.storage_request_seconds = Histogram(
             "compactord_storage_request_seconds", "Latency of one request to the ledger root's store, by operation",
             ["op"], buckets=_REQUEST_BUCKETS, registry=r)
+        self.swept_objects = Counter("compactord_swept_objects", "Objects the periodic sweep of the ledger root "
+                                     "removed (of ledgers no pointer names, temporary files)", registry=r)
+        self.swept_bytes = Counter("compactord_swept_bytes", "Bytes of the objects the periodic sweep removed",
+                                   registry=r)
+        self.swept_uploads = Counter("compactord_swept_uploads", "Unfinished uploads the periodic sweep aborted",
+                                     registry=r)
+        self.sweeps = Counter("compactord_sweeps", "Periodic sweeps of the ledger root", ["result"], registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
         if snapshot is not None:
             r.register(_LiveCollector(snapshot))

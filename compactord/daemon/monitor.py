@@ -32,6 +32,7 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.policies import PolicyStore
 from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.sweeper import StorageSweeper
 from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, LedgerCorrupt
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
@@ -147,10 +148,14 @@ class BacklogMonitor:
         self.last_run: float | None = None
         self.topics: dict[str, BrokerTopic] = {}  # what the broker last said of each topic seen
         self._configs_unknown_logged: set[str] = set()
+        self.sweeper = StorageSweeper(settings, store, registry, metrics)  # its timer is this scheduler's
 
     def start(self) -> None:
         self._scheduler.add_job(self._start_pass, "interval", seconds=self._settings.monitor_interval_seconds,
                                 id="backlog-monitor", max_instances=1, coalesce=True)
+        if self._settings.storage_sweep_interval_seconds:  # 0: the start's removal only
+            self._scheduler.add_job(self.sweeper.start_pass, "interval", id="storage-sweep", max_instances=1,
+                                    seconds=self._settings.storage_sweep_interval_seconds, coalesce=True)
         self._scheduler.start()
 
     def _start_pass(self) -> None:
@@ -163,6 +168,7 @@ class BacklogMonitor:
     def stop(self) -> None:
         """No new pass starts; a pass under way ends before its next topic."""
         self._stopping.set()
+        self.sweeper.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
 

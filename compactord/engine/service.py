@@ -3,10 +3,11 @@ pyarrow, and the start of compaction tasks (their work is ``engine/run.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from compactord.engine.resources import EngineResources
@@ -309,6 +310,14 @@ class SparkTopicCompactionService(TopicCompactionService):
         if start:
             ctx.start()
         return ctx
+
+    @contextlib.contextmanager
+    def idle_guard(self) -> Iterator[bool]:
+        """Hold the topic's guard (no task of it starts meanwhile, as in ``delete``); yield whether no task of
+        the topic runs nor is still stopping (a cancelled task's Spark work may still write its ledger)."""
+        with self._lock:
+            task = self._task
+            yield task is None or (task.done and task.worker_done.is_set())
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -1,17 +1,20 @@
 """Removing from the ledger root: durable topic deletion (the ``DELETING`` mark that the next start
-completes) and the orphans a crash leaves (ledgers neither ``CURRENT`` nor its retired list names, temporary
-files). ``LedgerStore`` calls these with the root's store and a checked topic name.
+completes), the orphans a crash leaves (ledgers neither ``CURRENT`` nor its retired list names, temporary
+files), removed at once at the start, and the periodic sweep, which removes the same orphans only once they
+are older than a safety margin (docs/design.md, "The sweep"). ``LedgerStore`` calls these with the root's
+store and a checked topic name.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.files import LEDGER_RE, MANIFEST, TMP_SUFFIX, ledger_dir_name
-from compactord.storage import ObjectStore
+from compactord.storage import ObjectInfo, ObjectStore
 
-__all__ = ["DELETING", "delete_topic", "mark_deleting", "remove_orphans"]
+__all__ = ["DELETING", "Swept", "delete_topic", "mark_deleting", "remove_orphans", "sweep_orphans"]
 
 log = logging.getLogger("compactord.ledger.store")  # one logger for what open() finds
 
@@ -60,3 +63,51 @@ def remove_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer
         else:
             objects.delete(key)
     return sorted(doomed)
+
+
+
+@dataclass
+class Swept:
+    """What a sweep of one topic removed: the keys (a ledger as its prefix), their objects and bytes, and the
+    unfinished uploads it aborted."""
+
+    keys: list[str] = field(default_factory=list)
+    objects: int = 0
+    bytes: int = 0
+    uploads: int = 0
+
+
+def sweep_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer: bool, ceiling: int,
+                  older_than: float) -> Swept:
+    """``remove_orphans`` for a root in use: only the ledgers up to ``ceiling`` (the highest id under the topic
+    when no task of it ran: a task that starts later allocates a higher one) whose every object was last
+    written before ``older_than`` (UTC seconds), and temporary files that old."""
+    swept = Swept()
+    doomed: list[tuple[str, list[ObjectInfo]]] = []
+    for child in objects.children(f"{topic}/"):
+        name = child.rstrip("/")
+        match = LEDGER_RE.fullmatch(name) if child.endswith("/") else None
+        if match is not None and int(match.group(1)) not in keep and int(match.group(1)) <= ceiling:
+            found = objects.list(f"{topic}/{name}/")
+            if not has_pointer and any(info.key.endswith(f"/{MANIFEST}") for info in found):
+                continue  # a finalized ledger without CURRENT: the next start quarantines it
+            if all(info.modified < older_than for info in found):
+                doomed.append((f"{topic}/{name}/", found))
+        elif match is None and name.endswith(TMP_SUFFIX):  # an older version's CURRENT.tmp
+            info = objects.head(f"{topic}/{name}")
+            if info is not None and info.modified < older_than:
+                doomed.append((info.key, [info]))
+    for ledger_id in sorted(keep):
+        doomed += [(info.key, [info]) for info in objects.list(f"{topic}/{ledger_dir_name(ledger_id)}/")
+                   if info.key.endswith(TMP_SUFFIX) and info.modified < older_than]
+    for key, infos in sorted(doomed, key=lambda item: item[0]):
+        log.warning("sweeping orphan %s of topic %r (%d objects, %d bytes; kept: %s)", key, topic, len(infos),
+                    sum(i.size for i in infos), sorted(keep) or "none")
+        if key.endswith("/"):
+            objects.delete_prefix(key)
+        else:
+            objects.delete(key)
+        swept.keys.append(key)
+        swept.objects += len(infos)
+        swept.bytes += sum(info.size for info in infos)
+    return swept

@@ -408,8 +408,12 @@ class LedgerStore:
         """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;
         return their keys (a ledger's ending in ``/``).
 
-        Only safe while nothing is being written, i.e. at ``open()``. Without ``CURRENT``, a finalized
-        ledger (one with a manifest) is never removed: ``open()`` quarantines it.
+        Only safe while nothing is being written, i.e. at ``open()`` (``sweep`` is for later). Without
+        ``CURRENT``, a finalized ledger (one with a manifest) is never removed: ``open()`` quarantines it.
+
+        No age margin, unlike ``sweep``, on any root: a previous daemon's executors may still upload into a
+        ledger removed here, but ledger ids are never reused, so no ledger of this daemon is hit; what lands
+        later is a new orphan, which the periodic sweep removes once past its margin.
 
         :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
         """
@@ -417,6 +421,20 @@ class LedgerStore:
         pointer = self.pointer(topic)
         keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
         return removal.remove_orphans(self.objects, topic, keep, pointer.ledger is not None)
+
+    def sweep(self, topic: str, ceiling: int, older_than: float) -> removal.Swept:
+        """Remove what ``remove_orphans`` would, on a root in use: only ledgers with an id up to ``ceiling``
+        (the highest under the topic while no task of it ran), and only objects last written before
+        ``older_than`` (UTC seconds); then abort the topic's unfinished uploads begun before then.
+
+        :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
+        """
+        self.topic_dir(topic)
+        pointer = self.pointer(topic)
+        keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
+        swept = removal.sweep_orphans(self.objects, topic, keep, pointer.ledger is not None, ceiling, older_than)
+        swept.uploads = self.objects.abort_uploads(f"{topic}/", older_than)
+        return swept
 
     def ledger_key(self, topic: str, ledger_id: int) -> str:
         """The key prefix of a ledger's objects without its last ``/`` (``<topic>/ledger-<id>``): the folder

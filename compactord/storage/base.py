@@ -156,6 +156,13 @@ class ObjectStore(ABC):
         """Remove what writes an interrupted process left unfinished (a local root's temporary files, an object
         store's incomplete uploads). Called by the root's one writer when it opens the root, before it writes."""
 
+    def abort_uploads(self, prefix: str, started_before: float) -> int:
+        """Abort the unfinished uploads under ``prefix`` begun before ``started_before`` (UTC seconds); return how
+        many. ``recover`` for a root in use: a younger upload may be a live writer's (a store that writes an
+        object in one request has none)."""
+        check_prefix(prefix)
+        return 0
+
     def delete_many(self, keys: Iterable[str]) -> None:
         """``delete`` each of ``keys`` (a backend with a batch call overrides this)."""
         for key in keys:

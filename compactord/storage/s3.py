@@ -274,14 +274,25 @@ class S3Store(ObjectStore):
 
     def recover(self) -> None:
         """Abort the multipart uploads under the root that a process left unfinished."""
-        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._base}
+        for upload in self._uploads(""):
+            self._abort(upload["Key"], upload["UploadId"])
+
+    def abort_uploads(self, prefix: str, started_before: float) -> int:
+        check_prefix(prefix)
+        old = [u for u in self._uploads(prefix) if _seconds(u["Initiated"]) < started_before]
+        for upload in old:
+            self._abort(upload["Key"], upload["UploadId"])
+        return len(old)
+
+    def _uploads(self, prefix: str) -> Iterable[dict[str, Any]]:
+        """The unfinished multipart uploads under ``prefix`` (keys in full, with the root's prefix)."""
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._base + prefix}
         while True:
             try:
                 page = self._io.read("list", lambda c: c.list_multipart_uploads(**args))
             except RequestFailed as failed:
                 raise self._io.unavailable("listing unfinished uploads", failed) from failed.exc
-            for upload in page.get("Uploads", []):
-                self._abort(upload["Key"], upload["UploadId"])
+            yield from page.get("Uploads", [])
             if not page.get("IsTruncated"):
                 return
             args["KeyMarker"] = page.get("NextKeyMarker", "")

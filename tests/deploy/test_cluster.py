@@ -1,8 +1,9 @@
 """Scale-out: the daemon's compactions on a real standalone Spark cluster give the local-mode result.
 
 A Master and two Workers from the pyspark distribution (``bin/spark-class``: the pip package has no
-start scripts) run on loopback, each Worker with its own work and local folders; the daemon runs as its own
-process with ``sparkMaster=spark://...`` and a ledger root on the local disk. The same topic is
+start scripts) run on loopback, each Worker with its own work and local folders, one cluster for the module;
+the daemon runs as its own process with ``sparkMaster=spark://...`` and a ledger root on the local disk, or
+on S3 (the session's SeaweedFS: then no folder at all is shared). The same topic is
 compacted in local mode by the in-process engine; both ledgers must hold the same entries and horizon.
 The driver and its tasks on the executors talk over the driver's channel only: an incremental run's early
 tasks get their plan, a throttled run's tasks get a larger share as others end, a cancel stops a run, and
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from compactord.embedded import free_port
 from compactord.model import Entry
 from tests.support.channel import control_files
 from tests.support.daemon import DaemonProcess, compact, status, write_conf
+from tests.support.s3_server import BUCKET
 from tests.support.service import compact as compact_here
 from tests.support.service import entries
 from tests.support.timeouts import TASK_TIMEOUT_S
@@ -135,6 +139,16 @@ class StandaloneCluster:
             process.wait(10)
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """One cluster for the module's daemons (each its own application): a cluster start costs tens of seconds."""
+    started = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+
+
 def _row(entry: Entry) -> Row:
     headers = tuple((k, v or b"") for k, v in entry.headers)
     return entry.partition, entry.offset, entry.key, entry.value, entry.timestamp, headers
@@ -187,10 +201,10 @@ def local_mode_ledger(make_factory: Any, root: Path, topic: str) -> tuple[dict[i
 
 
 def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker: Any, tmp_path: Path,
+                                                              cluster: StandaloneCluster,
                                                               request: pytest.FixtureRequest) -> None:
     topic = kafka.topic(partitions=PARTITIONS, prefix="cluster")
     produce_mixed(kafka, topic)
-    cluster = StandaloneCluster(tmp_path / "spark-cluster")
     port = free_port()
     token = "cluster-token"
     conf = write_conf(tmp_path / "broker.conf", {
@@ -209,23 +223,18 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     })
     daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "cluster-ledgers", token)
     try:
-        cluster.start()
         daemon.start()
         # While the daemon's session starts on the cluster, the reference: local mode, in this process
         # (asked for only now, so that a first start of the test session's Spark overlaps the daemon's).
         local_horizon, local_rows = local_mode_ledger(request.getfixturevalue("make_factory"),
                                                       tmp_path / "local-ledgers", topic)
         daemon.wait_ready()
-        (app,) = [a for a in cluster.status()["activeapps"] if a["name"] == "compactord"]
-        assert app["cores"] >= 1, f"the daemon's application got no executor cores: {app}"
+        app = _application(cluster)
         compact(daemon, topic)
         cluster_horizon, cluster_rows = ledger_over_http(daemon, topic)
         seen = over_the_channel(kafka, daemon, topic, tmp_path / "cluster-ledgers")
     finally:
-        try:
-            code = daemon.stop()
-        finally:
-            cluster.stop()
+        code = daemon.stop()
 
     log = daemon.log_text()
     assert code == 0, f"SIGTERM should stop the daemon and its cluster application cleanly (exit code {code})"
@@ -245,10 +254,92 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     assert not seen, f"control files under the ledger root: {seen}"
 
 
-def watch(daemon: DaemonProcess, topic: str, root: Path, seen: list[Path], *states: str) -> dict[str, Any]:
-    """The topic's status once it is in one of ``states``, noting any control file under ``root`` meanwhile."""
+def test_compaction_on_a_standalone_cluster_into_an_s3_root(kafka: Any, broker: Any, s3_server: Any, tmp_path: Path,
+                                                            cluster: StandaloneCluster,
+                                                            request: pytest.FixtureRequest) -> None:
+    topic = kafka.topic(partitions=PARTITIONS, prefix="cluster-s3")
+    produce_mixed(kafka, topic)
+    prefix = f"cluster-{uuid.uuid4().hex[:12]}"
+    driver_dir = tmp_path / "driver"  # the daemon's working directory: no worker's
+    driver_dir.mkdir()
+    port = free_port()
+    token = "cluster-token"
+    conf = write_conf(tmp_path / "broker.conf", {
+        "kafkaBootstrapServers": broker.bootstrap,
+        "compactedLedgerRoot": f"s3://{BUCKET}/{prefix}",
+        **s3_server.daemon_conf(),
+        "httpPort": str(port),
+        "httpAuthToken": token,
+        "sparkMaster": cluster.master_url,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.executor.memory": "1g",
+        "spark.cores.max": "2",
+        "compactionTopicsPattern": topic,
+        "brokerServiceCompactionThresholdInBytes": "0",
+    })
+    daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, driver_dir / "ledgers", token, workdir=driver_dir)
+    try:
+        daemon.start()
+        local_horizon, local_rows = local_mode_ledger(request.getfixturevalue("make_factory"),
+                                                      tmp_path / "local-ledgers", topic)
+        daemon.wait_ready()
+        app = _application(cluster)
+        compact(daemon, topic)
+        cluster_horizon, cluster_rows = ledger_over_http(daemon, topic)
+        cancelled = cancel_mid_run(kafka, daemon)
+        store = s3_server.store(prefix)
+        # The cancelled run's partial ledger is removed once its work has stopped.
+        wait_for(lambda: not [n for n in store.children(f"{cancelled}/") if n.startswith("ledger-")],
+                 TASK_TIMEOUT_S, "the cancelled run's ledger to be removed", daemon)
+    finally:
+        code = daemon.stop()
+
+    assert code == 0, f"SIGTERM should stop the daemon and its cluster application cleanly (exit code {code})"
+    assert "must be a path every executor and this daemon can reach" not in daemon.log_text()
+    assert cluster_horizon == local_horizon
+    assert cluster_rows == local_rows
+    keys = [info.key for info in store.list(f"{topic}/")]
+    assert f"{topic}/CURRENT" in keys and any(k.endswith(".parquet") for k in keys)
+    for worker in range(WORKERS):
+        work = cluster.work_dir(worker)
+        assert not work.is_relative_to(driver_dir) and not driver_dir.is_relative_to(cluster.workdir)
+        assert list(work.glob(f"{app['id']}/*/stderr")), f"no executor ran on worker {worker}"
+    # The parts went to the bucket: none is left on a worker's disk, nor any root folder beside the driver.
+    assert not list(cluster.workdir.rglob("*.parquet")), "a part was left on a worker's disk"
+    assert not (driver_dir / "ledgers").exists() and not (driver_dir / "s3:").exists()
+
+
+def _application(cluster: StandaloneCluster) -> dict[str, Any]:
+    """The daemon's application on the cluster, with executor cores."""
+    (app,) = [a for a in cluster.status()["activeapps"] if a["name"] == "compactord"]
+    assert app["cores"] >= 1, f"the daemon's application got no executor cores: {app}"
+    return app  # type: ignore[no-any-return]
+
+
+def cancel_mid_run(kafka: Any, daemon: DaemonProcess) -> str:
+    """A throttled compaction of a new topic, cancelled while its tasks read; the topic's name."""
+    throttled = kafka.topic(partitions=2, prefix="cancelled")
+    kafka.produce(throttled, THROTTLED)
+    policy = daemon.http.put(f"/v1/topics/{throttled}/policies", json={"maxReadBytesPerSecond": CAP})
+    assert policy.status_code == 200, policy.text
+    assert daemon.http.put(f"/v1/topics/{throttled}/compaction").status_code == 202
+    wait_for(lambda: status(daemon, throttled)["progress"]["records_read"] > 0, TASK_TIMEOUT_S,
+             "the throttled run to read", daemon, interval=0.05)
+    cancel = daemon.http.delete(f"/v1/topics/{throttled}/compaction")
+    assert cancel.status_code in (200, 202), cancel.text
+    final = watch(daemon, throttled, None, [], "Succeed", "Failed", "Cancelled")
+    assert final["state"] == "Cancelled", final
+    assert final["progress"]["records_read"] < len(THROTTLED), "the run had read everything: not mid-run"
+    return throttled
+
+
+def watch(daemon: DaemonProcess, topic: str, root: Path | None, seen: list[Path], *states: str) -> dict[str, Any]:
+    """The topic's status once it is in one of ``states``, noting any control file under ``root`` (if any)
+    meanwhile."""
     def reached() -> dict[str, Any] | None:
-        seen.extend(control_files(root))
+        if root is not None:
+            seen.extend(control_files(root))
         found = status(daemon, topic)
         return found if found["state"] in states else None
 

@@ -73,6 +73,8 @@ def test_settings_are_frozen() -> None:
         ("kafkaBootstrapServers", "nohost", "host:port"),
         ("kafkaBootstrapServers", "a:1,b:99999", "host:port"),
         ("httpBindAddress", "example.com", "IP address"),
+        ("storageSweepIntervalSeconds", "30", "0 or a whole number from 60 to 86400"),
+        ("storageSweepMinAgeSeconds", "0", "a whole number from 60 to 604800"),
         ("compactionEventTimeSource", "header:", "header:NAME"),
         ("compactionEventTimeSource", "offset", "header:NAME"),
     ],
@@ -86,6 +88,11 @@ def test_bad_value_names_key_value_and_what_is_allowed(key: str, value: str, all
     assert key in message
     assert repr(value) in message
     assert allowed in message
+
+
+def test_a_sweep_interval_of_zero_turns_the_periodic_sweep_off() -> None:
+    assert settings(storageSweepIntervalSeconds="0").storage_sweep_interval_seconds == 0
+    assert settings(storageSweepIntervalSeconds="60").storage_sweep_interval_seconds == 60
 
 
 def test_no_key_exists_for_tests_only() -> None:

@@ -1,6 +1,7 @@
 """The process ``test_crash.py`` kills: one compaction of one topic on its own Spark session.
 
-Usage: ``python -m tests.inprocess.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``
+Usage: ``python -m tests.inprocess.engine.crash_child BOOTSTRAP ROOT TOPIC [HOLD]``; the environment
+variable ``CRASH_CHILD_SETTINGS`` (a JSON object of ``Settings`` fields) adds settings, e.g. an S3 root's.
 
 Prints ``STATE <state> <epoch seconds>`` at every state change of the task, ``POINT <name> <epoch
 seconds>`` when the task reaches a pause point (``task.CHECKPOINTS``) and ``END <state>`` at the end
@@ -10,10 +11,14 @@ HOLD the task waits for a line on stdin (the parent kills it there instead).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 import time
 from typing import Any
+
+SETTINGS_ENV = "CRASH_CHILD_SETTINGS"
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +40,9 @@ def main(argv: list[str]) -> int:
         spark_master="local[2]",
         # Small and quiet, to start fast: the parent pays one session start per kill.
         spark_conf={"spark.ui.enabled": "false", "spark.driver.memory": "512m"},
+        **json.loads(os.environ.get(SETTINGS_ENV, "{}")),
     )
+
     def on_state(_ctx: CompactionTaskCtx, _old: TaskState, new: TaskState) -> Any:
         print(f"STATE {new.value} {time.time():.3f}", flush=True)
 
