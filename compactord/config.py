@@ -138,6 +138,9 @@ class Settings:
         "aws:kms (with s3KmsKeyId, or the account's default key).")
     s3_kms_key_id: str = _key("s3KmsKeyId", text, "", "storage",
         "KMS key (id, ARN or alias) for s3ServerSideEncryption=aws:kms.")
+    storage_metadata_cache_bytes: int = _key("storageMetadataCacheBytes", int_range(0, 4 * 1024 ** 3), "67108864",
+        "storage", "Bytes of memory for the Parquet footers of ledger files (kept once read: a page read is then "
+        "one ranged read per row group, no footer read); 0 turns the cache off, at most 4 GiB.")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from compactord.ledger import footer_cache
 from compactord.task import CompactionTaskCtx, TaskState
 
 __all__ = ["Metrics"]
@@ -52,6 +53,22 @@ class _LiveCollector(Collector):
             "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
             value=snap.get("quarantined", 0),
         )
+
+
+class _FooterCacheCollector(Collector):
+    """The daemon's footer cache (``ledger.footer_cache.SHARED``), read at scrape time."""
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = footer_cache.SHARED.stats()
+        lookups = CounterMetricFamily(
+            "compactord_storage_metadata_cache_lookups",
+            "Lookups of ledger files' Parquet footers in the footer cache, by result (hit, miss: read from the "
+            "store)", labels=["result"])
+        lookups.add_metric(["hit"], stats.hits)
+        lookups.add_metric(["miss"], stats.misses)
+        yield lookups
+        yield GaugeMetricFamily("compactord_storage_metadata_cache_bytes",
+                                "Bytes the footer cache holds (at most storageMetadataCacheBytes)", value=stats.bytes)
 
 
 class Metrics:
@@ -143,6 +160,7 @@ class Metrics:
             "compactord_storage_request_seconds", "Latency of one request to the ledger root's store, by operation",
             ["op"], buckets=_REQUEST_BUCKETS, registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
+        r.register(_FooterCacheCollector())
         if snapshot is not None:
             r.register(_LiveCollector(snapshot))
 
