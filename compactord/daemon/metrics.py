@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from compactord.ledger import footer_cache
 from compactord.task import CompactionTaskCtx, TaskState
+from compactord.task_report import count_request
 
 __all__ = ["Metrics"]
 
@@ -194,6 +195,7 @@ class Metrics:
     def storage_request(self, op: str, seconds: float) -> None:
         """The store's observer (``open_store(..., observer=metrics.storage_request)``): one request done."""
         self.storage_requests.labels(op).inc()
+        count_request(op)  # and for the run that made it (``TaskStats.storage_requests``)
         self.storage_request_seconds.labels(op).observe(seconds)
 
     def forget(self, topic: str) -> None:

@@ -31,6 +31,7 @@ from compactord.interfaces import OrderedCompactionStrategy
 from compactord.ledger.reader import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
+from compactord.task_report import counting_requests
 
 __all__ = ["CompactionRun"]
 
@@ -59,6 +60,10 @@ class CompactionRun:
         self.key_ttl_ms = 0  # fixed when the task starts, as its other limits
 
     def __call__(self) -> None:
+        with counting_requests(self.ctx.stats.storage_requests):  # the store's requests made for the run
+            self._run()
+
+    def _run(self) -> None:
         ctx = self.ctx
         new_ledger: int | None = None
         switched = False
