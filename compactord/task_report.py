@@ -55,6 +55,7 @@ class RequestCounts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._final = False
 
     def __repr__(self) -> str:
         return f"RequestCounts({self.snapshot()})"
@@ -64,7 +65,15 @@ class RequestCounts:
 
     def add(self, op: str) -> None:
         with self._lock:
-            self._counts[op] = self._counts.get(op, 0) + 1
+            if not self._final:
+                self._counts[op] = self._counts.get(op, 0) + 1
+
+    def final(self) -> dict[str, int]:
+        """The counts, fixed from now on: what the run's thread does after its end (writing its history
+        record) is not the run's."""
+        with self._lock:
+            self._final = True
+        return self.snapshot()
 
     def snapshot(self) -> dict[str, int]:
         """The counts so far, by operation in name order."""

@@ -98,7 +98,7 @@ class RunRecord:
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
             full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped,
             error=_cut(ctx.error), error_type=ctx.error_type, spilled_bytes=stats.spilled_bytes,
-            task_cpu_ratio=stats.task_cpu_ratio, storage_requests=stats.storage_requests.snapshot(),
+            task_cpu_ratio=stats.task_cpu_ratio, storage_requests=stats.storage_requests.final(),
         )
 
     def to_json(self) -> dict[str, Any]:
