@@ -14,19 +14,17 @@ size and CRC-32C the ledger's manifest lists, so a key written again with other 
 
 from __future__ import annotations
 
-import io
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compactord.errors import InvalidArgument, ObjectNotFound
 from compactord.storage import ObjectStore
+from compactord.storage.base import RangedFile
 
 __all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES", "Footer", "FooterCache", "SHARED", "load_footer", "read_row_group"]
 
@@ -139,7 +137,7 @@ def load_footer(objects: ObjectStore, key: str, size: int | None = None) -> Foot
         size = info.size
     start = max(0, size - _TAIL_BYTES)
     tail = objects.get(key, start, size)
-    with pa.PythonFile(_Window(objects, key, size, start, tail), mode="r") as source:
+    with pa.PythonFile(RangedFile(objects, key, size, start, tail), mode="r") as source:
         metadata = pq.read_metadata(source)
     return Footer(size, metadata, tuple(_span(metadata.row_group(i)) for i in range(metadata.num_row_groups)))
 
@@ -152,7 +150,7 @@ def read_row_group(objects: ObjectStore, key: str, footer: Footer, index: int) -
     """
     start, end = footer.spans[index]
     data = objects.get(key, start, end)
-    with pa.PythonFile(_Window(objects, key, footer.size, start, data), mode="r") as source, \
+    with pa.PythonFile(RangedFile(objects, key, footer.size, start, data), mode="r") as source, \
             pq.ParquetFile(source, metadata=footer.metadata) as pf:
         return pf.read_row_group(index, use_threads=False)
 
@@ -168,52 +166,3 @@ def _span(rg: pq.RowGroupMetaData) -> tuple[int, int]:
         starts.append(first)
         ends.append(first + chunk.total_compressed_size)
     return (min(starts), max(ends)) if starts else (0, 0)
-
-
-class _Window(io.RawIOBase):
-    """A read-only, seekable file of ``size`` bytes whose bytes ``[start, start + len(data))`` are in memory;
-    a read elsewhere (never, for what ``read_row_group`` and ``load_footer`` ask) is a ranged read of the store."""
-
-    def __init__(self, objects: ObjectStore, key: str, size: int, start: int, data: bytes) -> None:
-        super().__init__()
-        self._objects, self._key, self._size = objects, key, size
-        self._start, self._data, self._pos = start, memoryview(data), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"a negative position: {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def read(self, n: int = -1) -> bytes:
-        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
-        if end <= self._pos:
-            return b""
-        lo, hi = self._pos - self._start, end - self._start
-        if lo >= 0 and hi <= len(self._data):
-            data: bytes = self._data[lo:hi].tobytes()
-        else:
-            data = self._objects.get(self._key, self._pos, end)
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        memoryview(buffer)[:len(data)] = data
-        return len(data)
