@@ -181,7 +181,7 @@ class RangedFile(io.RawIOBase):
     def __init__(self, objects: ObjectStore, key: str, size: int, start: int = 0, data: bytes = b"") -> None:
         super().__init__()
         self._objects, self._key, self._size = objects, key, size
-        self._start, self._data, self._pos = start, memoryview(data), 0
+        self._start, self._bytes, self._data, self._pos = start, data, memoryview(data), 0
 
     def readable(self) -> bool:
         return True
@@ -207,8 +207,10 @@ class RangedFile(io.RawIOBase):
         if end <= self._pos:
             return b""
         lo, hi = self._pos - self._start, end - self._start
-        if lo >= 0 and hi <= len(self._data):
-            data: bytes = self._data[lo:hi].tobytes()
+        if lo == 0 and hi == len(self._bytes):
+            data = self._bytes  # all of it (what a row group's read asks): no copy
+        elif lo >= 0 and hi <= len(self._data):
+            data = self._data[lo:hi].tobytes()
         else:
             data = self._objects.get(self._key, self._pos, end)
         self._pos += len(data)
