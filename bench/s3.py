@@ -12,7 +12,7 @@ It starts the bundled broker, a SeaweedFS (``weed mini``, as the tests' ``S3Serv
 100-byte values, 2% tombstones), then ``--runs`` times, alternating, a full compaction (``rebuild=true``) by
 each daemon; then ``--runs`` times 10% more records and an incremental compaction by the S3 daemon; then the
 read API of the S3 daemon (``read_api.measure``: pages of 1,000 and ``/last``). A run's time is its task's
-``finished_at - started_at``; its requests are its history record's ``storage_requests`` (the driver's).
+``finished_at - started_at``; its requests are its history record's ``storage_requests`` (the driver's and its reading tasks').
 
 It prints, side by side: each run's seconds and requests by operation, the S3 server's CPU seconds (its
 ``/proc/<pid>/stat``) during the full runs, the incremental runs and the reads, the daemon's GETs per read,
@@ -159,8 +159,8 @@ def main() -> int:
         (page50, page99), (last50, last99) = reads["page"], reads["last"]
         print(f"full compaction s: local {local_full:.2f}, S3 {s3_full:.2f} (medians of {args.runs})")
         print(f"incremental compaction s on S3: {s3_incremental:.2f}")
-        print(f"S3 requests per full compaction (driver): {requests_line(full_requests)}")
-        print(f"S3 requests per incremental compaction (driver): {requests_line(incremental_requests)}")
+        print(f"S3 requests per full compaction: {requests_line(full_requests)}")
+        print(f"S3 requests per incremental compaction: {requests_line(incremental_requests)}")
         print(f"S3 reads: page{PAGE}_ms p50={page50:.1f} p99={page99:.1f}  last_ms p50={last50:.1f} p99={last99:.1f}"
               f"  store GETs per read {gets_per_read:.2f}")
         print(f"S3 server CPU s: full runs {s3_cpu['full']:.1f}, incremental runs {s3_cpu['incremental']:.1f}, "

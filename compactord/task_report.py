@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -68,6 +68,13 @@ class RequestCounts:
             if not self._final:
                 self._counts[op] = self._counts.get(op, 0) + 1
 
+    def add_counts(self, counts: Mapping[str, int]) -> None:
+        """Add counts made elsewhere (the reading tasks', from their reports)."""
+        with self._lock:
+            if not self._final:
+                for op, n in counts.items():
+                    self._counts[op] = self._counts.get(op, 0) + n
+
     def final(self) -> dict[str, int]:
         """The counts, fixed from now on: what the run's thread does after its end (writing its history
         record) is not the run's."""
@@ -92,7 +99,8 @@ def counting_requests(counts: RequestCounts) -> Iterator[None]:
     try:
         yield
     finally:
-        _COUNTING.reset(token)
+        with contextlib.suppress(ValueError):  # a generator's block closed in another context: nothing set there
+            _COUNTING.reset(token)
 
 
 def count_request(op: str) -> None:
@@ -126,8 +134,8 @@ class TaskStats:
     recreated: bool = False  # rebuilt in full because the topic's log is a new one
     early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
     switch_warning: str | None = None  # the switch committed, then a step after it failed
-    # The requests the run made to an object store's root on the driver, by operation (the reading tasks'
-    # own are not counted; a local root's are not either).
+    # The requests the run made to an object store's root, by operation: the driver's, and those the reading
+    # tasks report (a local root's are not counted).
     storage_requests: RequestCounts = field(default_factory=RequestCounts)
 
     @property

@@ -362,6 +362,7 @@ class CompactionRun:
             manifest.markers
         stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
         stats.spilled_bytes = tail.spilled_bytes
+        stats.storage_requests.add_counts(tail.storage_requests)
         stats.task_cpu_seconds, stats.task_wall_seconds = tail.cpu_seconds, tail.wall_seconds
         stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
         stats.recreated = plan.recreated

@@ -25,11 +25,11 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: An
     records = [(f"k{i % 40}", f"v{i}") for i in range(200)]
     kafka.produce(topic, records)
     final = compact(daemon, topic)
-    # The run's requests to the bucket, by operation: the manifest's put and the pointer's conditional write at
-    # least, in its status and in its history record.
+    # The run's requests to the bucket, by operation: the reading tasks' part uploads, the driver's manifest put
+    # and pointer write at least, in its status and in its history record.
     requests = final["storage_requests"]
     pointer = requests.get("put_if_absent", 0) + requests.get("put_if_match", 0)
-    assert requests.get("put", 0) >= 1 and pointer >= 1 and requests.get("list", 0) >= 1, requests
+    assert requests.get("put_file", 0) >= 1 and requests.get("put", 0) >= 1 and pointer >= 1, requests
     runs = daemon.http.get(f"/v1/topics/{topic}/history").json()["runs"]
     assert [run["task_id"] for run in runs] == [final["task_id"]]
     assert runs[0]["storage_requests"]["put"] >= 1 and runs[0]["storage_requests"] == requests
