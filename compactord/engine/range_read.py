@@ -90,9 +90,9 @@ class RangeReadTask:
             (spec["write_to"], DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
+        self._requests = RequestCounts()  # its requests to the ledger root's store, reported with its progress
         # Final reads, publishing-order: each window's last rows by key, in memory up to a budget, then on
         # the executor's local disk.
-        self._requests = RequestCounts()
         self._settled = SettledWindows(int(spec.get("window_memory_bytes", MEMORY_BUDGET_BYTES)), self._check_cancel)
         # publishing-order: each key's last record so far (``latest_records``).
         self._latest = LatestRecords(self.columns, self._settled, final=self.final,
