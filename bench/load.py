@@ -43,20 +43,21 @@ PARTITIONS = 4
 
 
 @contextlib.contextmanager
-def daemon_process(work: Path, bootstrap: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def daemon_process(work: Path, bootstrap: str, conf: dict[str, str] | None = None,
+                   ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A daemon (``compactord run`` as a subprocess, its own ledger root and log under ``work``) on a free
-    loopback port, ready for compactions: (its process, its base URL). Stopped on exit, with its Spark JVM
-    (its own process group) if it does not end within a minute."""
+    loopback port, ready for compactions: (its process, its base URL). ``conf``: broker.conf keys that replace
+    or add to the bench's. Stopped on exit, with its Spark JVM (its own process group) if it does not end
+    within a minute."""
     port = free_port()
-    conf = work / "broker.conf"
-    conf.write_text("\n".join([
-        f"kafkaBootstrapServers={bootstrap}", f"compactedLedgerRoot={work / 'ledgers'}",
-        f"httpPort={port}", "sparkMaster=local[2]", "compactionTopicsPattern=(?!)",
-        "brokerServiceCompactionThresholdInBytes=0",
-    ]) + "\n")
+    keys = {"kafkaBootstrapServers": bootstrap, "compactedLedgerRoot": str(work / "ledgers"), "httpPort": str(port),
+            "sparkMaster": "local[2]", "compactionTopicsPattern": "(?!)", "brokerServiceCompactionThresholdInBytes": "0",
+            **(conf or {})}
+    conf_file = work / "broker.conf"
+    conf_file.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
     base = f"http://127.0.0.1:{port}"
     with open(work / "daemon.log", "wb") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "compactord", "run", "--config", str(conf)],
+        daemon = subprocess.Popen([sys.executable, "-m", "compactord", "run", "--config", str(conf_file)],
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             with httpx.Client(base_url=base, timeout=60) as client:

@@ -148,6 +148,9 @@ class Settings:
     storage_sweep_min_age_seconds: int = _key("storageSweepMinAgeSeconds", int_range(60, 604800), "3600",
         "storage", "The sweep removes only objects and uploads older than this: on a cluster, executors may still "
         "write after their driver died.")
+    storage_metadata_cache_bytes: int = _key("storageMetadataCacheBytes", int_range(0, 4 * 1024 ** 3), "67108864",
+        "storage", "Bytes of memory for the Parquet footers of ledger files (kept once read: a page read is then "
+        "one ranged read per row group, no footer read); 0 turns the cache off, at most 4 GiB.")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

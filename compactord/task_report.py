@@ -5,9 +5,13 @@ state machine that carries them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
-__all__ = ["REASON_KINDS", "Progress", "Reason", "TaskStats"]
+__all__ = ["REASON_KINDS", "Progress", "Reason", "RequestCounts", "TaskStats", "count_request", "counting_requests"]
 
 
 #: Why a task runs (``Reason.kind``): a fixed set, so that it can label a metric.
@@ -44,6 +48,68 @@ class Reason:
         return cls(fired[0].kind, "; ".join(r.detail for r in fired if r.detail))
 
 
+class RequestCounts:
+    """Requests to the ledger root's store, by operation (``list``, ``get``, ``put``, ...), counted as they are
+    made: thread-safe, and readable while a run still counts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._final = False
+
+    def __repr__(self) -> str:
+        return f"RequestCounts({self.snapshot()})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RequestCounts) and self.snapshot() == other.snapshot()
+
+    def add(self, op: str) -> None:
+        with self._lock:
+            if not self._final:
+                self._counts[op] = self._counts.get(op, 0) + 1
+
+    def add_counts(self, counts: Mapping[str, int]) -> None:
+        """Add counts made elsewhere (the reading tasks', from their reports)."""
+        with self._lock:
+            if not self._final:
+                for op, n in counts.items():
+                    self._counts[op] = self._counts.get(op, 0) + n
+
+    def final(self) -> dict[str, int]:
+        """The counts, fixed from now on: what the run's thread does after its end (writing its history
+        record) is not the run's."""
+        with self._lock:
+            self._final = True
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far, by operation in name order."""
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+
+# The counts of the run whose thread makes a request; None outside a run (the API's reads, the monitor).
+_COUNTING: ContextVar[RequestCounts | None] = ContextVar("compactord_run_requests", default=None)
+
+
+@contextlib.contextmanager
+def counting_requests(counts: RequestCounts) -> Iterator[None]:
+    """Within the block, the store requests made on this thread (``count_request``) are added to ``counts``."""
+    token = _COUNTING.set(counts)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # a generator's block closed in another context: nothing set there
+            _COUNTING.reset(token)
+
+
+def count_request(op: str) -> None:
+    """One request of ``op`` to the store (the store's observer calls it): counted for the run that made it."""
+    counts = _COUNTING.get()
+    if counts is not None:
+        counts.add(op)
+
+
 @dataclass(slots=True)
 class TaskStats:
     """What a task's run did (for metrics, the status and the monitor's size estimate).
@@ -68,6 +134,9 @@ class TaskStats:
     recreated: bool = False  # rebuilt in full because the topic's log is a new one
     early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
     switch_warning: str | None = None  # the switch committed, then a step after it failed
+    # The requests the run made to an object store's root, by operation: the driver's, and those the reading
+    # tasks report (a local root's are not counted).
+    storage_requests: RequestCounts = field(default_factory=RequestCounts)
 
     @property
     def task_cpu_ratio(self) -> float | None:

@@ -129,6 +129,7 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
         "full_rebuild": ctx.stats.full_rebuild,
         "recreated": ctx.stats.recreated,
+        "storage_requests": ctx.stats.storage_requests.snapshot(),
         "read_throttle": _read_throttle(ctx),
         "warnings": [ctx.stats.switch_warning] if ctx.stats.switch_warning else [],
     }
@@ -279,6 +280,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "bytes_written": run.bytes_written,
         "spilled_bytes": run.spilled_bytes,
         "task_cpu_ratio": run.task_cpu_ratio,
+        "storage_requests": run.storage_requests,
         "removed": run.removed,
         "ledger_before": run.ledger_before,
         "ledger_after": run.ledger_after,

@@ -42,6 +42,7 @@ from compactord.errors import (
 )
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
+from compactord.ledger import footer_cache
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
 from compactord.storage import open_store
@@ -113,6 +114,7 @@ class Daemon:
         self.settings = settings
         self._jvm_check_timeout_s = jvm_check_timeout_s
         self.metrics = Metrics(snapshot=self._snapshot)  # before the store: it counts the store's requests
+        footer_cache.SHARED.resize(settings.storage_metadata_cache_bytes)  # one cache for every reader
         self.store, deleted = _open_store(settings, self.metrics)
         self.history = RunHistory(self.store.objects, f"{DAEMON_DIR}/{HISTORY_DIR}",
                                   settings.compaction_history_max_runs, settings.compaction_history_max_age_days)

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from compactord.errors import InvalidArgument, ObjectNotFound
@@ -78,6 +78,7 @@ class RunRecord:
     seq: int = 0
     spilled_bytes: int = 0  # what its reading tasks wrote to local disk (a record from before: 0)
     task_cpu_ratio: float | None = None  # its reading tasks' CPU seconds per wall second (TaskStats)
+    storage_requests: dict[str, int] = field(default_factory=dict)  # by operation (TaskStats; before: {})
 
     @classmethod
     def of_task(cls, ctx: CompactionTaskCtx, final: TaskState) -> RunRecord:
@@ -97,7 +98,7 @@ class RunRecord:
             ledger_after=ctx.ledger_id if ctx.ledger_id is not None else ctx.previous_ledger_id,
             full_rebuild=stats.full_rebuild, recreated=stats.recreated, skipped=stats.skipped,
             error=_cut(ctx.error), error_type=ctx.error_type, spilled_bytes=stats.spilled_bytes,
-            task_cpu_ratio=stats.task_cpu_ratio,
+            task_cpu_ratio=stats.task_cpu_ratio, storage_requests=stats.storage_requests.final(),
         )
 
     def to_json(self) -> dict[str, Any]:

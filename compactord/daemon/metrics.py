@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from compactord.ledger import footer_cache
 from compactord.task import CompactionTaskCtx, TaskState
+from compactord.task_report import count_request
 
 __all__ = ["Metrics"]
 
@@ -52,6 +54,22 @@ class _LiveCollector(Collector):
             "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
             value=snap.get("quarantined", 0),
         )
+
+
+class _FooterCacheCollector(Collector):
+    """The daemon's footer cache (``ledger.footer_cache.SHARED``), read at scrape time."""
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = footer_cache.SHARED.stats()
+        lookups = CounterMetricFamily(
+            "compactord_storage_metadata_cache_lookups",
+            "Lookups of ledger files' Parquet footers in the footer cache, by result (hit, miss: read from the "
+            "store)", labels=["result"])
+        lookups.add_metric(["hit"], stats.hits)
+        lookups.add_metric(["miss"], stats.misses)
+        yield lookups
+        yield GaugeMetricFamily("compactord_storage_metadata_cache_bytes",
+                                "Bytes the footer cache holds (at most storageMetadataCacheBytes)", value=stats.bytes)
 
 
 class Metrics:
@@ -150,6 +168,7 @@ class Metrics:
                                      registry=r)
         self.sweeps = Counter("compactord_sweeps", "Periodic sweeps of the ledger root", ["result"], registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
+        r.register(_FooterCacheCollector())
         if snapshot is not None:
             r.register(_LiveCollector(snapshot))
 
@@ -183,6 +202,7 @@ class Metrics:
     def storage_request(self, op: str, seconds: float) -> None:
         """The store's observer (``open_store(..., observer=metrics.storage_request)``): one request done."""
         self.storage_requests.labels(op).inc()
+        count_request(op)  # and for the run that made it (``TaskStats.storage_requests``)
         self.storage_request_seconds.labels(op).observe(seconds)
 
     def forget(self, topic: str) -> None:

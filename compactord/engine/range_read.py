@@ -42,6 +42,7 @@ from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.row_groups import partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
 from compactord.storage import ObjectStore
+from compactord.task_report import RequestCounts, counting_requests
 
 __all__ = ["FINAL_WINDOW_KEYS", "REDUCE_WINDOW", "RangeReadTask"]
 
@@ -89,6 +90,7 @@ class RangeReadTask:
             (spec["write_to"], DeletionRules.from_json(spec["deletion_rules"])) if spec.get("write_to") else None)
         self._held: list[tuple[Any, ...]] = []  # final reads: the survivors of the windows so far
         self._held_nulls: list[tuple[Any, ...]] = []  # final reads: the retained null-key rows so far
+        self._requests = RequestCounts()  # its requests to the ledger root's store, reported with its progress
         # Final reads, publishing-order: each window's last rows by key, in memory up to a budget, then on
         # the executor's local disk.
         self._settled = SettledWindows(int(spec.get("window_memory_bytes", MEMORY_BUDGET_BYTES)), self._check_cancel)
@@ -139,6 +141,10 @@ class RangeReadTask:
     def run(self, reader: RangeReader | None = None) -> Iterator[pa.RecordBatch]:
         """Read the range and yield what it hands to Spark. ``reader``: its reader, opened ahead
         (``open_ahead``); the task closes it."""
+        with counting_requests(self._requests):  # its store requests (ledger rows, its part) go in its reports
+            yield from self._run(reader)
+
+    def _run(self, reader: RangeReader | None) -> Iterator[pa.RecordBatch]:
         try:
             if self.end <= self.start:
                 if self.ledger_groups:  # a partition without new records: its ledger rows, deletion rules to come
@@ -370,5 +376,6 @@ class RangeReadTask:
             "records": self.records, "bytes": self.bytes, "done": done, "partition": self.partition,
             "last": None if self.last is None else self.last.to_json(), "started_at": self.started_at,
             "read_ended_at": self.read_ended_at, "spilled_bytes": self._settled.bytes_written,
+            "storage_requests": self._requests.snapshot(),
             "throttled_seconds": self.throttle.slept if self.throttle is not None else 0.0,
             "rate": self.throttle.rate if self.throttle is not None else None})

@@ -31,6 +31,7 @@ from compactord.interfaces import OrderedCompactionStrategy
 from compactord.ledger.reader import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
+from compactord.task_report import counting_requests
 
 __all__ = ["CompactionRun"]
 
@@ -59,6 +60,10 @@ class CompactionRun:
         self.key_ttl_ms = 0  # fixed when the task starts, as its other limits
 
     def __call__(self) -> None:
+        with counting_requests(self.ctx.stats.storage_requests):  # the store's requests made for the run
+            self._run()
+
+    def _run(self) -> None:
         ctx = self.ctx
         new_ledger: int | None = None
         switched = False
@@ -357,6 +362,7 @@ class CompactionRun:
             manifest.markers
         stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
         stats.spilled_bytes = tail.spilled_bytes
+        stats.storage_requests.add_counts(tail.storage_requests)
         stats.task_cpu_seconds, stats.task_wall_seconds = tail.cpu_seconds, tail.wall_seconds
         stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
         stats.recreated = plan.recreated

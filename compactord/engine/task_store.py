@@ -20,6 +20,7 @@ from typing import Any
 
 from compactord.errors import InvalidArgument
 from compactord.storage import LocalStore, ObjectStore
+from compactord.task_report import count_request
 
 __all__ = ["describe", "locate", "new_output", "open_described", "spec_store", "store_secrets"]
 
@@ -118,7 +119,8 @@ def _open(descriptor: Mapping[str, Any], secrets: Mapping[str, Any]) -> ObjectSt
                               "s3://BUCKET/PREFIX is allowed")
     options = S3Options(**descriptor["s3"], access_key_id=str(secrets.get("access_key_id", "")),
                         secret_access_key=str(secrets.get("secret_access_key", "")))
-    return S3Store(location[0], location[1], options)
+    # Each request is counted for the task whose thread made it (``task_report.counting_requests``).
+    return S3Store(location[0], location[1], options, observer=lambda op, seconds: count_request(op))
 
 
 def _s3_parts(store: ObjectStore) -> tuple[str, str, Any] | None:

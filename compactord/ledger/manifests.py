@@ -6,6 +6,7 @@ the ledger's key prefix; they are the boundary where a bad file becomes ``Ledger
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,10 @@ def finalize(manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> Led
             objects.put(key, sink.getvalue().to_pybytes())
             parts = [objects.head(key)]
         with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
-            files = list(pool.map(partial(_describe_part, where, objects, seals), parts))  # the first error raised
+            # Each in a copy of this thread's context: its reads count for the run that seals (``counting_requests``).
+            describe = partial(_describe_part, where, objects, seals)
+            futures = [pool.submit(contextvars.copy_context().run, describe, part) for part in parts]
+            files = [future.result() for future in futures]  # the first error raised
         objects.delete_many([*stale, *seals.values()])
         manifest.markers = sum(f.pop("markers") for f in files)
         manifest.files = files

@@ -20,12 +20,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired, ObjectNotFound, StorageUnavailable
+from compactord.ledger import footer_cache
+from compactord.ledger.footer_cache import Footer
 from compactord.ledger.row_groups import RowGroup, at_or_after, of_partition, row_groups_of
 from compactord.model import Entry, LedgerManifest
-from compactord.storage import ObjectStore
+from compactord.storage import LocalStore, ObjectStore
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
 
@@ -43,7 +44,8 @@ class LedgerSlice:
 
 
 class LedgerReader:
-    """An opened, verified ledger. Safe to share between threads: every read opens its own file."""
+    """An opened, verified ledger. Safe to share between threads: every read is a ranged read of its own.
+    Its files' footers come from ``footer_cache.SHARED``: a ledger opened again reads none of them."""
 
     def __init__(self, path: Path, manifest: LedgerManifest, objects: ObjectStore | None = None,
                  prefix: str = "") -> None:
@@ -54,17 +56,19 @@ class LedgerReader:
         """
         self.path = Path(path)
         self.manifest = manifest
-        self._objects = objects
-        self._prefix = prefix
-        self._metadata: list[pq.FileMetaData] = []
+        # Without a store the folder is a local root of its own: every read goes through one code path.
+        self._objects: ObjectStore = objects if objects is not None else LocalStore(self.path)
+        self._prefix = prefix if objects is not None else ""
+        self._where = self._objects.describe()
+        self._footers: list[Footer] = []
         groups: list[RowGroup] = []
         for file_index, spec in enumerate(sorted(manifest.files, key=lambda f: f["name"])):
             file = self.path / spec["name"]
             try:
-                with self._open(file) as source:
-                    metadata = pq.read_metadata(source)
+                footer = self._footer(spec)
             except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
                 raise LedgerCorrupt(f"ledger file {file} cannot be opened: {exc}", file=spec["name"]) from exc
+            metadata = footer.metadata
             if "rows" in spec and metadata.num_rows != spec["rows"]:
                 raise LedgerCorrupt(
                     f"ledger file {file} has {metadata.num_rows} rows; its manifest lists {spec['rows']}",
@@ -74,7 +78,7 @@ class LedgerReader:
                 groups.extend(row_groups_of(file, file_index, metadata))
             except ValueError as exc:
                 raise LedgerCorrupt(f"ledger file {file} lacks a column: {exc}", file=spec["name"]) from exc
-            self._metadata.append(metadata)
+            self._footers.append(footer)
         self.row_groups: tuple[RowGroup, ...] = tuple(groups)
         # Upper bounds of each group's last (partition, offset); ``read`` bisects them (see there).
         self._ends = [(g.partition_max, g.offset_max) for g in groups]
@@ -83,10 +87,13 @@ class LedgerReader:
     def __repr__(self) -> str:
         return f"LedgerReader({str(self.path)!r}, row_groups={len(self.row_groups)})"
 
-    def _open(self, file: Path) -> pa.NativeFile:
-        if self._objects is not None:
-            return self._objects.open_input(self._prefix + file.name)
-        return pa.OSFile(str(file), "r")
+    def _footer(self, spec: dict[str, Any]) -> Footer:
+        """The footer of the manifest's file ``spec``, from the daemon's cache (read and kept on a miss). The size
+        and checksum the manifest lists are part of the key: a key written again is another entry."""
+        key = self._prefix + spec["name"]
+        size = spec.get("bytes")
+        return footer_cache.SHARED.get((self._where, key, size, spec.get("crc32c")),
+                                       lambda: footer_cache.load_footer(self._objects, key, size))
 
     @property
     def num_rows(self) -> int:
@@ -94,14 +101,14 @@ class LedgerReader:
         return sum(g.num_rows for g in self.row_groups)
 
     def read_row_group(self, group: RowGroup) -> pa.Table:
-        """Read one row group: the only place that decodes ledger data (a hook for tests and metrics).
+        """Read one row group (one ranged read of its bytes: ``footer_cache.read_row_group``): the only place
+        that decodes ledger data (a hook for tests and metrics).
 
         :raises LedgerCorrupt: the file cannot be read.
         """
         try:
-            with self._open(group.file) as source, \
-                    pq.ParquetFile(source, metadata=self._metadata[group.file_index]) as pf:
-                return pf.read_row_group(group.index, use_threads=False)
+            return footer_cache.read_row_group(self._objects, self._prefix + group.file.name,
+                                               self._footers[group.file_index], group.index)
         except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
             raise LedgerCorrupt(
                 f"row group {group.index} of ledger file {group.file} cannot be read: {exc}",

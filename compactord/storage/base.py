@@ -12,16 +12,19 @@ condition ``PreconditionFailed``, a missing object ``ObjectNotFound``, any other
 
 from __future__ import annotations
 
+import io
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from compactord.errors import InvalidArgument
 
-__all__ = ["ObjectInfo", "ObjectStore", "check_key", "check_prefix"]
+__all__ = ["ObjectInfo", "ObjectStore", "RangedFile", "check_key", "check_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +178,55 @@ class ObjectStore(ABC):
         keys = [info.key for info in self.list(prefix)]
         self.delete_many(keys)
         return keys
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file of ``size`` bytes over the object ``key`` of ``objects`` (wrap it in
+    ``pa.PythonFile`` for pyarrow): the bytes ``[start, start + len(data))`` are served from ``data``, already
+    read; any other read is one ranged ``get`` (so the store's budget, errors and observer apply)."""
+
+    def __init__(self, objects: ObjectStore, key: str, size: int, start: int = 0, data: bytes = b"") -> None:
+        super().__init__()
+        self._objects, self._key, self._size = objects, key, size
+        self._start, self._bytes, self._data, self._pos = start, data, memoryview(data), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"a negative position: {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        lo, hi = self._pos - self._start, end - self._start
+        if lo == 0 and hi == len(self._bytes):
+            data = self._bytes  # all of it (what a row group's read asks): no copy
+        elif lo >= 0 and hi <= len(self._data):
+            data = self._data[lo:hi].tobytes()
+        else:
+            data = self._objects.get(self._key, self._pos, end)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        memoryview(buffer)[:len(data)] = data
+        return len(data)

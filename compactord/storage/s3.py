@@ -17,8 +17,6 @@ and conditional writes are enforced (a store that ignores them would let two wri
 
 from __future__ import annotations
 
-import io
-import os
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -28,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from compactord.errors import InvalidArgument, LedgerRootUnwritable, PreconditionFailed, StorageUnavailable
-from compactord.storage.base import ObjectInfo, ObjectStore, check_key, check_prefix
+from compactord.storage.base import ObjectInfo, ObjectStore, RangedFile, check_key, check_prefix
 from compactord.storage.s3_client import Observer, RequestFailed, S3Options, Transport, error_code, status_of
 
 __all__ = ["DEFAULT_PART_SIZE", "S3Options", "S3Store"]
@@ -143,7 +141,7 @@ class S3Store(ObjectStore):
         info = self.head(key)
         if info is None:
             raise self._io.not_found(key)
-        return pa.PythonFile(_RangedReader(self, key, info.size), mode="r")
+        return pa.PythonFile(RangedFile(self, key, info.size), mode="r")  # each read a ranged GET
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -338,50 +336,6 @@ class S3Store(ObjectStore):
 
     def _key(self, key: str) -> str:
         return self._base + check_key(key)
-
-
-class _RangedReader(io.RawIOBase):
-    """A read-only, seekable file over one object: each read is one ranged GET (through the store, so its
-    budget, errors and observer apply)."""
-
-    def __init__(self, store: S3Store, key: str, size: int) -> None:
-        super().__init__()
-        self._store, self._key, self._size, self._pos = store, key, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"a negative position: {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def read(self, n: int = -1) -> bytes:
-        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
-        if end <= self._pos:
-            return b""
-        data = self._store.get(self._key, self._pos, end)
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        memoryview(buffer)[:len(data)] = data
-        return len(data)
 
 
 def _refused(write: Any) -> bool:

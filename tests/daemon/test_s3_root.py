@@ -1,5 +1,5 @@
 """The daemon on an S3 ledger root (the session's SeaweedFS): it checks the bucket at start, compacts into it
-and serves reads from it over HTTP; wrong credentials refuse the start with exit 74 and one line."""
+(counting the run's requests to the bucket) and serves reads from it over HTTP; wrong credentials refuse the start with exit 74 and one line."""
 
 from __future__ import annotations
 
@@ -19,7 +19,15 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: An
     topic = kafka.topic(prefix="s3")
     records = [(f"k{i % 40}", f"v{i}") for i in range(200)]
     kafka.produce(topic, records)
-    compact(daemon, topic)
+    final = compact(daemon, topic)
+    # The run's requests to the bucket, by operation: the reading tasks' part uploads, the driver's manifest put
+    # and pointer write at least, in its status and in its history record.
+    requests = final["storage_requests"]
+    pointer = requests.get("put_if_absent", 0) + requests.get("put_if_match", 0)
+    assert requests.get("put_file", 0) >= 1 and requests.get("put", 0) >= 1 and pointer >= 1, requests
+    runs = daemon.http.get(f"/v1/topics/{topic}/history").json()["runs"]
+    assert [run["task_id"] for run in runs] == [final["task_id"]]
+    assert runs[0]["storage_requests"]["put"] >= 1 and runs[0]["storage_requests"] == requests
     page = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 1000})
     assert page.status_code == 200, page.text
     view = {base64.b64decode(e["key"]): base64.b64decode(e["value"]) for e in page.json()["entries"]}

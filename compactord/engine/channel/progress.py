@@ -25,6 +25,7 @@ class TailRead:
     spilled_bytes: int = 0  # what the reading tasks wrote to local disk (windows past their memory budget)
     cpu_seconds: float = 0.0  # the reading tasks' CPU time (their workers' threads), summed
     wall_seconds: float = 0.0  # the reading tasks' wall time from their first fetch, summed
+    storage_requests: dict[str, int] = field(default_factory=dict)  # the tasks' requests to the store, by operation
 
     @property
     def cpu_ratio(self) -> float | None:
@@ -41,6 +42,7 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> TailRead:
     started: list[float] = []
     ended_at: list[float] = []
     last: dict[int, RecordFingerprint] = {}
+    requests: dict[str, int] = {}
     for data in reports:
         try:
             found = RecordFingerprint.from_json(data["last"]) if data.get("last") is not None else None
@@ -51,6 +53,8 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> TailRead:
             spilled += int(data.get("spilled_bytes", 0))
             cpu += float(data.get("cpu_seconds", 0.0))
             wall += float(data.get("wall_seconds", 0.0))
+            for op, n in dict(data.get("storage_requests") or {}).items():
+                requests[str(op)] = requests.get(str(op), 0) + int(n)
             if data.get("started_at") is not None:
                 started.append(float(data["started_at"]))
             if data.get("done"):
@@ -62,4 +66,4 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> TailRead:
         if found is not None and (partition not in last or found.offset > last[partition].offset):
             last[partition] = found
     return TailRead(records, size, last, min(started, default=None), throttled, ended, max(ended_at, default=None),
-                    spilled, cpu, wall)
+                    spilled, cpu, wall, dict(sorted(requests.items())))

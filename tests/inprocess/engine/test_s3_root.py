@@ -51,6 +51,8 @@ def test_compactions_and_reads_on_an_s3_root(kafka, make_factory, s3_server, tmp
 
     full = compact(service)  # final reads: each reading task writes its part to the bucket
     assert full.stats.full_rebuild is True
+    # The reading tasks report their requests: a part's upload each (the driver's store has no observer here).
+    assert full.stats.storage_requests.snapshot().get("put_file", 0) == 2, full.stats.storage_requests
     assert view(service, 2) == last_value_model(first)
 
     second = [(f"k{i % 30}", f"w{i}", (i % 30) % 2) for i in range(40)]
