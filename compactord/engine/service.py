@@ -286,7 +286,12 @@ class SparkTopicCompactionService(TopicCompactionService):
         if ledger_id is not None:
             return self._handle_for(ledger_id).manifest
         current = store.current_ledger_id(self.topic)
-        return None if current is None else store.load_manifest(self.topic, current)
+        if current is None:
+            return None
+        with self._lock:  # the current ledger's, as loaded: no other process changes the root meanwhile
+            if store.sole_writer and self._handle is not None and self._handle_id == current:
+                return self._handle.manifest
+        return store.load_manifest(self.topic, current)
 
     def get_last_compacted_position(self) -> Horizon | None:
         manifest = self.ledger_info()

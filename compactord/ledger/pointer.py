@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from compactord.errors import Fenced, LedgerCorrupt, ObjectNotFound, Preconditio
 from compactord.ledger.files import CURRENT, LEDGER_RE
 from compactord.storage import ObjectStore
 
-__all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
+__all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
            "last_id", "raise_epoch", "raise_last_id", "read_pointer", "write_pointer"]
 
 LAST_IDS = "@compactord/ledger-ids"
@@ -119,6 +120,41 @@ def read_pointer(objects: ObjectStore, topic: str) -> Pointer:
     # The version read with ``head`` may be older than the bytes (a switch in between): a write against it
     # then fails its condition, which is what a stale reader must see.
     return parse_pointer(data, topic, info.version)
+
+
+class KnownPointers:
+    """The pointers a root's sole writer (a daemon holding its lease) last read or wrote, by topic: no other
+    process writes them then, so a read of the view need not fetch ``CURRENT`` again (on an object store, a
+    HEAD and a GET saved per read).
+
+    A write bumps the topic's generation, and a read stores what it fetched only if no write came in between:
+    a slow read never puts back a pointer that a switch replaced meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[str, Pointer] = {}
+        self._generation: dict[str, int] = {}
+
+    def read(self, topic: str, fetch: Callable[[], Pointer]) -> Pointer:
+        with self._lock:
+            known, generation = self._known.get(topic), self._generation.get(topic, 0)
+        if known is not None:
+            return known
+        pointer = fetch()
+        with self._lock:
+            if self._generation.get(topic, 0) == generation:
+                self._known[topic] = pointer
+        return pointer
+
+    def wrote(self, topic: str, pointer: Pointer | None) -> None:
+        """The topic's pointer is now ``pointer`` (None: unknown, fetched again at the next read)."""
+        with self._lock:
+            self._generation[topic] = self._generation.get(topic, 0) + 1
+            if pointer is None:
+                self._known.pop(topic, None)
+            else:
+                self._known[topic] = pointer
 
 
 def parse_pointer(data: bytes, topic: str, version: str | None) -> Pointer:

@@ -21,7 +21,7 @@ from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, fi
 from compactord.ledger.files import list_names, remove_path
 from compactord.ledger.lease import Lease, acquire
 from compactord.ledger.lock import RootLock, unwritable
-from compactord.ledger.pointer import Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
+from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine
 from compactord.ledger.reader import LedgerReader
 from compactord.ledger.removal import DELETING
@@ -59,6 +59,7 @@ class LedgerStore:
         self._opened = False  # an object store's (no lock)
         self.lease_seconds = lease_seconds
         self.lease: Lease | None = None  # an object store's while open
+        self._known = KnownPointers()  # while the lease is held: the pointers this store read or wrote
         # The writer epoch this store switches with: raised by ``open()``; 0 until then (an older version's).
         self.epoch = 0
 
@@ -138,6 +139,7 @@ class LedgerStore:
         self._opened = False
         self._lock.release()
         lease, self.lease = self.lease, None
+        self._known = KnownPointers()
         if lease is not None:
             lease.release()
 
@@ -187,11 +189,32 @@ class LedgerStore:
         return [name for name in folders if name != DAEMON_DIR and _is_topic_name(name)]
 
     def pointer(self, topic: str) -> Pointer:
-        """The topic's ``CURRENT`` as read now, with its version (``Pointer(None)``: the topic has no ledger).
+        """The topic's ``CURRENT``, with its version (``Pointer(None)``: the topic has no ledger): as read now,
+        or, while this store holds an object store's lease (no other process writes a pointer then), as this
+        store last read or wrote it.
 
         :raises LedgerCorrupt: ``CURRENT`` holds neither the JSON pointer nor an older version's line.
         """
-        return read_pointer(self.objects, validate_topic_name(topic))
+        topic = validate_topic_name(topic)
+        if not self.sole_writer:
+            return read_pointer(self.objects, topic)
+        return self._known.read(topic, lambda: read_pointer(self.objects, topic))
+
+    @property
+    def sole_writer(self) -> bool:
+        """Whether this store holds an object store's lease: no other process writes under the root, so what
+        it read there stays true until it writes (a local root's files are read again, at a syscall's cost)."""
+        return self.lease is not None and not self.lease.lost
+
+    def _write_pointer(self, topic: str, new: Pointer, base: Pointer) -> Pointer:
+        self._check_lease()
+        try:
+            written = write_pointer(self.objects, topic, new, base)
+        except BaseException:
+            self._known.wrote(topic, None)  # lost a race, or an answer lost: read it again
+            raise
+        self._known.wrote(topic, written)
+        return written
 
     def switch_base(self, topic: str) -> Pointer:
         """The pointer a task switches against (``switch``'s ``base``): as ``pointer`` reads it, or, when it is
@@ -278,7 +301,7 @@ class LedgerStore:
             )
         base = self.pointer(topic) if base is None else base
         self._check_lease()
-        return write_pointer(self.objects, topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
+        return self._write_pointer(topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
 
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
         """Take ``ids`` off the pointer's retired list by compare-and-swap against ``base``.
@@ -286,9 +309,7 @@ class LedgerStore:
         :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
         """
         new = base.without(topic, ids, self.epoch)
-        if new.retired != base.retired:
-            self._check_lease()
-        return base if new.retired == base.retired else write_pointer(self.objects, topic, new, base)
+        return base if new.retired == base.retired else self._write_pointer(topic, new, base)
 
     def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
         """Take the retired ledgers past their ``until`` off the pointer, then delete their files; return them.
@@ -398,7 +419,10 @@ class LedgerStore:
         """
         self.topic_dir(topic)  # checks the name, and that the folder is the root's
         self._check_lease()
-        removal.delete_topic(self.objects, topic)
+        try:
+            removal.delete_topic(self.objects, topic)
+        finally:
+            self._known.wrote(topic, None)
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""

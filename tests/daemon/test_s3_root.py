@@ -1,5 +1,6 @@
 """The daemon on an S3 ledger root (the session's SeaweedFS): it checks the bucket at start, compacts into it
-(counting the run's requests to the bucket) and serves reads from it over HTTP; wrong credentials refuse the start with exit 74 and one line."""
+(counting the run's requests to the bucket) and serves reads from it over HTTP, a warm read at the cost of its
+data's ranged GETs; wrong credentials refuse the start with exit 74 and one line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import uuid
 from typing import Any
 
+from tests.daemon.conftest import metric_samples
 from tests.support.daemon import compact
 from tests.support.s3_server import BUCKET, SECRET_KEY
 
@@ -15,7 +17,9 @@ EXIT_IOERR = 74
 
 def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: Any, s3_server: Any) -> None:
     prefix = f"daemon-{uuid.uuid4().hex[:12]}"
-    daemon = launch("s3", root=f"s3://{BUCKET}/{prefix}", **s3_server.daemon_conf())  # type: ignore[arg-type]
+    # No monitor pass during the test (a pass lists the root's topics): the requests counted below are the reads'.
+    daemon = launch("s3", root=f"s3://{BUCKET}/{prefix}", brokerServiceCompactionMonitorIntervalInSeconds="3600",
+                    **s3_server.daemon_conf())  # type: ignore[arg-type]
     topic = kafka.topic(prefix="s3")
     records = [(f"k{i % 40}", f"v{i}") for i in range(200)]
     kafka.produce(topic, records)
@@ -39,6 +43,21 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: An
     keys = [info.key for info in s3_server.store(prefix).list(f"{topic}/")]
     assert f"{topic}/CURRENT" in keys and any(k.endswith(".parquet") for k in keys)
     assert not (daemon.workdir / "ledgers").exists() and not (daemon.workdir / "s3:").exists()
+
+    # Reads of a warm view: the pointer and the manifest are the daemon's own (it holds the root's lease), the
+    # footers cached; a page costs at most two ranged GETs and /last one, with no HEAD or LIST.
+    def requests_by_op() -> dict[str, float]:  # one scrape of /metrics (which lists the quarantine folder)
+        return {labels["op"]: value for name, labels, value in metric_samples(daemon)
+                if name == "compactord_storage_requests_total"}
+
+    before = requests_by_op()
+    for _ in range(5):
+        assert daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}).status_code == 200
+        assert daemon.http.get(f"/v1/topics/{topic}/compacted/last", params={"partition": 0}).status_code == 200
+    after = requests_by_op()
+    assert after.get("get", 0) - before.get("get", 0) <= 5 * (2 + 1), (before, after)
+    assert after.get("head", 0) == before.get("head", 0), (before, after)
+    assert after.get("list", 0) - before.get("list", 0) <= 1, (before, after)  # the second scrape's own
 
 
 def test_wrong_s3_credentials_refuse_the_start_with_one_line(launch: Any, s3_server: Any) -> None:

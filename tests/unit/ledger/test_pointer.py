@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from compactord.errors import Fenced, LedgerCorrupt
-from compactord.ledger.pointer import Pointer
+from compactord.ledger.pointer import KnownPointers, Pointer
 from compactord.ledger.store import LedgerStore
 from tests.unit.ledger.test_store import make_ledger
 
@@ -165,3 +165,17 @@ def test_a_malformed_json_pointer_is_corrupt(tmp_path: Path, content: str) -> No
         replacement = make_ledger(store, "t")
         store.switch("t", replacement, store.switch_base("t"))
         assert store.current_ledger_id("t") == replacement
+
+
+def test_known_pointers_keep_what_was_written_over_a_read_that_began_before() -> None:
+    known = KnownPointers()
+    old, new = Pointer(1, version='"a"'), Pointer(2, version='"b"')
+
+    def slow_fetch() -> Pointer:  # a read of the store that a switch overtakes
+        known.wrote("t", new)
+        return old
+
+    assert known.read("t", slow_fetch) == old  # what this read saw
+    assert known.read("t", lambda: pytest.fail("fetched again")) == new  # but the switch's pointer is kept
+    known.wrote("t", None)
+    assert known.read("t", lambda: old) == old
