@@ -138,6 +138,13 @@ class Settings:
         "aws:kms (with s3KmsKeyId, or the account's default key).")
     s3_kms_key_id: str = _key("s3KmsKeyId", text, "", "storage",
         "KMS key (id, ARN or alias) for s3ServerSideEncryption=aws:kms.")
+    storage_read_retry_seconds: float = _key("storageReadRetrySeconds", float_range(0.2, 30.0), "2", "storage",
+        "Time an S3 read (list, head, get) may take, its two attempts included, before it fails with "
+        "storage_unavailable (a ledger read then answers 503).")
+    storage_write_retry_seconds: float = _key("storageWriteRetrySeconds", float_range(1.0, 600.0), "60",
+        "storage",
+        "Time an S3 write is retried (503 SlowDown, 5xx, a connection lost) before it fails with "
+        "storage_unavailable (a compaction's write: the compaction fails, its ledger is not switched in).")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

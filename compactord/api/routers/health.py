@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from compactord.api.schema import describe
-from compactord.api.views import problem_response, readiness_json
+from compactord.api.views import error_response, problem_response, readiness_json
 from compactord.errors import NotReady, Unhealthy
 
 if TYPE_CHECKING:
@@ -66,10 +66,10 @@ def router(daemon: Daemon) -> APIRouter:
     async def readyz() -> JSONResponse:
         """Readiness: 200 while ledger reads can be served, with ``status`` "ready" (compactions can run:
         the broker answers, Spark is warm) or "degraded" (they cannot: ``problems`` says why); 503 only
-        when reads cannot be served either."""
+        when reads cannot be served either (the ledger root or its store is down), with the same fields."""
         readiness = daemon.readiness()
         if not readiness.reads:
-            raise NotReady("; ".join(readiness.problems))
+            return error_response(NotReady("; ".join(readiness.problems)), **readiness_json(readiness))
         return JSONResponse(readiness_json(readiness))
 
     for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
