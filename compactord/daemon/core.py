@@ -146,6 +146,7 @@ class Daemon:
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self.on_warm: Any = None  # set by the server runner: called once Spark is warm
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
+        self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
         self._unrecorded: list[RunRecord] = []  # runs that ended while the store was down, oldest first
         self._store = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
                                  on_up=self._record_unrecorded)
@@ -433,12 +434,21 @@ class Daemon:
                 log.error("topic %s: %s", topic, exc)
                 self.metrics.ledger_corrupt.labels(topic).set(1)
 
+    def _quarantined_count(self) -> int:
+        # A scrape asks the store only while it answers: /metrics stays served, with the last count.
+        if self.store_problem() is None:
+            try:
+                self._quarantined = len(self.store.quarantined())
+            except StorageUnavailable as exc:
+                self.store_failed(exc)
+        return self._quarantined
+
     def _snapshot(self) -> dict[str, Any]:
         return {
             "running": self.registry.running_count(),
             "pending": self.registry.pending_count(),
             "last_success": dict(self._last_success),
-            "quarantined": len(self.store.quarantined()),
+            "quarantined": self._quarantined_count(),
             "monitor_last_run": self.monitor.last_run,
             "storage_up": 0 if self.store_problem() else 1,
         }

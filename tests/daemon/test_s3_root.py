@@ -8,19 +8,14 @@ import uuid
 from typing import Any
 
 from tests.support.daemon import compact
-from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
+from tests.support.s3_server import BUCKET, SECRET_KEY
 
 EXIT_IOERR = 74
 
 
-def _s3_conf(s3_server: Any, **changes: str) -> dict[str, str]:
-    return {"s3Region": REGION, "s3Endpoint": s3_server.endpoint, "s3AccessKeyId": ACCESS_KEY,
-            "s3SecretAccessKey": SECRET_KEY, **changes}
-
-
 def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: Any, s3_server: Any) -> None:
     prefix = f"daemon-{uuid.uuid4().hex[:12]}"
-    daemon = launch("s3", root=f"s3://{BUCKET}/{prefix}", **_s3_conf(s3_server))  # type: ignore[arg-type]
+    daemon = launch("s3", root=f"s3://{BUCKET}/{prefix}", **s3_server.daemon_conf())  # type: ignore[arg-type]
     topic = kafka.topic(prefix="s3")
     records = [(f"k{i % 40}", f"v{i}") for i in range(200)]
     kafka.produce(topic, records)
@@ -40,7 +35,7 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: An
 
 def test_wrong_s3_credentials_refuse_the_start_with_one_line(launch: Any, s3_server: Any) -> None:
     daemon = launch.prepare("s3-denied", root=f"s3://{BUCKET}/denied",  # type: ignore[arg-type]
-                            **_s3_conf(s3_server, s3SecretAccessKey="not-the-secret"))
+                            **s3_server.daemon_conf(s3SecretAccessKey="not-the-secret"))
     daemon.start()
     assert daemon.wait_exit(120) == EXIT_IOERR, daemon.log_tail()
     assert "compactedLedgerRoot=s3://" in daemon.log_text(), daemon.log_tail()

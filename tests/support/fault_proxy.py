@@ -15,7 +15,7 @@ unless a fault is set, which then takes the next requests:
   cannot be removed: the request's signature covers them).
 
 ``requests`` counts the requests that reached the proxy, ``seen`` holds their request lines
-(``GET /bucket/key``, the query cut off) in arrival order.
+(``GET /bucket/key``, the query cut off) in arrival order, ``faulted`` those a fault took.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.requests = 0
         self.seen: list[str] = []
+        self.faulted: list[str] = []
         self.ignore_conditions = False
         self._lock = threading.Lock()
         self._failures: list[int] = []  # statuses of the next requests to fail
@@ -190,13 +191,16 @@ class FaultProxy:
                     head = reader.head()
                     with self._lock:
                         self.requests += 1
-                        self.seen.append(head[0].decode("latin-1").split("?")[0].split(" HTTP/")[0])
+                        line = head[0].decode("latin-1").split("?")[0].split(" HTTP/")[0]
+                        self.seen.append(line)
                         status = self._failures.pop(0) if self._failures else self._refusing
                         has_body = int(_header(head, b"content-length") or b"0") > 0 \
                             or _header(head, b"transfer-encoding") is not None
                         reset = has_body and self._resets > 0
                         if reset:
                             self._resets -= 1
+                        if reset or status is not None:
+                            self.faulted.append(line)
                     if reset:  # take part of the body, then cut the connection hard (RST)
                         with contextlib.suppress(_Closed):
                             reader.exactly(min(1024, len(reader.buffer) + 1))

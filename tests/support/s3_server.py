@@ -148,6 +148,12 @@ class S3Server:
                   "secret_access_key": SECRET_KEY, **changes}
         return S3Options(**fields)
 
+    def daemon_conf(self, endpoint: str | None = None, **changes: str) -> dict[str, str]:
+        """The broker.conf keys of a daemon with its ledger root on this server (``endpoint``: reached another
+        way, a proxy)."""
+        return {"s3Region": REGION, "s3Endpoint": endpoint or self.endpoint, "s3AccessKeyId": ACCESS_KEY,
+                "s3SecretAccessKey": SECRET_KEY, **changes}
+
     def store(self, prefix: str | None = None, *, endpoint: str | None = None, bucket: str = BUCKET,
               options: S3Options | None = None, **kwargs: Any) -> S3Store:
         """A store on this server under ``prefix`` (a fresh one by default); ``endpoint`` reaches the server

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from compactord.api.schema import describe
-from compactord.api.views import error_response, problem_response, readiness_json
+from compactord.api.views import problem_response, readiness_json
 from compactord.errors import NotReady, Unhealthy
 
 if TYPE_CHECKING:
@@ -69,7 +69,9 @@ def router(daemon: Daemon) -> APIRouter:
         when reads cannot be served either (the ledger root or its store is down), with the same fields."""
         readiness = daemon.readiness()
         if not readiness.reads:
-            return error_response(NotReady("; ".join(readiness.problems)), **readiness_json(readiness))
+            refused = NotReady("; ".join(readiness.problems))
+            return JSONResponse({"error": refused.code, "message": refused.message, **readiness_json(readiness)},
+                                status_code=refused.status)
         return JSONResponse(readiness_json(readiness))
 
     for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
