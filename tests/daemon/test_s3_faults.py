@@ -109,7 +109,9 @@ def test_a_hung_store_is_answered_at_once_while_down_and_served_again_once_back(
     during = proxy.seen[seen:]
     assert not [line for line in during if f"/{topic}/" in line], during
     # ... and the watch probes it meanwhile.
-    wait_for(lambda: any(line.endswith(PROBE_KEY) for line in proxy.seen[seen:]), 30, "a probe of the store")
+    probe = PROBE_KEY.rpartition("/")[2]  # the key's last name: the proxy sees it URL-encoded
+    wait_for(lambda: any(line.startswith("HEAD ") and line.endswith(probe) for line in proxy.seen[seen:]), 30,
+             "a probe of the store")
     assert "the ledger root's store does not answer" in daemon.log_text()
 
     proxy.heal()
