@@ -148,8 +148,8 @@ class Daemon:
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
         self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
         self._unrecorded: list[RunRecord] = []  # runs that ended while the store was down, oldest first
-        self._store = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
-                                 on_up=self._record_unrecorded)
+        self._store_watch = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
+                                       on_up=self._record_unrecorded)
         self._root_problem = self._check_root()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -161,7 +161,7 @@ class Daemon:
     def start(self) -> None:
         for name, target, args in (("spark-start", self._start_spark, ()), ("watchdog", self._watch, ()),
                                    ("broker-probe", self._broker.run, (self._stop,)),
-                                   ("store-probe", self._store.run, (self._stop,))):
+                                   ("store-probe", self._store_watch.run, (self._stop,))):
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -188,11 +188,11 @@ class Daemon:
 
     def store_problem(self) -> str | None:
         """Why the ledger root's store counts as down now, or None; from memory only (``StoreWatch.problem``)."""
-        return self._store.problem()
+        return self._store_watch.problem()
 
     def store_failed(self, exc: StorageUnavailable) -> None:
         """A request to the store failed: it is down until a probe finds it answering."""
-        self._store.failed(exc.message)
+        self._store_watch.failed(exc.message)
 
     def _check_root(self) -> str | None:
         if not self.store.local:
@@ -377,7 +377,7 @@ class Daemon:
         is down, once it answers again (before it counts as up: ``_record_unrecorded``)."""
         record = RunRecord.of_task(ctx, final)
         if ctx.error_type == StorageUnavailable.code and self.store_problem() is None:
-            self._store.failed(ctx.error or "a compaction's request to the store failed")
+            self._store_watch.failed(ctx.error or "a compaction's request to the store failed")
         if self.store_problem() is None:  # known down: the append would wait out the write budget in vain
             try:
                 self.history.append(record)
