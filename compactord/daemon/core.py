@@ -148,6 +148,7 @@ class Daemon:
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
         self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
         self._unrecorded: list[RunRecord] = []  # runs that ended while the store was down, oldest first
+        self._unrecorded_lock = threading.Lock()  # the store's prober and a task's end both write them
         self._store_watch = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
                                        on_up=self._record_unrecorded)
         self._root_problem = self._check_root()
@@ -374,12 +375,13 @@ class Daemon:
 
     def _record_run(self, ctx: CompactionTaskCtx, final: TaskState) -> None:
         """The task's end recorder: the run is in the history before anyone sees the end; or, when the store
-        is down, once it answers again (before it counts as up: ``_record_unrecorded``)."""
+        is down, once it answers again (``_record_unrecorded``)."""
         record = RunRecord.of_task(ctx, final)
         if ctx.error_type == StorageUnavailable.code and self.store_problem() is None:
             self._store_watch.failed(ctx.error or "a compaction's request to the store failed")
         if self.store_problem() is None:  # known down: the append would wait out the write budget in vain
             try:
+                self._record_unrecorded()
                 self.history.append(record)
                 return
             except StorageUnavailable as exc:
@@ -392,12 +394,14 @@ class Daemon:
         self._unrecorded.append(record)
 
     def _record_unrecorded(self) -> None:
-        """The runs that ended while the store was down, into the history (in the store's probe).
+        """The runs that ended while the store was down, into the history, oldest first (once it answers,
+        and before the next run's).
 
-        :raises StorageUnavailable: the store failed again (the rest are kept for the next probe)."""
-        while self._unrecorded:
-            self.history.append(self._unrecorded[0])
-            self._unrecorded.pop(0)
+        :raises StorageUnavailable: the store failed again (the rest are kept)."""
+        with self._unrecorded_lock:
+            while self._unrecorded:
+                self.history.append(self._unrecorded[0])
+                self._unrecorded.pop(0)
 
     def _delete_history(self, topic: str) -> None:
         try:

@@ -11,14 +11,17 @@ answered serves everything again, without a restart.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from compactord.daemon.watch import Watch
-from compactord.errors import StorageUnavailable
+from compactord.errors import CompactordError, StorageUnavailable
 from compactord.storage import ObjectStore
 
 __all__ = ["PROBE_EVERY_S", "PROBE_KEY", "StoreWatch"]
+
+log = logging.getLogger(__name__)
 
 PROBE_EVERY_S = 1.0
 PROBE_KEY = "@compactord/store-probe"  # need not exist: a 404 is an answer
@@ -28,9 +31,9 @@ class StoreWatch(Watch):
     def __init__(self, objects: ObjectStore, timeout_s: float,
                  on_up: Callable[[], None] | None = None) -> None:
         """``objects``: the daemon's store. ``timeout_s``: how long a probe may take before the store counts
-        as not answering (its read budget, and some). ``on_up``: what must be done before the store counts as
-        up again (the run records it could not take), called by a probe that the store answered; a
-        ``CompactordError`` from it keeps the store down."""
+        as not answering (its read budget, and some). ``on_up``: called in the probing thread once the store
+        answers again (to write what waited for it); what it raises is logged, and the store counts as up
+        all the same: one that reads but refuses writes still serves the ledgers."""
         super().__init__(self._probe_store, timeout_s, subject="the ledger root's store", up=True,
                          down_log="the ledger root's store does not answer (probed again every "
                                   f"{PROBE_EVERY_S:g}s; ledger reads answer 503 storage_unavailable and no "
@@ -45,8 +48,6 @@ class StoreWatch(Watch):
         except OSError as exc:  # a local disk's; a store's own failures are StorageUnavailable already
             where = self._objects.describe()
             raise StorageUnavailable(f"{where}: {exc}", store=where) from exc
-        if self._on_up is not None:
-            self._on_up()
 
     def failed(self, reason: str) -> None:
         super().failed(reason)
@@ -62,3 +63,8 @@ class StoreWatch(Watch):
                 continue
             if not self.check():
                 stop.wait(PROBE_EVERY_S)
+            elif self._on_up is not None:
+                try:
+                    self._on_up()
+                except (CompactordError, OSError) as exc:
+                    log.warning("the ledger root's store answers again, but %s", exc)

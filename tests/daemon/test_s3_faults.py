@@ -179,8 +179,10 @@ def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_s
     wait_for(lambda: _readyz(daemon)[0] == 200, 60, "/readyz to serve reads again", daemon)
     assert daemon.http.get(f"/v1/topics/{topic}/horizon").json() == horizon
     assert _view(daemon, topic) == view
-    # The run was recorded once the store answered, before reads were served again.
-    [failed, succeeded] = daemon.http.get(f"/v1/topics/{topic}/history").json()["runs"]
+    # The run enters the history once the store answers.
+    runs = wait_for(lambda: len(r := daemon.http.get(f"/v1/topics/{topic}/history").json()["runs"]) == 2 and r,
+                    30, "the failed run in the history", daemon)
+    [failed, succeeded] = runs
     assert failed["task_id"] == final["task_id"] and failed["error_type"] == "storage_unavailable", failed
     assert succeeded["state"] == "Succeed" and succeeded["ledger_after"] == horizon["ledger_id"], succeeded
 
