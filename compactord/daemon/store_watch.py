@@ -45,7 +45,9 @@ class StoreWatch(Watch):
     def _probe_store(self) -> None:
         try:
             self._objects.head(PROBE_KEY)
-        except OSError as exc:  # a local disk's; a store's own failures are StorageUnavailable already
+        except StorageUnavailable:
+            raise
+        except OSError as exc:  # a local disk's, unmapped
             where = self._objects.describe()
             raise StorageUnavailable(f"{where}: {exc}", store=where) from exc
 
@@ -67,4 +69,4 @@ class StoreWatch(Watch):
                 try:
                     self._on_up()
                 except (CompactordError, OSError) as exc:
-                    log.warning("the ledger root's store answers again, but %s", exc)
+                    log.warning("the ledger root's store answers again; what waited for it failed: %s", exc)
