@@ -151,6 +151,13 @@ class Settings:
     storage_metadata_cache_bytes: int = _key("storageMetadataCacheBytes", int_range(0, 4 * 1024 ** 3), "67108864",
         "storage", "Bytes of memory for the Parquet footers of ledger files (kept once read: a page read is then "
         "one ranged read per row group, no footer read); 0 turns the cache off, at most 4 GiB.")
+    storage_read_retry_seconds: float = _key("storageReadRetrySeconds", float_range(0.2, 30.0), "2", "storage",
+        "Time an S3 read (list, head, get) may take, its two attempts included, before it fails with "
+        "storage_unavailable (a ledger read then answers 503).")
+    storage_write_retry_seconds: float = _key("storageWriteRetrySeconds", float_range(1.0, 600.0), "60",
+        "storage",
+        "Time an S3 write is retried (503 SlowDown, 5xx, a connection lost) before it fails with "
+        "storage_unavailable (a compaction's write: the compaction fails, its ledger is not switched in).")
     # Compaction
     compaction_service_factory_class_name: str = _key("compactionServiceFactoryClassName", class_ref,
         DEFAULT_FACTORY, "compaction", "CompactionServiceFactory implementation, module:Class (Pulsar's "

@@ -25,11 +25,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import ApiGuard
-from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots
+from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, store_up
 from compactord.api.routers import compaction, health, history, hooks, info, preview, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
-from compactord.errors import BrokerUnavailable, CompactordError, InvalidArgument, NotReady, Unhealthy
+from compactord.errors import (
+    BrokerUnavailable,
+    CompactordError,
+    InvalidArgument,
+    NotReady,
+    StorageUnavailable,
+    Unhealthy,
+)
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -59,9 +66,10 @@ def create_app(daemon: Daemon) -> FastAPI:
                        body_timeout_s=settings.http_request_body_timeout_seconds)
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
-    routers = [health.router(daemon), compaction.router(daemon, broker_slot), reads.router(daemon),
-               hooks.router(daemon), topics.router(daemon, broker_slot), history.router(daemon),
-               preview.router(daemon, broker_slot), info.router(daemon)]
+    store_answers = Depends(store_up(daemon.store_problem))
+    routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers),
+               reads.router(daemon, store_answers), hooks.router(daemon), topics.router(daemon, broker_slot),
+               history.router(daemon, store_answers), preview.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
         app.include_router(router)
@@ -123,8 +131,12 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
         if exc.status == 409:  # the task in the way
             task = getattr(exc, "task", None) or daemon.registry.live(request.path_params.get("topic", ""))
             extra["task"] = optional_task_status(task)
-        # The probes answer NotReady and Unhealthy; a broker known to be down is logged by its probe, once.
-        quiet = isinstance(exc, (NotReady, Unhealthy)) or (
+        # The probes answer NotReady and Unhealthy; a broker or a store known to be down is logged by its
+        # probe, once. A store's failure marks it down: the next requests that need it are answered at once.
+        store_down = isinstance(exc, StorageUnavailable) and daemon.store_problem() is not None
+        if isinstance(exc, StorageUnavailable) and not store_down:
+            daemon.store_failed(exc)
+        quiet = isinstance(exc, (NotReady, Unhealthy)) or store_down or (
             isinstance(exc, BrokerUnavailable) and daemon.broker_problem() is not None)
         if exc.status >= 500 and not quiet:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc)

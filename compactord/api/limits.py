@@ -1,6 +1,7 @@
 """Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
 body and the time to receive it (``RequestLimitsMiddleware``), and the requests that wait on the broker
-(``broker_slots``). Each refusal is the API's JSON error (``{"error", "message"}``), not uvicorn's
+(``broker_slots``), and the requests that need a store known to be down (``store_up``). Each refusal is the
+API's JSON error (``{"error", "message"}``), not uvicorn's
 plain text.
 
 The middleware is ASGI, outside FastAPI's routing: it runs on the event loop, before any thread of the
@@ -15,9 +16,17 @@ from typing import Any
 import anyio
 
 from compactord.api.views import error_response
-from compactord.errors import BrokerUnavailable, CompactordError, RequestTimeout, RequestTooLarge, ServerBusy
+from compactord.errors import (
+    BrokerUnavailable,
+    CompactordError,
+    RequestTimeout,
+    RequestTooLarge,
+    ServerBusy,
+    StorageUnavailable,
+)
 
-__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "read_slots"]
+__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "read_slots",
+           "store_up"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -191,6 +200,19 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
             slots.release()
 
     return broker_slot
+
+
+def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
+    """A FastAPI dependency for the routes that need the ledger root's store (the ledger reads, the run
+    history, a trigger): one that finds the store known to be down is answered 503 storage_unavailable at once,
+    on the event loop, rather than waiting out the store's read budget in a thread of the pool."""
+
+    async def store_answers() -> None:
+        problem = store_problem()
+        if problem:
+            raise StorageUnavailable(problem)
+
+    return store_answers
 
 
 async def _acquire_within(slots: anyio.Semaphore, wait_s: float) -> bool:

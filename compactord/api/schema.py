@@ -104,7 +104,8 @@ _CONFLICTS = {("/v1/topics/{topic}/compaction", "put"), ("/v1/topics/{topic}/com
 _ERRORS = {
     "401": "no bearer token (httpAuthToken is set)", "403": "a token that does not allow this",
     "404": "not found (topic_not_found, not_compacted, ...)", "422": "a bad request (invalid_argument, ...)",
-    "503": "the broker does not answer (broker_unavailable) or the server is busy",
+    "503": "the broker or the ledger root's store does not answer (broker_unavailable, storage_unavailable) "
+           "or the server is busy",
 }
 
 

@@ -57,6 +57,8 @@ _SERVER_ERROR_TEXT = {
                             "policies to replace them; details are in the daemon's log"),
     "broker_unavailable": "the broker does not answer; details are in the daemon's log",
     "insufficient_disk_space": "the ledger root's disk is full; details are in the daemon's log",
+    "storage_unavailable": ("the ledger root's store does not answer (retry later; GET /readyz says when reads "
+                            "are served again); details are in the daemon's log"),
     "spark_error": "a Spark job failed; details are in the daemon's log",
     "compaction_failed": "the compaction failed; details are in the daemon's log",
 }

@@ -7,7 +7,9 @@ factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with 
 run once Spark is warm and the broker answers; reads need neither.
 
 The probes never wait on the broker: a thread of its own pings it, with a client of its own
-(``broker_watch.BrokerWatch``).
+(``broker_watch.BrokerWatch``). Nor on the ledger root's store: once one of its requests fails, a thread
+probes it until it answers again, and the ledger reads answer 503 at once meanwhile
+(``store_watch.StoreWatch``).
 
 If the Spark JVM dies or hangs (a liveness check that does not answer within ``jvm_check_timeout_s``),
 the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
@@ -31,6 +33,7 @@ from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.store_watch import StoreWatch
 from compactord.engine.spark_session import SparkSessionManager
 from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
 from compactord.errors import (
@@ -39,6 +42,7 @@ from compactord.errors import (
     CompactordError,
     LedgerRootUnwritable,
     PluginLoadError,
+    StorageUnavailable,
 )
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
@@ -144,6 +148,11 @@ class Daemon:
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self.on_warm: Any = None  # set by the server runner: called once Spark is warm
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
+        self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
+        self._unrecorded: list[RunRecord] = []  # runs that ended while the store was down, oldest first
+        self._unrecorded_lock = threading.Lock()  # the store's prober and a task's end both write them
+        self._store_watch = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
+                                       on_up=self._record_unrecorded)
         self._root_problem = self._check_root()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -154,7 +163,8 @@ class Daemon:
 
     def start(self) -> None:
         for name, target, args in (("spark-start", self._start_spark, ()), ("watchdog", self._watch, ()),
-                                   ("broker-probe", self._broker.run, (self._stop,))):
+                                   ("broker-probe", self._broker.run, (self._stop,)),
+                                   ("store-probe", self._store_watch.run, (self._stop,))):
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -178,6 +188,14 @@ class Daemon:
     def broker_problem(self) -> str | None:
         """Why the broker counts as unreachable now, or None; from memory only (``BrokerWatch.problem``)."""
         return self._broker.problem()
+
+    def store_problem(self) -> str | None:
+        """Why the ledger root's store counts as down now, or None; from memory only (``StoreWatch.problem``)."""
+        return self._store_watch.problem()
+
+    def store_failed(self, exc: StorageUnavailable) -> None:
+        """A request to the store failed: it is down until a probe finds it answering."""
+        self._store_watch.failed(exc.message)
 
     def _check_root(self) -> str | None:
         if not self.store.local:
@@ -239,14 +257,16 @@ class Daemon:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():
             problems.append("the broker does not answer")
+        if self.store_problem():
+            problems.append("the ledger root's store does not answer")
         return problems
 
     def readiness(self) -> Readiness:
-        """From memory only (the probes call it on the event loop). Reads need the ledger root, not the
-        broker nor Spark."""
+        """From memory only (the probes call it on the event loop). Reads need the ledger root and its
+        store, not the broker nor Spark."""
         problems = self.readiness_problems()
-        return Readiness(reads=not self.fatal and not self._root_problem, compactions=not problems,
-                         problems=problems)
+        reads = not self.fatal and not self._root_problem and not self.store_problem()
+        return Readiness(reads=reads, compactions=not problems, problems=problems)
 
     def _close_broker_clients(self) -> None:
         self.admin.close()
@@ -358,11 +378,34 @@ class Daemon:
     # -- run history ----------------------------------------------------------------------------
 
     def _record_run(self, ctx: CompactionTaskCtx, final: TaskState) -> None:
-        """The task's end recorder: the run is in the history before anyone sees the end."""
-        try:
-            self.history.append(RunRecord.of_task(ctx, final))
-        except (CompactordError, OSError) as exc:
-            log.error("topic %s: run %s not recorded in the run history: %s", ctx.topic, ctx.task_id, exc)
+        """The task's end recorder: the run is in the history before anyone sees the end; or, when the store
+        is down, once it answers again (``_record_unrecorded``)."""
+        record = RunRecord.of_task(ctx, final)
+        if ctx.error_type == StorageUnavailable.code and self.store_problem() is None:
+            self._store_watch.failed(ctx.error or "a compaction's request to the store failed")
+        if self.store_problem() is None:  # known down: the append would wait out the write budget in vain
+            try:
+                self._record_unrecorded()
+                self.history.append(record)
+                return
+            except StorageUnavailable as exc:
+                self.store_failed(exc)
+            except (CompactordError, OSError) as exc:
+                log.error("topic %s: run %s not recorded in the run history: %s", ctx.topic, ctx.task_id, exc)
+                return
+        log.warning("topic %s: run %s is recorded in the run history once the store answers", ctx.topic,
+                    ctx.task_id)
+        self._unrecorded.append(record)
+
+    def _record_unrecorded(self) -> None:
+        """The runs that ended while the store was down, into the history, oldest first (once it answers,
+        and before the next run's).
+
+        :raises StorageUnavailable: the store failed again (the rest are kept)."""
+        with self._unrecorded_lock:
+            while self._unrecorded:
+                self.history.append(self._unrecorded[0])
+                self._unrecorded.pop(0)
 
     def _delete_history(self, topic: str) -> None:
         try:
@@ -399,11 +442,21 @@ class Daemon:
                 log.error("topic %s: %s", topic, exc)
                 self.metrics.ledger_corrupt.labels(topic).set(1)
 
+    def _quarantined_count(self) -> int:
+        # A scrape asks the store only while it answers: /metrics stays served, with the last count.
+        if self.store_problem() is None:
+            try:
+                self._quarantined = len(self.store.quarantined())
+            except StorageUnavailable as exc:
+                self.store_failed(exc)
+        return self._quarantined
+
     def _snapshot(self) -> dict[str, Any]:
         return {
             "running": self.registry.running_count(),
             "pending": self.registry.pending_count(),
             "last_success": dict(self._last_success),
-            "quarantined": len(self.store.quarantined()),
+            "quarantined": self._quarantined_count(),
             "monitor_last_run": self.monitor.last_run,
+            "storage_up": 0 if self.store_problem() else 1,
         }

@@ -54,6 +54,10 @@ class _LiveCollector(Collector):
             "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
             value=snap.get("quarantined", 0),
         )
+        yield GaugeMetricFamily(
+            "compactord_storage_up",
+            "1 while the ledger root's store answers; 0 from a failed request until a probe is answered "
+            "(ledger reads answer 503 storage_unavailable meanwhile)", value=snap.get("storage_up", 1))
 
 
 class _FooterCacheCollector(Collector):

@@ -83,9 +83,16 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         validate_topic_name(topic)
         with self._lock:
             service = self._services.get(topic)
-        if service is None and not self.store.topic_dir(topic).is_dir():
+        if service is None and not self._has_state(topic):
             return None  # never compacted nor asked to: nothing to keep
         return service or self.new_topic_compaction_service(topic)
+
+    def _has_state(self, topic: str) -> bool:
+        """The root holds something of ``topic`` (a folder of a local root; objects under an S3 root's
+        ``topic/``, which has no folders)."""
+        if self.store.local:
+            return self.store.topic_dir(topic).is_dir()
+        return bool(self.store.objects.children(f"{topic}/"))
 
     def services(self) -> list[SparkTopicCompactionService]:
         with self._lock:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
 from compactord.engine import jvm_stderr
-from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError
+from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError, StorageUnavailable
 
 if TYPE_CHECKING:
     from compactord.engine.job import JobWidths
@@ -71,6 +71,8 @@ MAX_CANCELLED_GROUPS = 256
 STOP_WAITS_FOR_START_S = 2.0  # stop() waits this long for a start under way
 # How a full disk shows in a Java or Python stack trace of a failed job (ENOSPC, EDQUOT).
 _DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded")
+# How a task's store that gave up (storageReadRetrySeconds, storageWriteRetrySeconds spent) shows in its trace.
+_STORE_DOWN_SIGN = "compactord.errors.StorageUnavailable: "
 
 
 # Spark's loggers of the tasks of a job: a cancelled job's tasks die with an error each (the Python worker's
@@ -305,6 +307,9 @@ class SparkSessionManager:
                     raise InsufficientDiskSpace(
                         f"Spark job of {description} failed: no space left on the device ({_cause(text, exc)})"
                     ) from exc
+                if _STORE_DOWN_SIGN in text:
+                    cause = text.rpartition(_STORE_DOWN_SIGN)[2].splitlines()[0][:2000]
+                    raise StorageUnavailable(f"Spark job of {description} failed: {cause}") from exc
                 raise SparkError(f"Spark job of {description} failed: {_cause(text, exc)}") from exc
             raise
         finally:

@@ -40,7 +40,11 @@ def describe(store: ObjectStore) -> dict[str, Any]:
     else:
         bucket, prefix, options = from_s3
         descriptor = {"root": f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}",
-                      "s3": {name: getattr(options, name) for name in _S3_SETTINGS}}
+                      "s3": {name: getattr(options, name) for name in _S3_SETTINGS},
+                      # storageReadRetrySeconds and storageWriteRetrySeconds: a task's writes give up as the
+                      # driver's do
+                      "budgets": {"read_budget": getattr(store, "read_budget"),
+                                  "write_budget": getattr(store, "write_budget")}}
     with _lock:
         _opened[_cache_key(descriptor)] = store
     return descriptor
@@ -120,7 +124,8 @@ def _open(descriptor: Mapping[str, Any], secrets: Mapping[str, Any]) -> ObjectSt
     options = S3Options(**descriptor["s3"], access_key_id=str(secrets.get("access_key_id", "")),
                         secret_access_key=str(secrets.get("secret_access_key", "")))
     # Each request is counted for the task whose thread made it (``task_report.counting_requests``).
-    return S3Store(location[0], location[1], options, observer=lambda op, seconds: count_request(op))
+    return S3Store(location[0], location[1], options, observer=lambda op, seconds: count_request(op),
+                   **descriptor.get("budgets", {}))
 
 
 def _s3_parts(store: ObjectStore) -> tuple[str, str, Any] | None:

@@ -22,7 +22,8 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 def open_store(root: str, settings: Settings | None = None, *, observer: Observer | None = None) -> ObjectStore:
     """The store of ``root``: a plain path is a folder on the local disk, ``s3://BUCKET/PREFIX`` a prefix of a
-    bucket reached as ``settings``' s3* keys say (its region required). ``observer`` hears of an S3 store's
+    bucket reached as ``settings``' s3* keys say (its region required), its requests retried within
+    storageReadRetrySeconds and storageWriteRetrySeconds. ``observer`` hears of an S3 store's
     every request.
 
     :raises ConfigError: ``root`` is empty or names another scheme (``s3a://``, ``file://``, ...), or an S3 root
@@ -58,4 +59,5 @@ def _s3_store(root: str, location: tuple[str, str], settings: Settings | None,
         path_style=settings.s3_path_style, ca_bundle=settings.s3_ca_bundle,
         server_side_encryption=settings.s3_server_side_encryption, kms_key_id=settings.s3_kms_key_id)
     bucket, prefix = location
-    return S3Store(bucket, prefix, options, observer=observer)
+    return S3Store(bucket, prefix, options, observer=observer, read_budget=settings.storage_read_retry_seconds,
+                   write_budget=settings.storage_write_retry_seconds)

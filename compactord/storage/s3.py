@@ -51,6 +51,7 @@ class S3Store(ObjectStore):
         self.prefix = prefix.strip("/")
         self.options = options
         self.part_size = part_size
+        self.read_budget, self.write_budget = read_budget, write_budget
         self._base = f"{self.prefix}/" if self.prefix else ""
         self._io = Transport(options, self.describe(), read_budget=read_budget, write_budget=write_budget,
                              observer=observer, session=session)

@@ -5,6 +5,7 @@ unless a fault is set, which then takes the next requests:
 
 - ``fail(n, status)``: the next ``n`` requests are answered ``status`` (503 SlowDown, 500 InternalError) with
   S3's XML error body, the request never reaching the server;
+- ``refuse(status)``: every request is answered so, until ``heal()``;
 - ``reset_uploads(n)``: the next ``n`` requests with a body are cut after part of it, the connection reset;
 - ``lose_answers(n)``: the next ``n`` requests reach the server, and their answers are lost (the connection
   reset instead);
@@ -13,7 +14,8 @@ unless a fault is set, which then takes the next requests:
   with the ETag of its bytes, as a store that ignores conditional writes answers (the headers themselves
   cannot be removed: the request's signature covers them).
 
-``requests`` counts the requests that reached the proxy.
+``requests`` counts the requests that reached the proxy, ``seen`` holds their request lines
+(``GET /bucket/key``, the query cut off) in arrival order, ``faulted`` those a fault took.
 """
 
 from __future__ import annotations
@@ -99,11 +101,14 @@ class FaultProxy:
         self.port = self.listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.requests = 0
+        self.seen: list[str] = []
+        self.faulted: list[str] = []
         self.ignore_conditions = False
         self._lock = threading.Lock()
         self._failures: list[int] = []  # statuses of the next requests to fail
         self._resets = 0
         self._lost = 0
+        self._refusing: int | None = None  # the status of every request while refusing
         self._healed = threading.Event()
         self._healed.set()
         self._stopped = threading.Event()
@@ -115,6 +120,10 @@ class FaultProxy:
     def fail(self, n: int, status: int = 503) -> None:
         with self._lock:
             self._failures += [status] * n
+
+    def refuse(self, status: int = 500) -> None:
+        with self._lock:
+            self._refusing = status
 
     def reset_uploads(self, n: int = 1) -> None:
         with self._lock:
@@ -131,6 +140,7 @@ class FaultProxy:
         with self._lock:
             self._failures.clear()
             self._resets = 0
+            self._refusing = None
         self._lost = 0
         self._healed.set()
 
@@ -181,12 +191,16 @@ class FaultProxy:
                     head = reader.head()
                     with self._lock:
                         self.requests += 1
-                        status = self._failures.pop(0) if self._failures else None
+                        line = head[0].decode("latin-1").split("?")[0].split(" HTTP/")[0]
+                        self.seen.append(line)
+                        status = self._failures.pop(0) if self._failures else self._refusing
                         has_body = int(_header(head, b"content-length") or b"0") > 0 \
                             or _header(head, b"transfer-encoding") is not None
                         reset = has_body and self._resets > 0
                         if reset:
                             self._resets -= 1
+                        if reset or status is not None:
+                            self.faulted.append(line)
                     if reset:  # take part of the body, then cut the connection hard (RST)
                         with contextlib.suppress(_Closed):
                             reader.exactly(min(1024, len(reader.buffer) + 1))

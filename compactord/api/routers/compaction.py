@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
-    """``broker_slot``: the dependency that bounds the requests calling the broker (``limits.py``)."""
+def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
+    """``broker_slot``: the dependency that bounds the requests calling the broker; ``store_answers``: the one
+    that refuses a trigger at once while the ledger root's store is known to be down (``limits.py``)."""
     api = APIRouter()
     cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
 
-    @api.put("/v1/topics/{topic}/compaction", status_code=202, tags=["compaction"], dependencies=[broker_slot])
+    @api.put("/v1/topics/{topic}/compaction", status_code=202, tags=["compaction"],
+             dependencies=[store_answers, broker_slot])
     def trigger(request: Request, topic: str,
                 rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")) -> JSONResponse:
         """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic)."""

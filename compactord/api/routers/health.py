@@ -66,10 +66,12 @@ def router(daemon: Daemon) -> APIRouter:
     async def readyz() -> JSONResponse:
         """Readiness: 200 while ledger reads can be served, with ``status`` "ready" (compactions can run:
         the broker answers, Spark is warm) or "degraded" (they cannot: ``problems`` says why); 503 only
-        when reads cannot be served either."""
+        when reads cannot be served either (the ledger root or its store is down), with the same fields."""
         readiness = daemon.readiness()
         if not readiness.reads:
-            raise NotReady("; ".join(readiness.problems))
+            refused = NotReady("; ".join(readiness.problems))
+            return JSONResponse({"error": refused.code, "message": refused.message, **readiness_json(readiness)},
+                                status_code=refused.status)
         return JSONResponse(readiness_json(readiness))
 
     for path, probe in (("/healthz", healthz), ("/readyz", readyz)):

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def router(daemon: Daemon) -> APIRouter:
-    api = APIRouter()
+def router(daemon: Daemon, store_answers: Any) -> APIRouter:
+    """``store_answers``: the dependency that answers 503 at once while the store is known to be down."""
+    api = APIRouter(dependencies=[store_answers])
 
     @api.get("/v1/topics/{topic}/history", tags=["compaction"])
     def history(topic: str, limit: int = Query(50, description="runs per page, 1 to 1000"),

@@ -26,8 +26,9 @@ Encoding = Literal["base64", "utf8"]
 _PIN = Query(None, ge=0, le=2**63 - 1, description="read this ledger (410 ledger_retired once it is gone)")
 
 
-def router(daemon: Daemon) -> APIRouter:
-    api = APIRouter()
+def router(daemon: Daemon, store_answers: Any) -> APIRouter:
+    """``store_answers``: the dependency that answers 503 at once while the store is known to be down."""
+    api = APIRouter(dependencies=[store_answers])  # before the read slot: a refusal waits for nothing
     max_bytes = daemon.settings.http_read_max_bytes
     # The pages are rendered to JSON here, in the pool's thread that read them (a ``JSONResponse``, not a
     # dict that FastAPI would validate and encode on the event loop, which answers the probes). The read
