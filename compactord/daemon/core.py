@@ -141,7 +141,8 @@ class Daemon:
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
-        self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics)
+        self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
+                                      store_problem=lambda: self.store_problem())
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.fatal: str | None = None
         self.embedded_broker = False  # set by the server runner when it started the bundled broker

@@ -23,6 +23,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,8 +133,11 @@ def triggers_fired(backlog: Backlog, policy: dict[str, Any]) -> list[Reason]:
 
 class BacklogMonitor:
     def __init__(self, settings: Settings, broker: BrokerMetadata, store: LedgerStore, registry: TaskRegistry,
-                 policies: PolicyStore, metrics: Metrics) -> None:
+                 policies: PolicyStore, metrics: Metrics,
+                 store_problem: Callable[[], str | None] = lambda: None) -> None:
+        """``store_problem``: why the ledger root's store is known down (None: it answers); no pass runs then."""
         self._settings = settings
+        self._store_problem = store_problem
         self._broker = broker
         self._store = store
         self._registry = registry
@@ -233,6 +237,10 @@ class BacklogMonitor:
         return {} if known is None else known.log_starts()
 
     def _pass(self) -> None:
+        problem = self._store_problem()
+        if problem is not None:  # a compaction could not write its ledger: none is started
+            log.debug("no backlog pass: %s", problem)
+            return
         broker_topics = set(self._broker.list_topics())
         self._note_missing(broker_topics)
         for topic in sorted(broker_topics & set(self._store.topics())):

@@ -207,20 +207,10 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     produce_mixed(kafka, topic)
     port = free_port()
     token = "cluster-token"
-    conf = write_conf(tmp_path / "broker.conf", {
-        "kafkaBootstrapServers": broker.bootstrap,
-        "compactedLedgerRoot": str(tmp_path / "cluster-ledgers"),  # a local path: shared on one machine
-        "httpPort": str(port),
-        "httpAuthToken": token,
-        "sparkMaster": cluster.master_url,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.memory": "1g",
-        "spark.executor.memory": "1g",
-        "spark.cores.max": "2",
-        "compactionTopicsPattern": topic,
-        "brokerServiceCompactionThresholdInBytes": "0",
-        "logLevel": "DEBUG",  # the channel's hand-offs are logged at DEBUG
-    })
+    conf = write_conf(tmp_path / "broker.conf", _daemon_conf(
+        broker, cluster, topic, port, token,
+        compactedLedgerRoot=str(tmp_path / "cluster-ledgers"),  # a local path: shared on one machine
+        logLevel="DEBUG"))  # the channel's hand-offs are logged at DEBUG
     daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, tmp_path / "cluster-ledgers", token)
     try:
         daemon.start()
@@ -254,6 +244,25 @@ def test_compaction_on_a_standalone_cluster_equals_local_mode(kafka: Any, broker
     assert not seen, f"control files under the ledger root: {seen}"
 
 
+def _daemon_conf(broker: Any, cluster: StandaloneCluster, topic: str, port: int, token: str,
+                 **keys: str) -> dict[str, str]:
+    """broker.conf of a daemon whose compactions of ``topic`` run on ``cluster`` (one executor a worker), and
+    ``keys``."""
+    return {
+        "kafkaBootstrapServers": broker.bootstrap,
+        "httpPort": str(port),
+        "httpAuthToken": token,
+        "sparkMaster": cluster.master_url,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.executor.memory": "1g",
+        "spark.cores.max": "2",
+        "compactionTopicsPattern": topic,
+        "brokerServiceCompactionThresholdInBytes": "0",
+        **keys,
+    }
+
+
 def test_compaction_on_a_standalone_cluster_into_an_s3_root(kafka: Any, broker: Any, s3_server: Any, tmp_path: Path,
                                                             cluster: StandaloneCluster,
                                                             request: pytest.FixtureRequest) -> None:
@@ -264,20 +273,8 @@ def test_compaction_on_a_standalone_cluster_into_an_s3_root(kafka: Any, broker: 
     driver_dir.mkdir()
     port = free_port()
     token = "cluster-token"
-    conf = write_conf(tmp_path / "broker.conf", {
-        "kafkaBootstrapServers": broker.bootstrap,
-        "compactedLedgerRoot": f"s3://{BUCKET}/{prefix}",
-        **s3_server.daemon_conf(),
-        "httpPort": str(port),
-        "httpAuthToken": token,
-        "sparkMaster": cluster.master_url,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.memory": "1g",
-        "spark.executor.memory": "1g",
-        "spark.cores.max": "2",
-        "compactionTopicsPattern": topic,
-        "brokerServiceCompactionThresholdInBytes": "0",
-    })
+    conf = write_conf(tmp_path / "broker.conf", _daemon_conf(
+        broker, cluster, topic, port, token, compactedLedgerRoot=f"s3://{BUCKET}/{prefix}", **s3_server.daemon_conf()))
     daemon = DaemonProcess(conf, tmp_path / "daemon.log", port, driver_dir / "ledgers", token, workdir=driver_dir)
     try:
         daemon.start()

@@ -1,6 +1,7 @@
 """A backlog monitor's pass against a broker that stops answering, through the broker seam
 (``BrokerMetadata``): the pass ends at the first topic when no broker answers at all, goes on past a
-topic whose leader alone is unreachable, and a stopped monitor ends its pass before the next topic.
+topic whose leader alone is unreachable, a stopped monitor ends its pass before the next topic, and no pass
+asks the broker while the ledger root's store is known down (no compaction could write its ledger).
 
 Without these, a pass over N topics with the broker down waited out a bootstrap timeout per topic
 (~10 s each), and a test process whose daemon had stopped kept running such a pass after its tests."""
@@ -67,13 +68,16 @@ class NoCompactions:
         raise AssertionError(f"nothing may be compacted here ({topic})")
 
 
-def one_pass(broker: UnreachableBroker, root: Path, stop_on_first_ask: bool = False) -> BacklogMonitor:
-    """A monitor on ``broker`` and a fresh ledger root runs one pass (stopped during it, if asked)."""
+def one_pass(broker: UnreachableBroker, root: Path, stop_on_first_ask: bool = False,
+             store_problem: str | None = None) -> BacklogMonitor:
+    """A monitor on ``broker`` and a fresh ledger root runs one pass (stopped during it, if asked; with the
+    root's store known down for ``store_problem``, if given)."""
     settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", compacted_ledger_root=str(root))
     store = LedgerStore(root)
     store.open()
     registry = TaskRegistry(NoCompactions(), 1, 60.0)  # type: ignore[arg-type]
-    monitor = BacklogMonitor(settings, broker, store, registry, PolicyStore(store, ["publishing-order"]), Metrics())
+    monitor = BacklogMonitor(settings, broker, store, registry, PolicyStore(store, ["publishing-order"]), Metrics(),
+                             store_problem=lambda: store_problem)
     if stop_on_first_ask:
         broker.on_ask = monitor.stop
     try:
@@ -100,3 +104,11 @@ def test_a_stopped_monitor_ends_its_pass_before_the_next_topic(tmp_path):
     broker = UnreachableBroker(answers_ping=True)
     one_pass(broker, tmp_path, stop_on_first_ask=True)
     assert set(broker.asked) == {"topic-0"}
+
+
+def test_no_pass_runs_while_the_ledger_roots_store_is_down(tmp_path):
+    broker = UnreachableBroker(answers_ping=True)
+    one_pass(broker, tmp_path, store_problem="the ledger root's store does not answer (test)")
+    assert broker.asked == []
+    one_pass(broker, tmp_path / "answers")
+    assert sorted(set(broker.asked)) == TOPICS
