@@ -162,7 +162,7 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
         broker metadata (e.g. ``tests.support.brokers.Answers``) to give answers the test broker cannot."""
         from compactord.kafka.admin import KafkaAdmin
 
-        root = store.root if store is not None else root or tmp_path / "ledgers"
+        root = store.location if store is not None else root or tmp_path / "ledgers"
         settings = settings_for(broker, root, **overrides)
         answers = metadata(KafkaAdmin(settings)) if metadata is not None else None
         if answers is not None:

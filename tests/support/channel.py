@@ -41,3 +41,9 @@ def control_files(root: Path) -> list[Path]:
             if in_progress or name.split(".")[0] in _CONTROL_NAMES:
                 found.append(path)
     return found
+
+
+def control_keys(objects: Any) -> list[str]:
+    """``control_files`` of a ledger root in an object store (``objects``: the root's ``ObjectStore``)."""
+    return [info.key for info in objects.list() if info.key.startswith("@compactord/progress/")
+            or info.key.rpartition("/")[2].split(".")[0] in _CONTROL_NAMES]

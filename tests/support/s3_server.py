@@ -33,7 +33,7 @@ import pytest
 from compactord.embedded import port_is_free
 from compactord.storage.s3 import S3Options, S3Store
 
-__all__ = ["S3Server", "s3_server", "weed_binary"]
+__all__ = ["S3Server", "s3_factory", "s3_server", "weed_binary"]
 
 ACCESS_KEY = "compactord-test"
 SECRET_KEY = "compactord-test-secret-7f3a"
@@ -160,6 +160,14 @@ class S3Server:
         another way (a proxy)."""
         return S3Store(bucket, prefix if prefix is not None else f"t-{uuid.uuid4().hex[:12]}",
                        options or self.options(endpoint), **kwargs)
+
+
+def s3_factory(make_factory: Any, server: S3Server, root: str | None = None, **overrides: Any) -> Any:
+    """``make_factory`` (tests/conftest.py) on an ``s3://`` ledger root on ``server``: a fresh prefix, or ``root``
+    (a factory opened again on a root, as a restart does; or one sharing another's ``store=``)."""
+    root = root or f"s3://{BUCKET}/e2e-{uuid.uuid4().hex[:12]}"
+    return make_factory(root=root, s3_region=REGION, s3_endpoint=server.endpoint, s3_access_key_id=ACCESS_KEY,
+                        s3_secret_access_key=SECRET_KEY, **overrides)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from compactord.model import Entry, Position
 from compactord.task import CompactionTaskCtx, TaskState
 from tests.support.timeouts import TASK_TIMEOUT_S
 
-__all__ = ["compact", "entries", "last_value_model", "ledger_dirs", "succeeded", "view"]
+__all__ = ["compact", "entries", "last_value_model", "ledger_dirs", "pinned", "succeeded", "view"]
 
 
 def succeeded(ctx: CompactionTaskCtx) -> CompactionTaskCtx:
@@ -36,6 +36,16 @@ def entries(service: Any, partition: int = 0) -> list[Entry]:
         if len(page) < 7:
             return out
         start = page[-1].offset + 1
+
+
+def pinned(service: Any, partition: int, ledger_id: int) -> list[Entry]:
+    """Every live entry of a partition of ledger ``ledger_id`` (a read pinned to it, a retired one too)."""
+    out: list[Entry] = []
+    start = 0
+    while page := service.read_compacted_page(Position(partition, start), 5, ledger_id=ledger_id).entries:
+        out.extend(page)
+        start = page[-1].offset + 1
+    return out
 
 
 def view(service: Any, partitions: int = 1) -> dict[bytes | None, bytes | None]:

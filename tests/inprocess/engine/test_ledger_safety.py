@@ -29,14 +29,15 @@ def snapshot(service: Any) -> tuple[Any, ...]:
 
 
 def damage_ledger(store: Any, topic: str, ledger_id: int, damage: str) -> None:
+    """Flip a byte of the ledger's first part, or delete it, through the root's store (a folder or a bucket)."""
     manifest = store.load_manifest(topic, ledger_id)
-    part = store.ledger_path(topic, ledger_id) / manifest.files[0]["name"]
+    key = f"{store.ledger_key(topic, ledger_id)}/{manifest.files[0]['name']}"
     if damage == "flip-a-byte":
-        data = bytearray(part.read_bytes())
+        data = bytearray(store.objects.get(key))
         data[len(data) // 2] ^= 0xFF
-        part.write_bytes(bytes(data))
+        store.objects.put(key, bytes(data))
     else:
-        part.unlink()
+        store.objects.delete(key)
 
 
 @pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])

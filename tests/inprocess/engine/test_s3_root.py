@@ -1,25 +1,18 @@
 """A ledger root on S3 (``s3://BUCKET/PREFIX`` on the session's SeaweedFS): the driver and Spark's Python tasks
 both reach it through the store, with no local folder of the root anywhere; the tasks get the root's keys over
-the run's channel."""
+the run's channel.
+The local-root suites' end-to-end behaviours on an S3 root: test_s3_e2e.py."""
 
 from __future__ import annotations
 
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 from compactord.ledger.files import CURRENT, MANIFEST
-from compactord.model import Position
 from compactord.storage.s3 import S3Store
-from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
-from tests.support.service import compact, entries, last_value_model, view
-
-
-def _s3_factory(make_factory: Any, s3_server: Any, **overrides: Any) -> Any:
-    root = f"s3://{BUCKET}/e2e-{uuid.uuid4().hex[:12]}"
-    return make_factory(root=root, s3_region=REGION, s3_endpoint=s3_server.endpoint, s3_access_key_id=ACCESS_KEY,
-                        s3_secret_access_key=SECRET_KEY, **overrides)
+from tests.support.s3_server import BUCKET, s3_factory
+from tests.support.service import compact, entries, last_value_model, pinned, view
 
 
 def _first_value_model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
@@ -44,7 +37,7 @@ def test_compactions_and_reads_on_an_s3_root(kafka, make_factory, s3_server, tmp
     topic = kafka.topic(partitions=2)
     first = [(f"k{i % 20}", None if i % 13 == 5 else f"v{i}", (i % 20) % 2) for i in range(120)]
     kafka.produce(topic, first)
-    factory = _s3_factory(make_factory, s3_server, compaction_retired_ledger_grace_seconds=600)
+    factory = s3_factory(make_factory, s3_server, compaction_retired_ledger_grace_seconds=600)
     objects = factory.store.objects
     assert isinstance(objects, S3Store)
     service = factory.new_topic_compaction_service(topic)
@@ -62,7 +55,7 @@ def test_compactions_and_reads_on_an_s3_root(kafka, make_factory, s3_server, tmp
     model = last_value_model(first + second)
     assert view(service, 2) == model
     # The replaced ledger stays readable, pinned, until its grace ends; the current one's last entries.
-    old = {e.key: e.value for p in (0, 1) for e in _pinned(service, p, full.ledger_id)}
+    old = {e.key: e.value for p in (0, 1) for e in pinned(service, p, full.ledger_id)}
     assert old == last_value_model(first)
     for p in (0, 1):
         last = service.read_last_compacted_page(p).entries
@@ -87,10 +80,3 @@ def test_compactions_and_reads_on_an_s3_root(kafka, make_factory, s3_server, tmp
     assert not (tmp_path / "s3:").exists() and not Path(BUCKET).exists()
     assert _spooled() == spooled_before, "a task left its temporary part on the local disk"
 
-
-def _pinned(service: Any, partition: int, ledger_id: int) -> list[Any]:
-    out, start = [], 0
-    while page := service.read_compacted_page(Position(partition, start), 5, ledger_id=ledger_id).entries:
-        out.extend(page)
-        start = page[-1].offset + 1
-    return out
