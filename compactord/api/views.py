@@ -180,6 +180,7 @@ def run_status(run: RunRecord) -> dict[str, Any]:
         "progress": {"records_read": run.records_read, "records_total": run.records_read},
         "full_rebuild": run.full_rebuild,
         "recreated": run.recreated,
+        "storage_requests": dict(run.storage_requests),
         "read_throttle": None,
         "kind": "compaction",
         "warnings": [],
@@ -200,7 +201,7 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
         return run_status(run)
     none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
             "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
-            "read_throttle": None, "kind": None, "warnings": []}
+            "storage_requests": {}, "read_throttle": None, "kind": None, "warnings": []}
     if manifest is None:
         return {**none, "status": "NOT_RUN", "started_at": None, "finished_at": None}
     return {**none, "status": "SUCCESS", "started_at": iso_utc(manifest.started_at_ms / 1000),

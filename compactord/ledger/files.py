@@ -47,7 +47,9 @@ def file_crc32c(path: Path) -> int:
 
 def check_object(objects: ObjectStore, prefix: str, entry: dict[str, Any]) -> str | None:
     """What is wrong with one file a manifest lists (under ``prefix``, a ledger's ``<topic>/ledger-<id>/``),
-    or None: its size from a listing, its CRC-32C read through the store in 1 MiB chunks."""
+    or None: its size from a listing, its CRC-32C read through the store in 1 MiB chunks.
+
+    :raises StorageUnavailable: the store failed to answer."""
     name = entry.get("name")
     if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
         return "is not a plain file name"
@@ -63,7 +65,9 @@ def check_object(objects: ObjectStore, prefix: str, entry: dict[str, Any]) -> st
                 crc = crc32c.crc32c(chunk, crc)
     except ObjectNotFound:
         return "is missing"
-    except (OSError, StorageUnavailable) as exc:
+    except StorageUnavailable:  # an OSError too, but the store's failure: the file is not known to be bad
+        raise
+    except OSError as exc:
         return f"cannot be read ({exc})"
     if crc != entry.get("crc32c"):
         return f"fails its checksum (CRC-32C {crc}, expected {entry.get('crc32c')})"

@@ -53,6 +53,7 @@ class LedgerReader:
         ``<topic>/ledger-<id>/``, as ``LedgerStore.open_reader`` gives them), else in the folder ``path``.
 
         :raises LedgerCorrupt: a file is missing, not Parquet, or has another row count than listed.
+        :raises StorageUnavailable: the store failed to answer (nothing is known of the files then).
         """
         self.path = Path(path)
         self.manifest = manifest
@@ -66,7 +67,9 @@ class LedgerReader:
             file = self.path / spec["name"]
             try:
                 footer = self._footer(spec)
-            except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
+            except StorageUnavailable:  # an OSError too, but the store's failure, not the file's
+                raise
+            except (OSError, pa.ArrowException, ObjectNotFound) as exc:
                 raise LedgerCorrupt(f"ledger file {file} cannot be opened: {exc}", file=spec["name"]) from exc
             metadata = footer.metadata
             if "rows" in spec and metadata.num_rows != spec["rows"]:
@@ -104,12 +107,14 @@ class LedgerReader:
         """Read one row group (one ranged read of its bytes: ``footer_cache.read_row_group``): the only place
         that decodes ledger data (a hook for tests and metrics).
 
-        :raises LedgerCorrupt: the file cannot be read.
+        :raises LedgerCorrupt: the file cannot be read. :raises StorageUnavailable: the store failed.
         """
         try:
             return footer_cache.read_row_group(self._objects, self._prefix + group.file.name,
                                                self._footers[group.file_index], group.index)
-        except (OSError, pa.ArrowException, ObjectNotFound, StorageUnavailable) as exc:
+        except StorageUnavailable:  # an OSError too, but the store's failure, not the file's
+            raise
+        except (OSError, pa.ArrowException, ObjectNotFound) as exc:
             raise LedgerCorrupt(
                 f"row group {group.index} of ledger file {group.file} cannot be read: {exc}",
                 file=group.file.name,

@@ -182,7 +182,8 @@ def test_never_compacted_topic(shared_daemon: DaemonProcess, kafka: Any) -> None
         "topic": topic, "status": "NOT_RUN", "state": None, "task_id": None, "reason": None,
         "reason_detail": None, "started_at": None, "finished_at": None, "last_error": None,
         "progress": {"records_read": 0, "records_total": 0},
-        "full_rebuild": False, "recreated": False, "read_throttle": None, "kind": None, "warnings": [],
+        "full_rebuild": False, "recreated": False, "storage_requests": {}, "read_throttle": None, "kind": None,
+        "warnings": [],
     }
     assert shared_daemon.http.get(f"/v1/topics/{topic}/history").json() == {"topic": topic, "runs": [], "next": None}
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/history", params={"limit": 0}), 422, "invalid_argument")

@@ -87,7 +87,9 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[float, Any]:
 def check_task(task: dict[str, Any], topic: str) -> None:
     assert set(task) == {"topic", "status", "state", "task_id", "reason", "reason_detail", "started_at",
                          "finished_at", "last_error", "progress", "full_rebuild", "recreated", "read_throttle",
-                         "kind", "warnings"}, task
+                         "kind", "warnings", "storage_requests"}, task
+    # The run's requests to the ledger root's store, by operation (none on a local root: it has no observer).
+    assert all(isinstance(op, str) and isinstance(n, int) and n > 0 for op, n in task["storage_requests"].items())
     assert task["reason"] in REASON_KINDS and isinstance(task["reason_detail"], str)
     assert isinstance(task["warnings"], list)
     assert task["topic"] == topic
