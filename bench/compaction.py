@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             if role is not None:
                 cpu[role or ("full" if rebuild else "incremental")].append(cpu_since(c0))
             checked(on or service, task, state, expect_records)
-            return elapsed, dataclasses.asdict(task.stats)
+            # Field by field, not dataclasses.asdict: the stats hold a request counter with its lock.
+            return elapsed, {f.name: getattr(task.stats, f.name) for f in dataclasses.fields(task.stats)}
 
         def checked(on: Any, task: Any, state: Any, expect_records: int) -> None:
             if state is not TaskState.SUCCEED:
