@@ -40,20 +40,13 @@ def damage_ledger(store: Any, topic: str, ledger_id: int, damage: str) -> None:
         store.objects.delete(key)
 
 
-@pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])
-def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_factory, caplog, damage):
-    topic = kafka.topic()
-    records = [(f"k{i % 8}", f"v{i}") for i in range(50)]
-    kafka.produce(topic, records)
-    factory = make_factory()
-    corrupt_id = compact(factory.new_topic_compaction_service(topic)).ledger_id
-    damage_ledger(factory.store, topic, corrupt_id, damage)
-
-    # The next start (a new service on the same root) verifies the ledger before serving it.
-    service = make_factory(store=factory.store).new_topic_compaction_service(topic)
+def not_served_then_rebuilt(service: Any, corrupt_id: int, records: list[tuple[str, str]], caplog: Any) -> Any:
+    """A service whose current ledger ``corrupt_id`` is corrupt: its reads fail loudly (500 ledger_corrupt, an
+    ERROR line), and its next run rebuilds the view of ``records`` in full; return that run's task."""
     with caplog.at_level(logging.WARNING, logger="compactord"):
-        with pytest.raises(LedgerCorrupt, match=f"ledger {corrupt_id} of topic"):
+        with pytest.raises(LedgerCorrupt, match=f"ledger {corrupt_id} of topic") as caught:
             service.read_compacted_entries(Position(0, 0), 10)
+        assert caught.value.code == "ledger_corrupt" and caught.value.status == 500
         with pytest.raises(LedgerCorrupt):
             service.read_last_compacted_entry(0)
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "not served" in r.getMessage()]
@@ -65,6 +58,21 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
     assert any("full rebuild" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
     assert service.ledger_info().ledger_id == ctx.ledger_id != corrupt_id
     assert view(service) == last_value_model(records)
+    return ctx
+
+
+@pytest.mark.parametrize("damage", ["flip-a-byte", "delete-the-file"])
+def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_factory, caplog, damage):
+    topic = kafka.topic()
+    records = [(f"k{i % 8}", f"v{i}") for i in range(50)]
+    kafka.produce(topic, records)
+    factory = make_factory()
+    corrupt_id = compact(factory.new_topic_compaction_service(topic)).ledger_id
+    damage_ledger(factory.store, topic, corrupt_id, damage)
+
+    # The next start (a new service on the same root) verifies the ledger before serving it.
+    service = make_factory(store=factory.store).new_topic_compaction_service(topic)
+    ctx = not_served_then_rebuilt(service, corrupt_id, records, caplog)
     # the rebuilt ledger replaced the corrupt one, which is gone
     assert ledger_dirs(factory.store.root, topic) == [f"ledger-{ctx.ledger_id}"]
 

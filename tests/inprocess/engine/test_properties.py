@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from compactord.model import Entry, Position
 from tests.support.brokers import Answers
-from tests.support.service import compact, entries
+from tests.support.service import compact, entries, pinned
 
 PARTITIONS = 2
 HEADER = "et"
@@ -160,16 +160,6 @@ def expected(mode: Mode, log: dict[int, list[Logged]], log_start: dict[int, int]
 
 
 # -- the property ----------------------------------------------------------------------------------
-
-
-def pinned(service: Any, partition: int, ledger_id: int) -> list[Entry]:
-    """Every live entry of a partition of one ledger, read by its id (current or in its grace period)."""
-    out: list[Entry] = []
-    start = 0
-    while page := service.read_compacted_page(Position(partition, start), 5, ledger_id=ledger_id).entries:
-        out.extend(page)
-        start = page[-1].offset + 1
-    return out
 
 
 def with_markers(service: Any, partition: int) -> list[Entry]:

@@ -16,9 +16,8 @@ import pytest
 
 from compactord.errors import LedgerCorrupt, LedgerRetired
 from compactord.ledger.files import CURRENT
-from compactord.model import Position
 from compactord.task import TaskState
-from tests.inprocess.engine.test_ledger_safety import damage_ledger
+from tests.inprocess.engine.test_ledger_safety import damage_ledger, not_served_then_rebuilt
 from tests.inprocess.engine.test_read_throttle import throttled_run
 from tests.inprocess.engine.test_strategies_e2e import produce_et
 from tests.support.channel import control_keys
@@ -196,21 +195,7 @@ def test_corrupt_ledger_is_not_served_and_the_next_run_rebuilds_it(kafka, make_f
     # The next start verifies the ledger before serving it.
     factory = restart(make_factory, s3_server, factory)
     service = factory.new_topic_compaction_service(topic)
-    with caplog.at_level(logging.WARNING, logger="compactord"):
-        with pytest.raises(LedgerCorrupt, match=f"ledger {corrupt_id} of topic") as caught:
-            service.read_compacted_entries(Position(0, 0), 10)
-        assert caught.value.code == "ledger_corrupt" and caught.value.status == 500
-        with pytest.raises(LedgerCorrupt):
-            service.read_last_compacted_entry(0)
-        errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "not served" in r.getMessage()]
-        assert errors, "the corrupt ledger was not reported loudly"
-
-        ctx = compact(service)
-    assert ctx.stats.full_rebuild is True
-    assert ctx.stats.records_read == len(records)
-    assert any("full rebuild" in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
-    assert service.ledger_info().ledger_id == ctx.ledger_id != corrupt_id
-    assert view(service) == last_value_model(records)
+    ctx = not_served_then_rebuilt(service, corrupt_id, records, caplog)
     # The rebuilt ledger replaced the corrupt one, whose objects are gone from the bucket.
     assert factory.store.ledger_ids(topic) == [ctx.ledger_id]
     assert keys(factory, f"{topic}/ledger-{corrupt_id}/") == []
