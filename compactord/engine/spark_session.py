@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -127,6 +128,9 @@ def _launch_jvm(app_name: str, master: str, conf: dict[str, str]) -> None:
     SparkContext._ensure_initialized(gateway=gateway)
 
 
+LIVENESS_SLICE_S = 1.0  # see SparkSessionManager.alive
+
+
 def _ask_alive(spark: Any) -> bool:
     try:
         return not spark.sparkContext._jsc.sc().isStopped()
@@ -223,10 +227,14 @@ class SparkSessionManager:
             answered.set()
 
         threading.Thread(target=ask, name="spark-alive", daemon=True).start()
-        if not answered.wait(timeout):
-            log.error("the Spark JVM did not answer a liveness check within %.1fs: it is hung", timeout)
-            return False
-        return answer[0]
+        # Waited in slices, each counted as its length however long it took: a slice that returns late means that
+        # this process did not run (SIGSTOP, a suspended VM, a starved host), and an answer that came meanwhile is
+        # not the JVM's delay. One wait of ``timeout`` would call the JVM hung after any pause that long.
+        for _ in range(max(1, math.ceil(timeout / LIVENESS_SLICE_S))):
+            if answered.wait(min(LIVENESS_SLICE_S, timeout)):
+                return answer[0]
+        log.error("the Spark JVM did not answer a liveness check within %.1fs: it is hung", timeout)
+        return False
 
     def warm_up(self, scratch: str | os.PathLike[str] | None = None) -> None:
         """Run the compaction job on an empty range: a full run, then an incremental one that reads the

@@ -6,6 +6,11 @@ tests/inprocess/engine/test_cancel.py).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +84,49 @@ def test_remembered_cancellations_are_bounded(manager: SparkSessionManager) -> N
     assert not manager.was_cancelled("t0")
     assert manager.was_cancelled(f"t{spark_session.MAX_CANCELLED_GROUPS + 9}")
     assert len(manager._cancelled) == spark_session.MAX_CANCELLED_GROUPS
+
+
+# A process paused in the middle of a liveness check (SIGSTOP, a suspended VM) finds, once it runs again, that more
+# than the check's time has passed; the JVM's answer, which needs the process to run, is not late for that.
+_PAUSED_CHECK = """
+import time
+from compactord.config import Settings
+from compactord.engine.spark_session import SparkSessionManager
+
+class _Sc:
+    def isStopped(self):
+        print("asking", flush=True)
+        for _ in range(10):  # 0.5 s of this process's own running time, in steps that a pause cannot skip
+            time.sleep(0.05)
+        return False
+
+class _Jsc:
+    def sc(self):
+        return _Sc()
+
+class _Context:
+    _jsc = _Jsc()
+
+class _Session:
+    sparkContext = _Context()
+
+manager = SparkSessionManager(Settings())
+manager._spark = _Session()
+print("alive" if manager.alive(timeout=2.0) else "hung", flush=True)
+"""
+
+
+def test_a_pause_of_the_daemon_longer_than_the_check_is_not_a_hung_jvm() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _PAUSED_CHECK], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "asking\n"
+        time.sleep(0.1)
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # longer than the check's 2 s
+        child.send_signal(signal.SIGCONT)
+        assert child.stdout.readline() == "alive\n"
+        assert child.wait(30) == 0
+    finally:
+        child.kill()
+        child.wait()
