@@ -43,7 +43,7 @@ from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, Resol
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.task_store import describe, new_output
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.ledger.row_groups import ledger_row_groups, max_partition_rows, partition_groups
+from compactord.ledger.row_groups import FileFacts, FileSlice, ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
 from compactord.storage import ObjectStore
 
@@ -120,7 +120,10 @@ class CompactionJobSpec:
     read_bytes_per_second: float = 0  # one reading task's share of the read budget (0: unlimited)
     # Final reads of an incremental run: per partition, the previous ledger's files and row groups its
     # reading task merges (``ledger.row_groups.partition_groups``; the footers are read once, here).
-    ledger_groups: Mapping[int, Sequence[tuple[str, Sequence[int]]]] = field(default_factory=dict)
+    ledger_groups: Mapping[int, Sequence[FileSlice]] = field(default_factory=dict)
+    # Each of ``ledger_files``' size and CRC-32C as the previous ledger's manifest lists them: its footer is then
+    # read without a HEAD, and once per process (``ledger.row_groups.file_footer``).
+    ledger_facts: Mapping[str, FileFacts] = field(default_factory=dict)
     # The cores that run the reading tasks: a small job's ranges are packed into a task per core
     # (``kafka_source.read_tasks``); 0: a task per range.
     cores: int = 0
@@ -146,13 +149,16 @@ def job_spec(
     read_bytes_per_second: float = 0,
     cores: int = 0,
     store: ObjectStore | None = None,
+    ledger_facts: Mapping[str, FileFacts] | None = None,
 ) -> CompactionJobSpec:
     """The one place a job's spec is built: from the settings and the strategy in force for the run.
 
     ``now_ms`` (default: now) is the instant tombstone retention and key expiry are measured at: the
     task's start, so that a run's result does not depend on when Spark reaches the step. ``store``: the ledger
-    root whose keys ``ledger_files`` and ``output_path`` are (None: local paths)."""
-    groups = ledger_row_groups(ledger_files, store) if ledger_files else []
+    root whose keys ``ledger_files`` and ``output_path`` are (None: local paths); ``ledger_facts``: their sizes
+    and checksums (``CompactionJobSpec.ledger_facts``)."""
+    facts = dict(ledger_facts or {})
+    groups = ledger_row_groups(ledger_files, store, facts) if ledger_files else []
     final = reads_are_final(strategy.strategy, ranges, ledger_files, log_start, max_partition_rows(groups),
                             retain_null_key=strategy.settings.retain_null_key)
     return CompactionJobSpec(
@@ -177,8 +183,9 @@ def job_spec(
         key_ttl_ms=key_ttl_ms,
         ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
         read_bytes_per_second=read_bytes_per_second,
-        ledger_groups={p: partition_groups(groups, p, start) for p, start in log_start.items()}
+        ledger_groups={p: partition_groups(groups, p, start, facts) for p, start in log_start.items()}
         if final and ledger_files else {},
+        ledger_facts=facts,
         cores=cores,
         store=describe(store) if store is not None else None,
     )
@@ -243,7 +250,7 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "ranges": [[r.partition, r.start, r.end] for r in ranges],
             "read_tasks": read_tasks(ranges, spec.cores) if spec.cores else 0,
             "final": spec.final_reads,
-            "ledger_groups": {str(p): [[path, list(indexes)] for path, indexes in groups]
+            "ledger_groups": {str(p): [[part.name, list(part.indexes), part.size, part.crc32c] for part in groups]
                               for p, groups in spec.ledger_groups.items()},
             "log_start": {str(p): s for p, s in spec.log_start.items()},
             "strategy": spec.strategy_ref,
@@ -311,7 +318,7 @@ def _records(spark: Any, spec: CompactionJobSpec) -> Any:
     records = spark.read.format(FORMAT).option("spec", _reader_spec(spec)).load()
     if spec.ledger_files and not spec.final_reads:  # final reads merge the ledger in the reading tasks
         ledger = ledger_rows(spark, spec.ledger_files, spec.log_start,
-                             spec.cores or spark.sparkContext.defaultParallelism, _task_access(spec))
+                             spec.cores or spark.sparkContext.defaultParallelism, _task_access(spec), spec.ledger_facts)
         if ledger is not None:
             records = records.unionByName(ledger)
     if any(spec.log_start.values()):

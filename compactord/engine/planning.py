@@ -13,6 +13,7 @@ from compactord.config import Settings
 from compactord.engine.job import reads_are_final
 from compactord.engine.kafka_source import OffsetRange, plan_ranges
 from compactord.engine.strategies import ResolvedStrategy, plan_for
+from compactord.ledger.row_groups import FileFacts
 from compactord.model import Horizon, LedgerManifest, PartitionOffsets, RecordFingerprint
 
 __all__ = ["CompactionPlan", "LogNow", "new_log_reason", "plan_compaction"]
@@ -35,6 +36,14 @@ class CompactionPlan:
     corrupt_id: int | None = None  # a corrupt current ledger this run replaces (deleted after the switch)
     topic_id: str | None = None
     recreated: bool = False  # the log is a new one (the topic was deleted and recreated)
+
+    @property
+    def previous_facts(self) -> dict[str, FileFacts]:
+        """Each of ``previous_files``' size and CRC-32C as the previous ledger's manifest lists them."""
+        if not self.previous_files or self.previous is None:
+            return {}
+        by_name = {f["name"]: (f.get("bytes"), f.get("crc32c")) for f in self.previous.files}
+        return {path: by_name[path.rpartition("/")[2]] for path in self.previous_files}
 
     def fingerprints_after(self, read: Mapping[int, RecordFingerprint]) -> dict[int, RecordFingerprint]:
         """The new ledger's fingerprints: per partition, the last data record this run read, else (an

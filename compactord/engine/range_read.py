@@ -39,7 +39,7 @@ from compactord.engine.task_store import locate, spec_store
 from compactord.engine.throttle import ReadThrottle
 from compactord.engine.windows import MEMORY_BUDGET_BYTES, SettledWindows
 from compactord.ledger.parts import part_name, write_part
-from compactord.ledger.row_groups import partition_rows
+from compactord.ledger.row_groups import FileSlice, partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint
 from compactord.storage import ObjectStore
 from compactord.task_report import RequestCounts, counting_requests
@@ -81,8 +81,8 @@ class RangeReadTask:
         # Final reads of an incremental run: the previous ledger's files and row groups that may hold this
         # partition's rows (the driver read the footers), merged into its winners at the end
         # (``merge.merge_into_ledger``), and the log start that bounds its rows.
-        self.ledger_groups: list[tuple[str, list[int]]] = [
-            (path, indexes) for path, indexes in spec.get("ledger_groups", {}).get(str(partition), [])]
+        self.ledger_groups: list[FileSlice] = [
+            FileSlice(*entry) for entry in spec.get("ledger_groups", {}).get(str(partition), [])]
         self.log_start = int(spec.get("log_start", {}).get(str(partition), 0))
         # Final reads of a compaction (not a preview): the task applies these deletion rules and writes its
         # partition's part file into this folder, and hands no row to Spark.

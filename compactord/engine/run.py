@@ -281,7 +281,7 @@ class CompactionRun:
             channel=channel.endpoint(driver_address(spark.spark)), widths=spark.job_widths(plan.ledger_rows + plan.tail_records),
             now_ms=int((self.ctx.started_at or time.time()) * 1000), key_ttl_ms=self.key_ttl_ms,
             read_bytes_per_second=per_task_rate(budget, len(plan.ranges), cores), cores=cores,
-            store=self.store.objects,
+            store=self.store.objects, ledger_facts=plan.previous_facts,
         )
         tasks = writing_tasks_spec(spec, plan.strategy.strategy) if early is not None and count is None else None
         if early is not None and (tasks is None or not early.fits(tasks)):

@@ -4,13 +4,14 @@ are ``storage/disk.py``'s, re-exported here)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import crc32c
 
 from compactord.errors import ObjectNotFound, StorageUnavailable
-from compactord.storage import ObjectStore
+from compactord.storage import ObjectInfo, ObjectStore
 from compactord.storage.disk import (
     DISK_FULL,
     TMP_SUFFIX,
@@ -45,20 +46,25 @@ def file_crc32c(path: Path) -> int:
     return value
 
 
-def check_object(objects: ObjectStore, prefix: str, entry: dict[str, Any]) -> str | None:
+def check_object(objects: ObjectStore, prefix: str, entry: dict[str, Any],
+                 listed: Mapping[str, ObjectInfo] | None = None) -> str | None:
     """What is wrong with one file a manifest lists (under ``prefix``, a ledger's ``<topic>/ledger-<id>/``),
-    or None: its size from a listing, its CRC-32C read through the store in 1 MiB chunks.
+    or None: its size from a HEAD, its CRC-32C read through the store in 1 MiB chunks. ``listed``: the ledger's
+    objects by name, from one listing of ``prefix`` on a store whose versions identify the bytes
+    (``ObjectStore.versions_identify_bytes``): a file there at the version the entry recorded is not read.
 
     :raises StorageUnavailable: the store failed to answer."""
     name = entry.get("name")
     if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
         return "is not a plain file name"
     try:
-        info = objects.head(prefix + name)
+        info = objects.head(prefix + name) if listed is None else listed.get(name)
         if info is None:
             return "is missing"
         if info.size != entry.get("bytes"):
             return f"has size {info.size}, expected {entry.get('bytes')}"
+        if listed is not None and entry.get("version") and info.version == entry["version"]:
+            return None  # the object written, untouched since (its bytes were checked when it was stored)
         crc = 0
         with objects.open_input(prefix + name) as f:
             while chunk := f.read(_CHUNK):

@@ -67,6 +67,9 @@ def finalize(manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> Led
         manifest.bytes = sum(f["bytes"] for f in files)
         manifest.records_kept = sum(f["rows"] for f in files) - manifest.markers
         oldest = [f.pop("oldest_marker_at") for f in files]
+        if not objects.versions_identify_bytes:  # a local file's version says nothing of its bytes (``verify``)
+            for f in files:
+                f.pop("version")
         manifest.oldest_marker_at_ms = min((o for o in oldest if o is not None), default=None)
         manifest.removed = max(0, manifest.records_read - manifest.records_kept - manifest.markers)
         objects.put(prefix + MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
@@ -107,7 +110,7 @@ def _read_part(where: str, objects: ObjectStore, part: ObjectInfo) -> dict[str, 
     if missing:
         raise LedgerCorrupt(f"{where}: file {name} lacks the record columns {sorted(missing)}")
     return {"name": name, "bytes": len(data), "crc32c": crc32c.crc32c(data), "rows": rows, "markers": markers,
-            "oldest_marker_at": oldest}
+            "oldest_marker_at": oldest, "version": part.version}
 
 
 def load_manifest(objects: ObjectStore, prefix: str, topic: str, ledger_id: int) -> LedgerManifest:
@@ -135,7 +138,9 @@ def load_manifest(objects: ObjectStore, prefix: str, topic: str, ledger_id: int)
 
 
 def verify(objects: ObjectStore, prefix: str, topic: str, ledger_id: int) -> LedgerManifest:
-    """Load the manifest and check every listed file's size and CRC-32C.
+    """Load the manifest and check every listed file's size and CRC-32C. On a store whose versions identify
+    the bytes (``ObjectStore.versions_identify_bytes``: S3), one listing of the ledger checks them all: a file
+    at the size and version the manifest recorded is not read; any other is read and checksummed.
 
     :raises LedgerCorrupt: the manifest is bad, or a file is missing, has another size or checksum.
     """
@@ -143,8 +148,10 @@ def verify(objects: ObjectStore, prefix: str, topic: str, ledger_id: int) -> Led
     where = f"ledger {ledger_id} of topic {topic!r} is corrupt"
     if not manifest.files:
         raise LedgerCorrupt(f"{where}: its manifest lists no files (a ledger has >= 1)", topic=topic)
+    listed = {info.key[len(prefix):]: info for info in objects.list(prefix)} \
+        if objects.versions_identify_bytes else None
     for entry in manifest.files:
-        problem = check_object(objects, prefix, entry)
+        problem = check_object(objects, prefix, entry, listed)
         if problem is not None:
             name = entry.get("name")
             raise LedgerCorrupt(f"{where}: file {name!r} {problem}", topic=topic, file=name)

@@ -144,6 +144,6 @@ def read_seal(part: ObjectInfo, seal: bytes) -> dict[str, Any] | None:
         oldest = entry["oldest_marker_at"]
         return {"name": part.key.rpartition("/")[2], "bytes": part.size, "crc32c": int(entry["crc32c"]),
                 "rows": int(entry["rows"]), "markers": int(entry["markers"]),
-                "oldest_marker_at": None if oldest is None else int(oldest)}
+                "oldest_marker_at": None if oldest is None else int(oldest), "version": part.version}
     except (ValueError, KeyError, TypeError):
         return None

@@ -5,21 +5,37 @@ planning and its reading tasks use; ``reader.LedgerReader`` bisects the same bou
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from compactord.ledger import footer_cache
+from compactord.ledger.footer_cache import Footer
 from compactord.model import RECORD_SCHEMA
-from compactord.storage import ObjectStore
+from compactord.storage import LocalStore, ObjectStore
 
-__all__ = ["RowGroup", "at_or_after", "ledger_row_groups", "max_partition_rows", "of_partition", "open_file",
-           "partition_groups", "partition_rows", "row_groups_of"]
+__all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "ledger_row_groups", "max_partition_rows",
+           "of_partition", "open_file", "partition_groups", "partition_rows", "row_groups_of"]
 
 _INF = math.inf
+
+
+# A ledger file's size and CRC-32C, as its manifest lists them (None: not known, e.g. a test's own file).
+FileFacts = tuple[int | None, int | None]
+
+
+class FileSlice(NamedTuple):
+    """The row groups of one ledger file a reading task reads (``partition_groups``), with the file's facts."""
+
+    name: str
+    indexes: Sequence[int]
+    size: int | None = None
+    crc32c: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +59,36 @@ class RowGroup:
         return self.partition_min != self.partition_max or self.offset_max >= start
 
 
-def ledger_row_groups(files: Sequence[str | Path], store: ObjectStore | None = None) -> list[RowGroup]:
+def ledger_row_groups(files: Sequence[str | Path], store: ObjectStore | None = None,
+                      facts: Mapping[str, FileFacts] | None = None) -> list[RowGroup]:
     """Every row group of the ledger files ``files`` (keys of ``store``; no store: local paths), with its
     bounds, from the footers alone (the driver reads them once per run: ``max_partition_rows``,
-    ``partition_groups``)."""
+    ``partition_groups``). ``facts``: each file's size and CRC-32C as the ledger's manifest lists them
+    (``file_footer``)."""
     groups = []
     for i, name in enumerate(files):
-        with open_file(store, str(name)) as f:
-            groups += row_groups_of(Path(name), i, pq.read_metadata(f))
+        size, crc = (facts or {}).get(str(name), (None, None))
+        groups += row_groups_of(Path(name), i, file_footer(store, str(name), size, crc).metadata)
     return groups
+
+
+def file_footer(store: ObjectStore | None, name: str, size: int | None = None, crc: int | None = None) -> Footer:
+    """The footer of the ledger file ``name`` (a key of ``store``; no store: a local path). Given the ``size``
+    and CRC-32C its manifest lists, it comes from this process's footer cache (``footer_cache.SHARED``, keyed
+    as ``LedgerReader`` keys it, so a run and the reads share their footers) and its read costs no HEAD;
+    without them it is read and not kept."""
+    objects, key = _located(store, name)
+    if size is None:
+        return footer_cache.load_footer(objects, key)
+    return footer_cache.SHARED.get((objects.describe(), key, size, crc),
+                                   lambda: footer_cache.load_footer(objects, key, size))
+
+
+def _located(store: ObjectStore | None, name: str) -> tuple[ObjectStore, str]:
+    if store is not None:
+        return store, name
+    path = Path(name)
+    return LocalStore(path.parent), path.name
 
 
 def open_file(store: ObjectStore | None, name: str) -> pa.NativeFile:
@@ -74,29 +111,32 @@ def max_partition_rows(groups: Sequence[RowGroup]) -> int:
     return max(per.values(), default=0) + everywhere
 
 
-def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0) -> list[tuple[str, list[int]]]:
-    """The files, each with the indexes of its row groups, that may hold rows of ``partition`` at or
-    above offset ``start`` (what ``partition_rows`` reads)."""
+def partition_groups(groups: Sequence[RowGroup], partition: int, start: int = 0,
+                     facts: Mapping[str, FileFacts] | None = None) -> list[FileSlice]:
+    """The files that may hold rows of ``partition`` at or above offset ``start``, each with the indexes of
+    those row groups and its ``facts`` (size, CRC-32C; ``ledger_row_groups``): what ``partition_rows`` reads."""
     by_file: dict[str, list[int]] = {}
     for g in groups:
         if g.may_hold(partition, start):
             by_file.setdefault(str(g.file), []).append(g.index)
-    return list(by_file.items())
+    return [FileSlice(name, indexes, *(facts or {}).get(name, (None, None))) for name, indexes in by_file.items()]
 
 
-def partition_rows(groups: Sequence[tuple[str, Sequence[int]]], partition: int, start: int = 0,
+def partition_rows(groups: Sequence[FileSlice], partition: int, start: int = 0,
                    store: ObjectStore | None = None) -> pa.Table:
     """The rows of ``partition`` with an offset >= ``start`` in the given row groups of ledger files
     (``partition_groups``; keys of ``store``, or local paths), in offset order (markers included).
 
     For a reading task that merges its partition's tail into the previous ledger (the files were
     verified by the run's planning; a file that went bad since fails the task). Only these row groups are
-    read: the task opens no other file and no footer twice.
+    read, each with one ranged read; a file's footer is read once (with its size known, no HEAD), or not at
+    all when this worker read it for an earlier run (``file_footer``).
     """
     tables = []
-    for name, indexes in groups:
-        with open_file(store, name) as f, pq.ParquetFile(f) as pf:
-            tables.append(pf.read_row_groups(list(indexes), use_threads=False))
+    for part in groups:
+        objects, key = _located(store, part.name)
+        footer = file_footer(store, part.name, part.size, part.crc32c)
+        tables += [footer_cache.read_row_group(objects, key, footer, index) for index in part.indexes]
     if not tables:
         return RECORD_SCHEMA.empty_table()
     table = pa.concat_tables(tables).cast(RECORD_SCHEMA)

@@ -63,6 +63,12 @@ def check_prefix(prefix: str) -> str:
 class ObjectStore(ABC):
     """The objects under one root. Implementations are safe to share between threads."""
 
+    # True when an object's version changes with every write of its key and the store itself keeps the bytes it
+    # took intact (an object store's checksums on upload and at rest): an object listed at the size and version
+    # a manifest recorded is the object written, without reading it. A local disk's versions (its file times)
+    # say nothing of bits that rot in place, so a local file is read to check it.
+    versions_identify_bytes: bool = False
+
     @abstractmethod
     def describe(self) -> str:
         """Where the objects are, for messages: ``local root /x``, ``s3://bucket/prefix``."""

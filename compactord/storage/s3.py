@@ -42,6 +42,8 @@ class S3Store(ObjectStore):
     """The objects under ``s3://bucket/prefix``. ``observer`` hears of every request (its operation and seconds);
     ``read_budget`` and ``write_budget`` are the seconds a read and a write may spend retrying."""
 
+    versions_identify_bytes = True  # a version is the ETag, and S3 checks each upload's bytes and keeps them
+
     def __init__(self, bucket: str, prefix: str, options: S3Options, *, observer: Observer | None = None,
                  read_budget: float = 2.0, write_budget: float = 60.0, part_size: int = DEFAULT_PART_SIZE,
                  session: Any = None) -> None:

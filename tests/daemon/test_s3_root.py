@@ -60,6 +60,14 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(launch: Any, kafka: An
     assert after.get("list", 0) - before.get("list", 0) <= 1, (before, after)  # the second scrape's own
 
 
+    # An incremental run checks the previous ledger with one listing (its files at the versions its manifest
+    # recorded are not read again) and reads its footer knowing its size: no HEAD of a ledger file, so no more
+    # HEADs than the full run made (the id allocation's and the switch's).
+    kafka.produce(topic, [(f"k{i}", f"w{i}") for i in range(10)])
+    incremental = compact(daemon, topic)["storage_requests"]
+    assert incremental.get("head", 0) <= requests.get("head", 0), (requests, incremental)
+
+
 def test_wrong_s3_credentials_refuse_the_start_with_one_line(launch: Any, s3_server: Any) -> None:
     daemon = launch.prepare("s3-denied", root=f"s3://{BUCKET}/denied",  # type: ignore[arg-type]
                             **s3_server.daemon_conf(s3SecretAccessKey="not-the-secret"))

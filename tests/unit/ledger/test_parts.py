@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from compactord.errors import LedgerCorrupt
 from compactord.ledger import files, manifests, parts
 from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, is_seal, part_name, seal_name, write_part
 from compactord.ledger.row_groups import (
+    FileSlice,
     ledger_row_groups,
     max_partition_rows,
     partition_groups,
@@ -83,9 +86,9 @@ def test_the_footers_bound_and_locate_each_partition_s_rows(tmp_path: Path) -> N
     assert max_partition_rows(groups) == 20_000
     assert max_partition_rows(ledger_row_groups(files[1:])) == 180  # partition 1: 100 + the shared group's 80
     assert max_partition_rows([]) == 0
-    assert partition_groups(groups, 1) == [(str(files[1]), [0]), (str(files[2]), [0])]
+    assert partition_groups(groups, 1) == [FileSlice(str(files[1]), [0]), FileSlice(str(files[2]), [0])]
     # Partition 0 from offset 19,000: only the last of its three groups (8,192 rows each at most).
-    assert partition_groups(groups, 0, 19_000) == [(str(files[0]), [2])]
+    assert partition_groups(groups, 0, 19_000) == [FileSlice(str(files[0]), [2])]
     rows = partition_rows(partition_groups(groups, 0, 19_000), 0, 19_000)
     assert rows["offset"].to_pylist() == list(range(19_000, 20_000))
     assert partition_rows(partition_groups(groups, 2), 2)["offset"].to_pylist() == list(range(50))
@@ -245,3 +248,33 @@ def test_a_part_written_to_an_s3_store_is_sealed_from_its_seal_object(s3_server,
     manifests.verify(store, "t/ledger-1/", "t", 1)
     with store.open_input(f"t/ledger-1/{part_name(1)}") as f:
         assert pq.read_table(f).num_rows == 10
+
+
+def test_verifying_a_ledger_on_s3_lists_it_and_reads_a_part_only_once_it_was_written_again(s3_server) -> None:
+    """A manifest on S3 records each part's version (its ETag): a part listed at that version is the part
+    written and is not read; a part written again (a new version) is read and checksummed."""
+    store = s3_server.store()
+    prefix = "t/ledger-2/"
+    write_part(table(50, partition=0), store, f"{prefix}{part_name(0)}")
+    sealed = manifests.finalize(_manifest(2), store, prefix)
+    [entry] = sealed.files
+    assert entry["version"] == store.head(prefix + part_name(0)).version
+    reads: list[str] = []
+    get = store.get
+
+    def counted(key: str, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(key)
+        return get(key, *args, **kwargs)
+
+    store.get = counted  # type: ignore[method-assign]
+    store.open_input = lambda key: pytest.fail(f"{key} was opened to verify it")  # type: ignore[method-assign]
+    manifests.verify(store, prefix, "t", 2)
+    assert reads == [prefix + "manifest.json"]
+
+    # Written again with other bytes of the same size: another version, so read, and its checksum fails.
+    data = bytearray(get(prefix + part_name(0)))
+    data[len(data) // 2] ^= 0xFF
+    store.put(prefix + part_name(0), bytes(data))
+    del store.open_input  # the store's own again
+    with pytest.raises(LedgerCorrupt, match="fails its checksum"):
+        manifests.verify(store, prefix, "t", 2)
