@@ -43,6 +43,12 @@ class LedgerSlice:
     truncated: bool = False
 
 
+# What one ledger's remembered last entries (``LedgerReader.last``) may hold: their keys, values and headers,
+# plus an estimate of each entry's own overhead.
+_LASTS_MAX_BYTES = 4 * 1024 * 1024
+_LAST_OVERHEAD = 256
+
+
 class LedgerReader:
     """An opened, verified ledger. Safe to share between threads: every read is a ranged read of its own.
     Its files' footers come from ``footer_cache.SHARED``: a ledger opened again reads none of them."""
@@ -83,6 +89,10 @@ class LedgerReader:
                 raise LedgerCorrupt(f"ledger file {file} lacks a column: {exc}", file=spec["name"]) from exc
             self._footers.append(footer)
         self.row_groups: tuple[RowGroup, ...] = tuple(groups)
+        # Each partition's last live entry once read (``last``): the ledger never changes, so a warm view
+        # answers /last without a read. Bounded by ``_LASTS_MAX_BYTES`` of keys, values and headers.
+        self._lasts: dict[int, Entry | None] = {}
+        self._lasts_bytes = 0
         # Upper bounds of each group's last (partition, offset); ``read`` bisects them (see there).
         self._ends = [(g.partition_max, g.offset_max) for g in groups]
         self._starts = [g.partition_min for g in groups]
@@ -180,6 +190,16 @@ class LedgerReader:
         :raises InvalidArgument: ``partition`` is negative.
         """
         _check_int("partition", partition, 0)
+        if partition in self._lasts:
+            return self._lasts[partition]
+        found = self._read_last(partition)
+        weight = _LAST_OVERHEAD + (found.raw_bytes if found is not None else 0)
+        if self._lasts_bytes + weight <= _LASTS_MAX_BYTES:  # two threads may both read it: the same answer
+            self._lasts[partition] = found
+            self._lasts_bytes += weight
+        return found
+
+    def _read_last(self, partition: int) -> Entry | None:
         # Groups that start at or before ``partition`` form a prefix of the sorted ledger.
         end = bisect.bisect_right(self._starts, partition)
         for i in reversed(range(end)):

@@ -302,6 +302,15 @@ def test_last_touches_few_row_groups(big: CountingReader) -> None:
     assert big.last(7) is None and big.read(7, 0, 10) == [] and big.reads == []
 
 
+def test_a_partition_s_last_entry_is_read_once(big: CountingReader) -> None:
+    """A ledger never changes: its partitions' last entries, once read, are answered again without a read
+    (a warm view's /last costs no request to the store)."""
+    first = [big.last(p) for p in range(4)]
+    big.reads.clear()
+    assert [big.last(p) for p in range(4)] == first and big.last(7) is None
+    assert big.reads == []
+
+
 # -- LedgerHandle ------------------------------------------------------------------------------
 
 
