@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from compactord.model import MAX_TOPIC_LENGTH, TOPIC_PATTERN
+from compactord.task_report import REASON_KINDS
 
 __all__ = ["COMPONENTS", "describe"]
 
@@ -44,6 +45,17 @@ _TASK = _obj({
     "full_rebuild": _BOOL,
     "recreated": _BOOL,
     "warnings": {"type": "array", "items": _STR},
+    "reason": _null({"type": "string", "enum": list(REASON_KINDS),
+                     "description": "what started the run (null: the topic was never compacted)"}),
+    "reason_detail": _null(_STR),
+    "kind": _null({"type": "string", "enum": ["compaction", "preview"],
+                   "description": "preview: an exact preview, which never switches a ledger"}),
+    "storage_requests": {"type": "object", "additionalProperties": _INT,
+                         "description": "the run's requests to an object store's root, by operation (empty on a "
+                                        "local root)"},
+    "read_throttle": _null(_obj({
+        "max_bytes_per_second": _INT, "reading_tasks": _INT, "per_task_bytes_per_second": _null(_INT),
+        "bytes_read": _INT, "bytes_per_second": _INT, "throttled_seconds": _NUM})),
 })
 _ENTRY = _obj({
     "partition": _INT, "offset": _INT,

@@ -28,7 +28,7 @@ from typing import Any
 from compactord.config import Settings
 from compactord.daemon.backlogs import BacklogCache
 from compactord.daemon.broker_watch import BrokerWatch
-from compactord.daemon.history import RunHistory, RunRecord
+from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
@@ -150,8 +150,7 @@ class Daemon:
         self.on_warm: Any = None  # set by the server runner: called once Spark is warm
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
         self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
-        self._unrecorded: list[RunRecord] = []  # runs that ended while the store was down, oldest first
-        self._unrecorded_lock = threading.Lock()  # the store's prober and a task's end both write them
+        self._unrecorded = UnrecordedRuns()  # runs that ended while the store was down
         self._store_watch = StoreWatch(self.store.objects, settings.storage_read_retry_seconds + 1.0,
                                        on_up=self._record_unrecorded)
         self._root_problem = self._check_root()
@@ -281,6 +280,7 @@ class Daemon:
         self._stop.set()
         self.monitor.stop()
         self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))
+        self._record_at_stop()
         try:
             self.factory.close()
         finally:
@@ -396,17 +396,28 @@ class Daemon:
                 return
         log.warning("topic %s: run %s is recorded in the run history once the store answers", ctx.topic,
                     ctx.task_id)
-        self._unrecorded.append(record)
+        self._unrecorded.add(record)
 
     def _record_unrecorded(self) -> None:
         """The runs that ended while the store was down, into the history, oldest first (once it answers,
         and before the next run's).
 
         :raises StorageUnavailable: the store failed again (the rest are kept)."""
-        with self._unrecorded_lock:
-            while self._unrecorded:
-                self.history.append(self._unrecorded[0])
-                self._unrecorded.pop(0)
+        self._unrecorded.record(self.history.append)
+
+    def _record_at_stop(self) -> None:
+        """The runs still waiting for the store, recorded once more before the daemon stops; those it cannot
+        record are named in the log (they are kept in memory only)."""
+        if not self._unrecorded:
+            return
+        why = self.store_problem()  # known down: an append would wait out the write budget in vain
+        if why is None:
+            try:
+                self._record_unrecorded()
+                return
+            except (CompactordError, OSError) as exc:
+                why = str(exc)
+        self._unrecorded.give_up(why)
 
     def _delete_history(self, topic: str) -> None:
         try:

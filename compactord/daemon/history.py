@@ -34,7 +34,7 @@ from compactord.model import validate_topic_name
 from compactord.storage import ObjectStore
 from compactord.task import CompactionTaskCtx, TaskState
 
-__all__ = ["RunHistory", "RunPage", "RunRecord"]
+__all__ = ["MAX_UNRECORDED_RUNS", "RunHistory", "RunPage", "RunRecord", "UnrecordedRuns"]
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,48 @@ class RunHistory:
         runs = [r for r in self.runs(topic) if before is None or r.seq < before]
         page = runs[:limit]
         return RunPage(page, str(page[-1].seq) if len(runs) > limit else None)
+
+
+MAX_UNRECORDED_RUNS = 1000  # runs that ended while the store was down, kept until it answers
+
+
+class UnrecordedRuns:
+    """The runs that ended while the store was down, oldest first, waiting to enter the history once it answers
+    (``record``). Bounded: past ``limit`` the oldest is dropped, and named in the log. Thread-safe: the store's
+    prober and a task's end both record them."""
+
+    def __init__(self, limit: int = MAX_UNRECORDED_RUNS) -> None:
+        self._runs: list[RunRecord] = []
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, run: RunRecord) -> None:
+        with self._lock:
+            self._runs.append(run)
+            if len(self._runs) > self._limit:
+                lost = self._runs.pop(0)
+                log.error("topic %s: run %s is not recorded in the run history: more than %d runs ended while "
+                          "the store was down", lost.topic, lost.task_id, self._limit)
+
+    def record(self, append: Callable[[RunRecord], None]) -> None:
+        """``append`` each to the history, oldest first, each let go of once appended.
+
+        :raises StorageUnavailable: the store failed again (the rest are kept)."""
+        with self._lock:
+            while self._runs:
+                append(self._runs[0])
+                self._runs.pop(0)
+
+    def give_up(self, why: str) -> None:
+        """The daemon stops with runs still waiting: name them in the log (they were kept in memory only)."""
+        with self._lock:
+            if self._runs:
+                log.error("the run history lacks %d runs that ended while the store was down (%s): %s",
+                          len(self._runs), ", ".join(f"{r.topic}/{r.task_id}" for r in self._runs), why)
+                self._runs.clear()
 
 
 def _line(record: RunRecord) -> bytes:

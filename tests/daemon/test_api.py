@@ -185,6 +185,9 @@ def test_never_compacted_topic(shared_daemon: DaemonProcess, kafka: Any) -> None
         "full_rebuild": False, "recreated": False, "storage_requests": {}, "read_throttle": None, "kind": None,
         "warnings": [],
     }
+    # The schema /openapi.json gives a task names every key a task's status has, each required.
+    task_schema = shared_daemon.http.get("/openapi.json").json()["components"]["schemas"]["Task"]
+    assert set(task_schema["properties"]) == set(task_schema["required"]) == set(status(shared_daemon, topic))
     assert shared_daemon.http.get(f"/v1/topics/{topic}/history").json() == {"topic": topic, "runs": [], "next": None}
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/history", params={"limit": 0}), 422, "invalid_argument")
     assert_error(shared_daemon.http.get(f"/v1/topics/{topic}/horizon"), 404, "not_compacted")

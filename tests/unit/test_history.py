@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from compactord.daemon.history import RunHistory, RunRecord
-from compactord.errors import InvalidArgument, InvalidTopicName
+from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
+from compactord.errors import InvalidArgument, InvalidTopicName, StorageUnavailable
 from compactord.storage import LocalStore
 from compactord.task import CompactionTaskCtx, Reason, TaskState
 
@@ -190,3 +190,36 @@ def test_delete_removes_the_topic_s_history_only(tmp_path: Path, clock: Clock) -
     assert len(store.runs("prices")) == 1
     assert store.append(ended("orders")).seq == 1  # a new topic of the same name starts afresh
     assert sorted(os.listdir(tmp_path / "@compactord" / "history")) == ["orders", "prices"]
+
+
+def test_runs_that_ended_while_the_store_was_down_are_recorded_oldest_first_and_bounded(
+        tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    runs_of = history(tmp_path, clock)
+    waiting = UnrecordedRuns(limit=3)
+    runs = [ended(final=S.FAILED) for _ in range(4)]
+    for run in runs:
+        waiting.add(run)
+    assert len(waiting) == 3  # the oldest went, named in the log
+    assert f"run {runs[0].task_id} is not recorded in the run history: more than 3 runs" in caplog.text
+
+    down = StorageUnavailable("local root: writing: the disk is gone")
+    appended: list[RunRecord] = []
+
+    def fails_at_the_second(run: RunRecord) -> None:
+        if appended:
+            raise down
+        runs_of.append(run)
+        appended.append(run)
+
+    with pytest.raises(StorageUnavailable):
+        waiting.record(fails_at_the_second)
+    assert len(waiting) == 2  # the one recorded is let go of; the rest wait
+    waiting.record(runs_of.append)
+    assert len(waiting) == 0
+    assert [r.task_id for r in runs_of.page("orders", limit=10).runs] == [r.task_id for r in reversed(runs[1:])]
+
+    # A daemon that stops while the store is still down names the runs it could not record.
+    waiting.add(runs[0])
+    waiting.give_up("the store does not answer")
+    assert len(waiting) == 0
+    assert f"lacks 1 runs that ended while the store was down (orders/{runs[0].task_id}): the store" in caplog.text
