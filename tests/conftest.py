@@ -186,3 +186,22 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
         factory.close()
     for answers in owned:
         answers.close()
+
+
+# -- where the suite's time goes: the slowest modules, in every CI log (beside --durations' slowest tests) ----
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _module_seconds:
+        return
+    total = sum(_module_seconds.values())
+    terminalreporter.section(f"slowest 15 modules (setup, calls and teardown; {total:.0f} s in all)")
+    for module, seconds in sorted(_module_seconds.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
