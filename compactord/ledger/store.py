@@ -105,25 +105,31 @@ class LedgerStore:
             for task in list_names(self._daemon_dir / _PROGRESS) if self.local else []:
                 log.warning("removing the progress files an older version left for task %s", task)
                 remove_path(self._daemon_dir / _PROGRESS / task)
-            # Deletions first: a topic being deleted must not be served, nor its ledgers quarantined.
             for topic in self.topics():
-                if self.deletion_pending(topic):
-                    log.warning("completing the deletion of topic %r that a restart interrupted", topic)
-                    self.delete_topic(topic)
-            for topic in self.topics():
-                try:
-                    self.topic_dir(topic)
-                    if lost_pointer(self.objects, topic):
-                        quarantine(self.objects, topic, f"{DAEMON_DIR}/{_QUARANTINE}")
-                    self.sweep_retired(topic)
-                    self.remove_orphans(topic)
-                except LedgerCorrupt as exc:
-                    # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
-                    log.error("not removing orphans of topic %r: %s", topic, exc)
+                self.recover_topic(topic)
         except BaseException:
             self.close()
             raise
         return self
+
+    def recover_topic(self, topic: str) -> None:
+        """What the root's writer does for one topic before it serves or compacts it (``open`` does it for every
+        topic): complete a deletion a restart interrupted, quarantine ledgers that lost their ``CURRENT``, remove
+        retired ledgers past their ``until`` and orphans. One topic at a time, touching only its own objects, so
+        that a writer that owns some of a root's topics recovers those alone."""
+        if self.deletion_pending(topic):  # first: a topic being deleted is neither served nor quarantined
+            log.warning("completing the deletion of topic %r that a restart interrupted", topic)
+            self.delete_topic(topic)
+            return
+        try:
+            self.topic_dir(topic)
+            if lost_pointer(self.objects, topic):
+                quarantine(self.objects, topic, f"{DAEMON_DIR}/{_QUARANTINE}")
+            self.sweep_retired(topic)
+            self.remove_orphans(topic)
+        except LedgerCorrupt as exc:
+            # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
+            log.error("not removing orphans of topic %r: %s", topic, exc)
 
     def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
         return unwritable(self.root, what)
