@@ -16,14 +16,13 @@ import pytest
 
 from compactord.errors import LedgerCorrupt, LedgerRetired
 from compactord.ledger.files import CURRENT
-from compactord.task import TaskState
 from tests.inprocess.engine.test_ledger_safety import damage_ledger, not_served_then_rebuilt
+from tests.inprocess.engine.test_preview import preview_counts_without_writing_and_is_cancellable
 from tests.inprocess.engine.test_read_throttle import throttled_run
 from tests.inprocess.engine.test_strategies_e2e import produce_et
 from tests.support.channel import control_keys
-from tests.support.probes import Hold
 from tests.support.s3_server import BUCKET, s3_factory
-from tests.support.service import compact, last_value_model, pinned, succeeded, view
+from tests.support.service import compact, last_value_model, pinned, view
 
 QUARANTINE = "@compactord/quarantine"
 
@@ -85,34 +84,8 @@ def test_a_throttled_compaction_reads_within_its_budget(kafka, make_factory, s3_
 
 
 def test_a_preview_task_counts_without_writing_and_is_cancellable(kafka, make_factory, s3_server):
-    topic = kafka.topic()
-    kafka.produce(topic, [(f"k{i % 5}", f"v{i}") for i in range(20)])
-    base = s3_factory(make_factory, s3_server)
-    service = base.new_topic_compaction_service(topic)
-    first = compact(service)
-
-    def bucket() -> list[tuple[str, str]]:  # every object of the topic, with its version
-        return sorted((info.key, info.version) for info in base.store.objects.list(f"{topic}/"))
-
-    before = (bucket(), view(service))
-    kafka.produce(topic, [(f"k{i % 8}", f"w{i}") for i in range(10)] + [("k0", None)])
-
-    hold = Hold("running")
-    held = s3_factory(make_factory, s3_server, store=base.store, probe=hold).new_topic_compaction_service(topic)
-    ctx = held.compact(kind="preview")
-    assert hold.reached.wait(60), "the preview did not reach Running"
-    ctx.cancel()
-    assert ctx.state is TaskState.CANCELLED and ctx.worker_done.wait(60)
-    assert ctx.preview is None
-
-    done = succeeded(service.compact(kind="preview"))
-    assert done.preview is not None and done.kind == "preview"
-    assert done.preview["records_kept"] == 7  # k0..k7, k0 deleted
-    assert done.preview["records_removed"] == 5 + 11 - 7
-    assert (bucket(), view(service)) == before  # nothing written nor switched
-    assert service.ledger_info().ledger_id == first.ledger_id
-    compact(service)
-    assert service.ledger_info().records_kept == done.preview["records_kept"]
+    preview_counts_without_writing_and_is_cancellable(
+        kafka, lambda **overrides: s3_factory(make_factory, s3_server, **overrides))
 
 
 # -- deleting a topic ---------------------------------------------------------------------------------
