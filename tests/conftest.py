@@ -205,3 +205,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.section(f"slowest 15 modules (setup, calls and teardown; {total:.0f} s in all)")
     for module, seconds in sorted(_module_seconds.items(), key=lambda item: -item[1])[:15]:
         terminalreporter.write_line(f"{seconds:8.1f}s  {module}")
+    tiers: dict[str, float] = {}
+    for module, seconds in _module_seconds.items():
+        tier = "/".join(module.split("/")[:2])  # tests/unit, tests/inprocess, tests/daemon, tests/deploy
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    terminalreporter.write_line("by tier: " + ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds
+                                                        in sorted(tiers.items(), key=lambda item: -item[1])))
