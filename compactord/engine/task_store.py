@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from compactord.errors import InvalidArgument
+from compactord.ledger.row_groups import locate
 from compactord.storage import LocalStore, ObjectStore
 from compactord.task_report import count_request
 
@@ -84,14 +85,6 @@ def spec_store(spec: Mapping[str, Any], channel: Any = None) -> ObjectStore | No
             channel = TaskChannel.for_spec(spec)
         secrets = channel.store_secrets if channel is not None else {}
     return open_described(descriptor, secrets)
-
-
-def locate(store: ObjectStore | None, ref: str) -> tuple[ObjectStore, str]:
-    """The store and key of the file ``ref``: a key of ``store``, or (no store) a local path."""
-    if store is not None:
-        return store, ref
-    path = Path(ref)
-    return open_described({"root": str(path.parent)}), path.name
 
 
 def new_output(store: Mapping[str, Any] | None, output: str) -> None:

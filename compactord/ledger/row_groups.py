@@ -19,8 +19,8 @@ from compactord.ledger.footer_cache import Footer
 from compactord.model import RECORD_SCHEMA
 from compactord.storage import LocalStore, ObjectStore
 
-__all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "ledger_row_groups", "max_partition_rows",
-           "of_partition", "open_file", "partition_groups", "partition_rows", "row_groups_of"]
+__all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "ledger_row_groups", "locate",
+           "max_partition_rows", "of_partition", "open_file", "partition_groups", "partition_rows", "row_groups_of"]
 
 _INF = math.inf
 
@@ -68,26 +68,27 @@ def ledger_row_groups(files: Sequence[str | Path], store: ObjectStore | None = N
     groups = []
     for i, name in enumerate(files):
         size, crc = (facts or {}).get(str(name), (None, None))
-        groups += row_groups_of(Path(name), i, file_footer(store, str(name), size, crc).metadata)
+        groups += row_groups_of(Path(name), i, file_footer(*locate(store, str(name)), size, crc).metadata)
     return groups
 
 
-def file_footer(store: ObjectStore | None, name: str, size: int | None = None, crc: int | None = None) -> Footer:
-    """The footer of the ledger file ``name`` (a key of ``store``; no store: a local path). Given the ``size``
-    and CRC-32C its manifest lists, it comes from this process's footer cache (``footer_cache.SHARED``, keyed
-    as ``LedgerReader`` keys it, so a run and the reads share their footers) and its read costs no HEAD;
-    without them it is read and not kept."""
-    objects, key = _located(store, name)
+def file_footer(objects: ObjectStore, key: str, size: int | None = None, crc: int | None = None) -> Footer:
+    """The footer of the ledger file ``key`` of ``objects`` (``locate``). Given the ``size`` and CRC-32C its
+    manifest lists, it comes from this process's footer cache (``footer_cache.SHARED``, keyed as
+    ``LedgerReader`` keys it, so a run and the reads share their footers) and its read costs no HEAD; without
+    them it is read and not kept."""
     if size is None:
         return footer_cache.load_footer(objects, key)
     return footer_cache.SHARED.get((objects.describe(), key, size, crc),
                                    lambda: footer_cache.load_footer(objects, key, size))
 
 
-def _located(store: ObjectStore | None, name: str) -> tuple[ObjectStore, str]:
+def locate(store: ObjectStore | None, ref: str) -> tuple[ObjectStore, str]:
+    """The store and key of the file ``ref``: a key of ``store``, or (no store: the warm-up's and tests' files)
+    a local path, the object named by its last name in a local store rooted at its folder."""
     if store is not None:
-        return store, name
-    path = Path(name)
+        return store, ref
+    path = Path(ref)
     return LocalStore(path.parent), path.name
 
 
@@ -134,8 +135,8 @@ def partition_rows(groups: Sequence[FileSlice], partition: int, start: int = 0,
     """
     tables = []
     for part in groups:
-        objects, key = _located(store, part.name)
-        footer = file_footer(store, part.name, part.size, part.crc32c)
+        objects, key = locate(store, part.name)
+        footer = file_footer(objects, key, part.size, part.crc32c)
         tables += [footer_cache.read_row_group(objects, key, footer, index) for index in part.indexes]
     if not tables:
         return RECORD_SCHEMA.empty_table()
