@@ -57,13 +57,16 @@ def create_app(daemon: Daemon) -> FastAPI:
     )
     _add_error_handlers(app, daemon)
     settings = daemon.settings
-    app.add_middleware(ApiGuard, token=settings.http_auth_token.encode(),
-                       read_token=settings.http_read_token.encode(),
-                       loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
-    # Added last, so outermost: a flood of requests is bounded before anything else looks at them.
     app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
                        max_body_bytes=settings.http_max_request_bytes,
                        body_timeout_s=settings.http_request_body_timeout_seconds)
+    # Added last, so outermost: the Host, the token and the content type are checked from the headers
+    # before a request takes one of the httpMaxConnections places or any of its body is read, so requests
+    # that would be refused (a stranger's chunked upload that never ends) cannot hold the places of the
+    # authorised ones.
+    app.add_middleware(ApiGuard, token=settings.http_auth_token.encode(),
+                       read_token=settings.http_read_token.encode(),
+                       loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     store_answers = Depends(store_up(daemon.store_problem))

@@ -15,6 +15,10 @@ In this order, each refusal answered with the API's JSON error body:
    grants one (no ``Access-Control-Allow-*`` header, whatever the ``OPTIONS`` request), so they are
    accepted whatever their ``Content-Type`` (``curl -X PUT .../compaction`` as typed).
 
+The guard is the outermost middleware: it decides from the headers alone, before the request takes one of
+the ``httpMaxConnections`` places or any of its body is read (``api/limits.py``), so requests it refuses
+hold nothing the authorised ones need.
+
 Everything is decided on the ASGI scope's ``path``, never on ``request.url`` (built from the Host header:
 a Starlette bug of that shape bypassed auth before 1.0.1).
 """
@@ -117,6 +121,10 @@ def check_content_type(method: str, headers: Headers) -> None:
             f"(got {media_type or 'none'}); this keeps web pages from driving the API cross-site")
 
 
+def _has_body(headers: Headers) -> bool:
+    return headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers
+
+
 class ApiGuard:
     """Pure ASGI (not ``BaseHTTPMiddleware``: no task group between the server and the routes)."""
 
@@ -130,10 +138,14 @@ class ApiGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            headers = Headers(scope=scope)
             try:
-                self.check(scope["method"], scope["path"], Headers(scope=scope))
+                self.check(scope["method"], scope["path"], headers)
             except CompactordError as exc:
-                await error_response(exc)(scope, receive, send)
+                response = error_response(exc)
+                if _has_body(headers):  # left unread: no next request on this connection
+                    response.headers["Connection"] = "close"
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

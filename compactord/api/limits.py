@@ -5,7 +5,8 @@ API's JSON error (``{"error", "message"}``), not uvicorn's
 plain text.
 
 The middleware is ASGI, outside FastAPI's routing: it runs on the event loop, before any thread of the
-pool is taken, and counts every request, also those that end in an error.
+pool is taken, and counts every request that the guard in front of it (``api/auth.py``: the Host, the
+token) let through, also those that end in an error.
 """
 
 from __future__ import annotations

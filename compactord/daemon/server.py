@@ -61,11 +61,16 @@ class _H11Protocol(H11Protocol):
         # uvicorn answers past its limit_concurrency in plain text: the same bound, with the API's JSON error.
         limit, self.limit_concurrency = self.limit_concurrency, None
         if limit is not None:
+            from compactord.api.limits import PROBE_PATHS
+
             app = self.app
 
             async def bounded(scope: Any, receive: Any, send: Any) -> None:
-                # This request's own task is counted already, hence ">" where uvicorn has ">=".
-                if len(self.connections) > limit or len(self.tasks) > limit:
+                # This request's own task is counted already, hence ">" where uvicorn has ">=". A probe or a
+                # scrape always answers: a flood of idle connections must not make a healthy daemon look dead.
+                if scope.get("path") in PROBE_PATHS:
+                    await app(scope, receive, send)
+                elif len(self.connections) > limit or len(self.tasks) > limit:
                     await _too_many_connections(scope, receive, send, limit)
                 else:
                     await app(scope, receive, send)

@@ -8,6 +8,7 @@ daemon refuses before it connects); the HTTP tests share daemons started once fo
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ EXIT_IOERR = 74
 REFUSE_TIMEOUT_S = 120.0
 ADMIN_TOKEN = "admin-t0ken"
 READ_TOKEN = "read-t0ken"
+MAX_IN_FLIGHT = 4
 OPEN_HOST = "compactord.example"
 LISTED = "tests.support.plugins.listed:ListedOrder"
 UNLISTED = "tests.support.plugins.unlisted:UnlistedOrder"
@@ -42,7 +44,7 @@ def daemon(launch: Launcher, marks: Path, tmp_path_factory: pytest.TempPathFacto
     read_token = tmp_path_factory.mktemp("read-token") / "token"
     read_token.write_text(READ_TOKEN + "\n")
     prepared = launch.prepare("hardening", token=ADMIN_TOKEN, compactionStrategyPlugins=LISTED,
-                              httpReadToken=f"file:{read_token}")
+                              httpReadToken=f"file:{read_token}", httpMaxConnections=MAX_IN_FLIGHT)
     prepared.env[IMPORT_MARKS_ENV] = str(marks)
     return prepared.start().wait_ready()
 
@@ -184,6 +186,38 @@ def test_the_read_token_is_refused_elsewhere_with_403_naming_the_admin_token(dae
         assert admin.get("/openapi.json").status_code == 200
     with daemon.client(token=None) as anonymous:
         assert_error(anonymous.get("/v1/tasks"), 401, "unauthorized")
+
+
+def test_strangers_uploads_that_never_end_do_not_take_the_places_of_authorised_requests(
+        daemon: DaemonProcess) -> None:
+    """Requests without the token (or with a foreign Host) are refused from their headers, before their
+    body is read or they take one of the httpMaxConnections places."""
+    heads = [b"", b"Authorization: Bearer wrong\r\n",
+             f"Host: evil.example:{daemon.port}\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n".encode()]
+    strangers = []
+    try:
+        for i in range(5 * MAX_IN_FLIGHT):
+            sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=60)
+            strangers.append(sock)
+            head = heads[i % len(heads)]
+            host = b"" if b"Host:" in head else b"Host: 127.0.0.1\r\n"
+            sock.sendall(b"PUT /v1/topics/hardening-upload/policies HTTP/1.1\r\n" + host + head
+                         + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
+        with daemon.client() as admin:
+            for _ in range(3 * MAX_IN_FLIGHT):
+                assert admin.get("/v1/tasks").status_code == 200
+        answers = []
+        for sock in strangers:
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            answers.append(int(data.split()[1]))
+        # each refused from its headers, and its connection closed (its body was never read)
+        assert [a for i, a in enumerate(answers) if i % 3 == 2] == [400] * (len(answers) // 3), answers
+        assert all(a in (401, 403) for i, a in enumerate(answers) if i % 3 != 2), answers
+    finally:
+        for sock in strangers:
+            sock.close()
 
 
 def test_a_foreign_host_header_answers_400_on_loopback_but_probes_answer(daemon: DaemonProcess) -> None:

@@ -150,6 +150,21 @@ def test_past_the_connection_bound_the_answer_is_the_json_error(daemon: DaemonPr
     assert daemon.http.get("/v1/tasks").status_code == 200
 
 
+def test_probes_answer_when_idle_connections_fill_the_connection_bound(daemon: DaemonProcess) -> None:
+    bound = 2 * MAX_IN_FLIGHT + 50
+    with contextlib.ExitStack() as stack:
+        idle = [stack.enter_context(raw_connection(daemon)) for _ in range(bound + 20)]
+        for path in ("/healthz", "/readyz", "/metrics"):
+            probe = stack.enter_context(raw_connection(daemon))
+            probe.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            status_code, body = read_answer(probe)
+            assert status_code == 200, (path, body)
+        api = stack.enter_context(raw_connection(daemon))  # the API itself is still bounded
+        api.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_answer(api)[0] == 503
+        assert len(idle) == bound + 20
+
+
 def test_a_connection_that_sends_no_request_is_closed(daemon: DaemonProcess) -> None:
     with raw_connection(daemon) as silent, raw_connection(daemon) as partial:
         partial.sendall(b"GET /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # headers never end
