@@ -245,7 +245,7 @@ class Settings:
     http_allowed_hosts: str = _key("httpAllowedHosts", host_list, "", "http",
         "Host header values the API answers to when httpBindAddress is not loopback (name[:port],...; "
         "empty = any); on loopback only localhost, 127.0.0.1 and [::1]. /healthz, /readyz and /metrics "
-        "accept any.")
+        "also accept any IP literal (a probe's or a scraper's pod address), but no other name.")
     http_tls_cert_file: str = _key("httpTlsCertFile", text, "", "http",
         "Certificate (PEM): HTTPS when set with the key.")
     http_tls_key_file: str = _key("httpTlsKeyFile", text, "", "http",

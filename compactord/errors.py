@@ -43,6 +43,9 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                permission_denied            403
     +-- HostNotAllowed                  host_not_allowed             400
+    +-- MalformedRequest                malformed_request            400
+    +-- RouteNotFound (LookupError)     not_found                    404
+    +-- MethodNotAllowed                method_not_allowed           405
     +-- UnsupportedMediaType            unsupported_media_type       415
     +-- DaemonRequestFailed             daemon_request_failed        502   (client side)
     +-- DaemonUnreachable (ConnectionError)
@@ -339,6 +342,28 @@ class HostNotAllowed(CompactordError):
 
     code = "host_not_allowed"
     status = 400
+
+
+class MalformedRequest(CompactordError):
+    """The request is not well-formed: HTTP its parser refuses (a raw non-ASCII target), or a body that is
+    not JSON (not UTF-8, nested past the parser's depth)."""
+
+    code = "malformed_request"
+    status = 400
+
+
+class RouteNotFound(CompactordError, LookupError):
+    """No route of the API has this path."""
+
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(CompactordError):
+    """The path is a route of the API, but not for this method."""
+
+    code = "method_not_allowed"
+    status = 405
 
 
 class UnsupportedMediaType(CompactordError):

@@ -33,7 +33,10 @@ from compactord.errors import (
     BrokerUnavailable,
     CompactordError,
     InvalidArgument,
+    MalformedRequest,
+    MethodNotAllowed,
     NotReady,
+    RouteNotFound,
     StorageUnavailable,
     Unhealthy,
 )
@@ -155,8 +158,11 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return problem_response(exc.status_code, code, str(exc.detail))
+        # Starlette's own refusals: a body that is not JSON (400), a route or method it does not know.
+        error = {400: MalformedRequest, 404: RouteNotFound, 405: MethodNotAllowed}.get(exc.status_code)
+        if error is None:
+            return problem_response(exc.status_code, CompactordError.code, str(exc.detail))
+        return error_response(error(str(exc.detail)))
 
     @app.exception_handler(Exception)
     def unexpected(request: Request, exc: Exception) -> JSONResponse:

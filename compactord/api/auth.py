@@ -4,7 +4,8 @@ In this order, each refusal answered with the API's JSON error body:
 
 1. **Host** (DNS rebinding): bound to loopback, only ``localhost``, ``127.0.0.1`` and ``[::1]`` (any
    port); otherwise the ``httpAllowedHosts`` names (empty: any). ``/healthz``, ``/readyz`` and ``/metrics``
-   are exempt: probes and scrapers come with pod addresses. 400 ``host_not_allowed``.
+   also take any IP literal (probes and scrapers come with pod addresses), but no other name: a
+   DNS-rebinding page must not read the topic names and backlogs of ``/metrics``. 400 ``host_not_allowed``.
 2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
    everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
    token, 403 ``permission_denied`` with another one (saying which token the endpoint needs).
@@ -26,6 +27,7 @@ a Starlette bug of that shape bypassed auth before 1.0.1).
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import re
 
 from starlette.datastructures import Headers
@@ -49,6 +51,7 @@ __all__ = [
     "check_bearer_token",
     "check_content_type",
     "check_host",
+    "check_probe_host",
     "is_read_endpoint",
 ]
 
@@ -90,6 +93,16 @@ def check_host(host: str | None, loopback: bool, allowed: tuple[str, ...]) -> No
         wanted = f"one of httpAllowedHosts ({', '.join(allowed)})"
     if not ok:
         raise HostNotAllowed(f"the Host header {host!r} is not allowed here; use {wanted}")
+
+
+def check_probe_host(host: str | None, loopback: bool, allowed: tuple[str, ...]) -> None:
+    """:raises HostNotAllowed: ``host`` is neither an IP literal nor a name ``check_host`` allows."""
+    name = _host_name((host or "").strip().lower()) if host else None
+    try:
+        ipaddress.ip_address(name or "")
+        return
+    except ValueError:
+        check_host(host, loopback, allowed)
 
 
 def check_bearer_token(authorization: str, token: bytes, read_token: bytes, method: str, path: str) -> None:
@@ -150,7 +163,9 @@ class ApiGuard:
         await self.app(scope, receive, send)
 
     def check(self, method: str, path: str, headers: Headers) -> None:
-        if path not in HOST_EXEMPT_PATHS:
+        if path in HOST_EXEMPT_PATHS:
+            check_probe_host(headers.get("host"), self.loopback, self.allowed_hosts)
+        else:
             check_host(headers.get("host"), self.loopback, self.allowed_hosts)
         if self.token and path.startswith(PROTECTED_PREFIXES):
             check_bearer_token(headers.get("authorization", ""), self.token, self.read_token, method, path)

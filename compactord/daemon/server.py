@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import signal
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -19,7 +21,7 @@ from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
-from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable, ServerBusy
+from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable, MalformedRequest, ServerBusy
 
 __all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
 
@@ -76,6 +78,17 @@ class _H11Protocol(H11Protocol):
                     await app(scope, receive, send)
 
             self.app = bounded
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers a request its parser refuses in plain text: the API's JSON error instead.
+        body = json.dumps({"error": MalformedRequest.code, "message": (
+            "the request is not well-formed HTTP/1.1 (a request target must be ASCII: percent-encode other "
+            "characters)")}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

@@ -229,6 +229,10 @@ def test_a_foreign_host_header_answers_400_on_loopback_but_probes_answer(daemon:
             assert admin.get("/v1/tasks", headers={"Host": host}).status_code == 200, host
         for path in ("/healthz", "/readyz", "/metrics"):
             assert admin.get(path, headers={"Host": "10.1.2.3:8642"}).status_code == 200, path
+            assert admin.get(path, headers={"Host": "[fd00::5]:8642"}).status_code == 200, path
+            assert admin.get(path, headers={"Host": "localhost"}).status_code == 200, path
+            # a name that is not loopback's: a DNS-rebinding page reading the topics' backlogs
+            assert_error(admin.get(path, headers={"Host": f"evil.example:{daemon.port}"}), 400, "host_not_allowed")
 
 
 def test_allowed_hosts_when_bound_to_every_address(open_daemon: DaemonProcess) -> None:

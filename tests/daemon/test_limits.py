@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import socket
 import uuid
 from collections.abc import Iterator
@@ -111,6 +112,21 @@ def test_a_body_over_httpMaxRequestBytes_is_413(daemon: DaemonProcess, kafka: An
                                headers={"Content-Type": "application/json"})
     assert_error(response, 413, "request_too_large")
     assert daemon.http.get(f"/v1/topics/{topic}/policies").json()["policies"]["strategy"] is None
+
+
+def test_malformed_requests_answer_the_documented_json_error(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix="lim")
+    nested = b"[" * 100_000 + b"]" * 100_000
+    for body in (nested[:MAX_REQUEST_BYTES // 2] + nested[-MAX_REQUEST_BYTES // 2:], b'{"strategy": "\xff\xfe"}'):
+        response = daemon.http.put(f"/v1/topics/{topic}/policies", content=body,
+                                   headers={"Content-Type": "application/json"})
+        assert_error(response, 400, "malformed_request")
+    with raw_connection(daemon) as sock:  # a raw non-ASCII request target: refused by the HTTP parser
+        sock.sendall("GET /v1/topics?q=\u00e9t\u00e9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        status_code, body = read_answer(sock)
+        assert status_code == 400 and json.loads(body)["error"] == "malformed_request", body
+    assert_error(daemon.http.get("/v1/no-such-route"), 404, "not_found")
+    assert_error(daemon.http.post("/healthz", json={}), 405, "method_not_allowed")
 
 
 def test_slow_bodies_get_408_and_requests_past_the_bound_get_503(daemon: DaemonProcess) -> None:

@@ -15,8 +15,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from compactord.api.schema import describe
-from compactord.api.views import problem_response, readiness_json
-from compactord.errors import NotReady, Unhealthy
+from compactord.api.views import error_response, readiness_json
+from compactord.errors import NotReady, RouteNotFound, Unhealthy
 
 if TYPE_CHECKING:
     from compactord.daemon.core import Daemon
@@ -53,7 +53,7 @@ def router(daemon: Daemon) -> APIRouter:
     def asset(name: str) -> Response:
         media_type = _ASSETS.get(name)
         if media_type is None:
-            return problem_response(404, "not_found", f"no asset {name}; the docs' assets are: {', '.join(_ASSETS)}")
+            return error_response(RouteNotFound(f"no asset {name}; the docs' assets are: {', '.join(_ASSETS)}"))
         return FileResponse(STATIC / name, media_type=media_type, headers={"Cache-Control": "max-age=86400"})
 
     async def healthz() -> JSONResponse:

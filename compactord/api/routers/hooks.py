@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
-from compactord.api.views import deleted_json, error_response, problem_response, unloaded_json
-from compactord.errors import InvalidTopicName
+from compactord.api.views import deleted_json, error_response, unloaded_json
+from compactord.errors import InvalidTopicName, MethodNotAllowed, RouteNotFound
 from compactord.model import validate_topic_name
 
 if TYPE_CHECKING:
@@ -68,14 +68,14 @@ def catch_all_router(routers: list[APIRouter]) -> APIRouter:
         allowed = sorted({method for route in known if route.matches(request.scope)[0] is Match.PARTIAL
                           for method in getattr(route, "methods", None) or ()})
         if allowed:
-            response = problem_response(
-                405, "method_not_allowed", f"{request.method} is not allowed on /{path}; allowed: {', '.join(allowed)}")
+            response = error_response(MethodNotAllowed(
+                f"{request.method} is not allowed on /{path}; allowed: {', '.join(allowed)}"))
             response.headers["Allow"] = ", ".join(allowed)
             return response
         if path.startswith("v1/topics/"):
             return error_response(InvalidTopicName(
                 f"/{path} does not fit a topic route: a topic name is 1 to 249 characters of "
                 "[a-zA-Z0-9._-] (no '/'), e.g. /v1/topics/<topic>/compaction"))
-        return problem_response(404, "not_found", f"no route /{path}; see /docs")
+        return error_response(RouteNotFound(f"no route /{path}; see /docs"))
 
     return api
