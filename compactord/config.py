@@ -236,8 +236,9 @@ class Settings:
         "every endpoint. Required when httpBindAddress is not a loopback address (see "
         "httpAllowUnauthenticated).", secret=True)
     http_read_token: str = _key("httpReadToken", text, "", "http",
-        "Optional bearer token for applications that only read: GET of /v1/topics, /v1/tasks and a topic's "
-        "compaction status, /horizon, /compacted and /compacted/last; nothing else (403). Needs "
+        "Optional bearer token for applications that only read: GET of /v1/topics, /v1/tasks, /v1/info (the "
+        "broker's address a reader tails, the ledger root) and a topic's compaction status, /horizon, "
+        "/history, /compacted and /compacted/last; nothing else (403). Needs "
         "httpAuthToken (file:/path reads it from a file).", secret=True)
     http_allow_unauthenticated: bool = _key("httpAllowUnauthenticated", boolean, "false", "http",
         "true: serve the API without a token on a non-loopback httpBindAddress (otherwise the daemon "

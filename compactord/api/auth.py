@@ -117,8 +117,8 @@ def check_bearer_token(authorization: str, token: bytes, read_token: bytes, meth
         if is_read_endpoint(method, path):
             return
         raise PermissionDenied(f"{method} {path} needs httpAuthToken (the admin token); httpReadToken allows "
-                               "only GET of /v1/topics, /v1/tasks and a topic's compaction, horizon, history "
-                               "and compacted entries")
+                               "only GET of /v1/topics, /v1/tasks, /v1/info and a topic's compaction, horizon, "
+                               "history and compacted entries")
     raise PermissionDenied("the bearer token is not the configured httpAuthToken (nor httpReadToken)")
 
 

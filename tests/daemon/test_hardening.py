@@ -158,7 +158,8 @@ def test_a_non_loopback_address_without_a_token_refuses_the_start(tmp_path: Path
                    "httpBindAddress", "0.0.0.0", "httpAuthToken", "httpAllowUnauthenticated=true")
 
 
-READS = ["/v1/topics", "/v1/tasks", "/v1/topics/hardening-read/compaction", "/v1/topics/hardening-read/horizon",
+READS = ["/v1/topics", "/v1/tasks", "/v1/info", "/v1/topics/hardening-read/compaction",
+         "/v1/topics/hardening-read/horizon", "/v1/topics/hardening-read/history",
          "/v1/topics/hardening-read/compacted?partition=0", "/v1/topics/hardening-read/compacted/last?partition=0"]
 ADMIN_ONLY = [("PUT", "/v1/topics/hardening-read/compaction"), ("DELETE", "/v1/topics/hardening-read/compaction"),
               ("GET", "/v1/topics/hardening-read/policies"), ("PUT", "/v1/topics/hardening-read/policies"),
