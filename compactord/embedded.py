@@ -8,12 +8,15 @@ Memory-only storage on loopback: ``compactord run --embedded-broker`` puts it on
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from compactord.errors import CompactordError
@@ -53,8 +56,30 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """For ``Popen(preexec_fn=...)``: the broker gets SIGKILL when the process that started it ends, also by
+    kill -9 (Linux's parent-death signal), so that its memory-only topics never outlive the daemon that
+    announced them. Elsewhere, None: ``stop()`` alone ends it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent ended before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
 class EmbeddedBroker:
-    """A Tansu broker process on 127.0.0.1; ``stop()`` kills it by PID (also from a test's finally)."""
+    """A Tansu broker process on 127.0.0.1; ``stop()`` kills it by PID (also from a test's finally), and it
+    ends with the thread that started it (see ``_dies_with``: start it from a thread that lives as long as
+    the broker should, the main thread in the daemon)."""
 
     def __init__(self, port: int | None = None, log_path: str | os.PathLike[str] | None = None) -> None:
         self.port = port or free_port()
@@ -70,6 +95,7 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_dies_with(os.getpid()),  # runs prctl and getppid only: safe between fork and exec
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -27,6 +27,8 @@ import pytest
 from compactord import __version__
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, wait_state
+from tests.support.processes import alive
+from tests.support.timeouts import STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 
 from .conftest import Launcher, assert_error, run_cli
@@ -307,6 +309,25 @@ def test_a_daemon_on_a_dead_port_answers_503_at_once_and_stops_while_spark_start
         assert "the Spark session is still starting: not waited for" in log, log
     assert log.count("broker unavailable") == 1, log
     assert "kafka.net" not in log and "Traceback" not in log, log
+
+
+def test_the_embedded_broker_ends_with_a_daemon_killed_with_sigkill(launch: Launcher) -> None:
+    """Its topics are in its memory: a broker that outlived its daemon would hold them where the next
+    daemon, which starts a broker of its own, never looks."""
+    killed = launch.prepare("embedded-kill")
+    killed.args = ("--embedded-broker",)
+    killed.start()
+    pid = None
+    try:
+        pid = wait_for(lambda: broker_pid(killed), 60, "the embedded broker to start", killed)
+        assert alive(pid)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait_exit(STOP_TIMEOUT_S)
+        wait_for(lambda: not alive(pid), 10, f"the embedded broker (pid {pid}) to end with its daemon")
+    finally:
+        killed.stop()
+        if pid is not None and alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _get(daemon: DaemonProcess, path: str) -> int | None:
