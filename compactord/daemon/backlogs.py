@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from compactord.daemon.broker_watch import PING_DEADLINE_S, OneCallAtATime
 from compactord.errors import CompactordError
 
 if TYPE_CHECKING:
@@ -41,18 +43,28 @@ class BacklogCache:
         self._registry = registry
         self._measures: dict[str, _Measure] = {}
         self._lock = threading.Lock()
+        self._calls = OneCallAtATime()  # a listing's broker calls: a stalled broker holds one thread, not them
+
+    def topics_on_broker(self, list_topics: Callable[[], list[str]]) -> list[str]:
+        """``list_topics()``, waited for at most ``PING_DEADLINE_S`` (the broker watch's own bound on a
+        metadata answer). :raises BrokerUnavailable: no answer by then."""
+        return self._calls.call(list_topics, PING_DEADLINE_S, "a list of its topics")
 
     def _last_task(self, topic: str) -> tuple[str, str] | None:
         last = self._registry.last(topic)
         return None if last is None else (last.task_id, last.state.value)
 
-    def measure(self, topic: str, *, for_listing: bool = True) -> Backlog | None:
+    def measure(self, topic: str, *, for_listing: bool = True, within_s: float | None = None) -> Backlog | None:
         """Measure ``topic`` now and keep it as the monitor's (with its metrics) and, ``for_listing``, as
-        the listing's for ``FRESH_S``; None if the broker does not answer or lacks the topic. A task's end
-        measures not for the listing: what is produced right after a run is then in the next listing."""
+        the listing's for ``FRESH_S``; None if the broker does not answer (within ``within_s``, if given)
+        or lacks the topic. A task's end measures not for the listing: what is produced right after a run
+        is then in the next listing."""
         after = self._last_task(topic)
         try:
-            backlog = self._monitor.measure(topic)
+            if within_s is None:
+                backlog = self._monitor.measure(topic)
+            else:
+                backlog = self._calls.call(lambda: self._monitor.measure(topic), within_s, f"topic {topic}'s offsets")
         except CompactordError as exc:
             log.debug("backlog of topic %s not measured: %s", topic, exc)
             return None
@@ -71,8 +83,9 @@ class BacklogCache:
             kept = self._measures.get(topic)
             fresh = kept is not None and time.monotonic() - kept.at < FRESH_S and kept.after == self._last_task(topic)
             backlog = kept.backlog if fresh and kept is not None else None
-            if backlog is None and present and self._registry.live(topic) is None and time.monotonic() < deadline:
-                backlog = self.measure(topic)
+            left = deadline - time.monotonic()
+            if backlog is None and present and self._registry.live(topic) is None and left > 0:
+                backlog = self.measure(topic, within_s=left)
             if backlog is None:  # the last measure, the monitor's or ours, whichever there is
                 backlog = self._monitor.backlogs.get(topic) or (kept.backlog if kept is not None else None)
             if backlog is not None:

@@ -372,7 +372,7 @@ class Daemon:
     def known_topics(self) -> dict[str, bool]:
         """Every topic on the broker, with a ledger or with a task, sorted; each with whether the
         broker has it. :raises BrokerUnavailable: the broker is down."""
-        on_broker = set(self.admin.list_topics())
+        on_broker = set(self.backlogs.topics_on_broker(self.admin.list_topics))
         known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
         return {topic: topic in on_broker for topic in sorted(known)}
 

@@ -1,6 +1,8 @@
 """Probes that answer whatever the broker does (see #10): with the broker hung (SIGSTOP) and
 80 requests waiting on it, /healthz answers, /readyz says "degraded" (ledger reads go on, compactions
-cannot run), requests to the broker get 503 broker_unavailable; after SIGCONT it is ready again.
+cannot run), requests to the broker get 503 broker_unavailable; after SIGCONT it is ready again. The
+daemon's kafkaRequestTimeoutMs is longer than any wait here: a stalled broker is seen by the watch's own
+deadline on a ping, and a listing's own deadline on the broker, not after a request's timeout.
 
 The broker here is one of this module's own, so that hanging it stops no other test; it is resumed
 (SIGCONT) and stopped in teardown, also when a test fails.
@@ -28,7 +30,7 @@ from .conftest import Launcher, assert_error
 
 pytestmark = pytest.mark.slow
 
-REQUEST_TIMEOUT_MS = 5000
+REQUEST_TIMEOUT_MS = 300_000
 CONCURRENT = 80
 
 
@@ -124,9 +126,8 @@ def test_probes_answer_while_the_broker_hangs(own_broker: EmbeddedBroker, daemon
             thread.join(60)
         assert not any(thread.is_alive() for thread in threads)
     assert len(answers) == CONCURRENT
-    refusals = [a for a in answers if a != "client timeout"]
-    assert refusals, answers
-    assert all(code == 503 and body["error"] == "broker_unavailable" for code, body in refusals), refusals
+    assert "client timeout" not in answers, answers  # none waited on the broker for the request timeout
+    assert all(code == 503 and body["error"] == "broker_unavailable" for code, body in answers), answers
     # The broker is back: so are compactions.
     wait_for(lambda: readyz(daemon) == (200, {"status": "ready", "compactions": True, "reads": True,
                                               "problems": []}), 120, "/readyz to say ready again", daemon)
