@@ -123,7 +123,9 @@ class DaemonClient:
 
     def preview(self, topic: str, exact: bool = False) -> Any:
         """What the next compaction would do (``exact``: the read and choose steps, which can take long)."""
-        return self.request("GET", f"{self.topic_path(topic)}/compaction/preview", {"exact": "true"} if exact else None)
+        if exact:  # a task: POST, never a GET a web page could send
+            return self.request("POST", f"{self.topic_path(topic)}/compaction/preview", body={})
+        return self.request("GET", f"{self.topic_path(topic)}/compaction/preview")
 
     def status(self, topic: str) -> Any:
         return self.request("GET", f"{self.topic_path(topic)}/compaction")

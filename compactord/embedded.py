@@ -95,7 +95,7 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_dies_with(os.getpid()),  # runs prctl and getppid only: safe between fork and exec
+            preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only: safe after fork
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

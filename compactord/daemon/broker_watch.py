@@ -72,7 +72,7 @@ class OneCallAtATime:
         def run() -> None:
             try:
                 answer.append(fn())
-            except BaseException as exc:  # handed to the caller, who raises it
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
                 failure.append(exc)
             finally:
                 done.set()

@@ -21,7 +21,13 @@ from compactord.config import Settings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
-from compactord.errors import CompactordError, InsufficientDiskSpace, LedgerRootUnwritable, MalformedRequest, ServerBusy
+from compactord.errors import (
+    CompactordError,
+    InsufficientDiskSpace,
+    LedgerRootUnwritable,
+    MalformedRequest,
+    ServerBusy,
+)
 
 __all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
 

@@ -43,7 +43,13 @@ def test_the_exact_preview_equals_the_next_compaction(shared_daemon: DaemonProce
     assert estimate["records_kept"] + estimate["records_removed"] == 40 + 153
     assert 0 < estimate["dirty_ratio"] < 1 and estimate["estimated_seconds"] is not None
 
-    response = shared_daemon.http.get(f"/v1/topics/{topic}/compaction/preview", params={"exact": "true"})
+    # A GET never starts a task: not even one a web page sends cross-site.
+    cross_site = shared_daemon.http.get(f"/v1/topics/{topic}/compaction/preview", params={"exact": "true"},
+                                        headers={"Origin": "http://evil.example"})
+    assert cross_site.status_code == 422 and "POST" in cross_site.json()["message"], cross_site.text
+    assert not [t for t in shared_daemon.http.get("/v1/tasks", params={"topic": topic}).json()["tasks"]
+                if t["kind"] == "preview"]
+    response = shared_daemon.http.post(f"/v1/topics/{topic}/compaction/preview", json={})
     assert response.status_code == 200, response.text
     preview = response.json()
     assert preview["exact"] is True and preview["sample_records"] is None

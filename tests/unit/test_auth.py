@@ -39,7 +39,7 @@ def test_allowed_hosts_when_not_bound_to_loopback() -> None:
     ("GET", "/v1/topics", True), ("GET", "/v1/tasks", True), ("HEAD", "/v1/topics/t/compaction", True),
     ("GET", "/v1/topics/t/horizon", True), ("GET", "/v1/topics/t/compacted", True),
     ("GET", "/v1/topics/t/compacted/last", True), ("GET", "/v1/topics/t/history", True),
-    ("GET", "/v1/topics/t/compaction/preview", False),
+    ("GET", "/v1/topics/t/compaction/preview", False), ("POST", "/v1/topics/t/compaction/preview", False),
     ("PUT", "/v1/topics/t/compaction", False), ("DELETE", "/v1/topics/t/compaction", False),
     ("GET", "/v1/topics/t/policies", False), ("POST", "/v1/topics/t/unload", False),
     ("DELETE", "/v1/topics/t", False), ("GET", "/v1/topics/t", False), ("GET", "/docs", False),

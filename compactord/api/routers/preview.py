@@ -1,4 +1,8 @@
-"""The preview of a topic's next compaction (``daemon/preview.py``)."""
+"""The preview of a topic's next compaction (``daemon/preview.py``): ``GET`` estimates from a sample
+and starts nothing; ``POST`` runs the exact preview, a task with a slot, broker and Spark time. It is not
+a GET: any web page could send a GET to a daemon on loopback, while a POST without a token must say
+``Content-Type: application/json``, which no page can send cross-site without a preflight
+(``api/auth.py``)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query
 
+from compactord.errors import InvalidArgument
 from compactord.model import validate_topic_name
 
 if TYPE_CHECKING:
@@ -19,13 +24,25 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
 
     @api.get("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot])
     def preview(topic: str, exact: bool = Query(False, description=(
-            "run the job's read and choose steps (a preview task: takes a slot, DELETE .../compaction "
-            "cancels it) instead of estimating from a sample of the tail"))) -> dict[str, Any]:
+            "refused: the exact preview starts a task, so it is POST .../compaction/preview"))
+                ) -> dict[str, Any]:
         """What the next compaction would keep and remove: records, bytes of keys and values, the dirty
-        ratio and an estimated duration; an estimate from a sample of the tail unless ``exact``."""
+        ratio and an estimated duration, estimated from a sample of the tail (it starts no task)."""
         from compactord.daemon.preview import preview as run_preview
 
         validate_topic_name(topic)
-        return run_preview(daemon, topic, exact=exact)
+        if exact:
+            raise InvalidArgument(f"exact=true: an exact preview starts a task (a slot, broker and Spark time), "
+                                  f"so it is POST /v1/topics/{topic}/compaction/preview; GET only estimates")
+        return run_preview(daemon, topic, exact=False)
+
+    @api.post("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot])
+    def exact_preview(topic: str) -> dict[str, Any]:
+        """Run the job's read and choose steps exactly as the next compaction would and count the result
+        instead of writing a ledger (a preview task: takes a slot, DELETE .../compaction cancels it)."""
+        from compactord.daemon.preview import preview as run_preview
+
+        validate_topic_name(topic)
+        return run_preview(daemon, topic, exact=True)
 
     return api
