@@ -271,7 +271,7 @@ class _Connection:
         self._writer.close()
 
     def refuse_busy(self) -> None:
-        """Close a connection that has not authenticated, to make room: ``busy`` tells a task to connect again."""
+        """Close a connection that has not authenticated, to make room (``busy``: a task connects again)."""
         self.send(_BUSY)
         self._writer.close()
 
@@ -352,11 +352,6 @@ class ChannelServer:
                 found = run
         return found
 
-    @property
-    def pending(self) -> int:
-        """Connections that have not authenticated yet (read on the server's loop; a test's view otherwise)."""
-        return len(self._pending)
-
     def _make_room(self) -> None:
         """Close the oldest connections that have not authenticated until one more fits in ``MAX_PENDING``."""
         while len(self._pending) >= MAX_PENDING:
@@ -368,7 +363,7 @@ class ChannelServer:
         if self._evicted and (self._evictions_logged_at is None
                               or now - self._evictions_logged_at >= EVICTION_LOG_EVERY_S):
             log.warning("the driver's channel on %s:%d closed %d connection(s) that had not presented a run's "
-                        "token, to keep %d places for the reading tasks: something else connects to it",
+                        "token (at most %d may wait for theirs at once): another process connects to it",
                         self.address.bind, self.port, self._evicted, MAX_PENDING)
             self._evicted, self._evictions_logged_at = 0, now
 
@@ -400,7 +395,10 @@ class ChannelServer:
 
 
 async def _read_frame(reader: asyncio.StreamReader, bound: int = MAX_FRAME_BYTES) -> dict[str, Any]:
-    """The next frame's message. :raises FrameError: it breaks the format, or announces more than ``bound``."""
+    """The next frame's message.
+
+    :raises FrameError: it breaks the format, or announces more than ``bound`` bytes.
+    """
     length = frame_length(await reader.readexactly(HEADER_BYTES))
     if length > bound:
         raise FrameError(f"a frame of {length} bytes announced, over the {bound}-byte bound of a hello")

@@ -4,7 +4,8 @@ A worker runs one task at a time, and a task may read several ranges: the worker
 (``for_spec``), which each range's ``RangeReadTask`` shares. What the driver pushes (cancel, rate) is read
 without blocking at the task's checks (every ``range_read.PROGRESS_EVERY_S``, between a throttle's sleeps):
 one ``recv`` that finds nothing costs less than a record. A task blocks only where it waits: for its
-welcome when it connects (connecting again when the driver closed it to make room: ``busy``), for its plan (``wait_plan``), for the driver's acknowledgement of its last report.
+welcome when it connects (connecting again when the driver closed it to make room: ``busy``), for its plan
+(``wait_plan``), for the driver's acknowledgement of its last report.
 A task that loses the channel (the driver is gone, the run ended, a broken frame) raises ``ChannelLost``:
 it stops reading and its attempt fails.
 """
@@ -23,7 +24,7 @@ __all__ = ["ACK_TIMEOUT_S", "CONNECT_TIMEOUT_S", "ChannelLost", "TaskChannel", "
 
 CONNECT_TIMEOUT_S = 30.0  # to connect and be welcomed
 ACK_TIMEOUT_S = 30.0  # for the driver to take a task's last report
-# A task the driver was too busy to welcome connects again after these pauses (doubling), until CONNECT_TIMEOUT_S.
+# A task the driver was too busy to welcome connects again after these pauses (doubling), for CONNECT_TIMEOUT_S.
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 # How much longer than its asked wait a task waits for its plan: the driver's answer, or its decline
