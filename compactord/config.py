@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -336,6 +337,17 @@ _SECRET_ATTRS = {key.attr for key in KEYS if key.secret}
 KAFKA_SECRET_ARGS = frozenset(arg for arg, attr in _KAFKA_ARG_ATTRS.items() if attr in _SECRET_ATTRS)
 
 
+# An unknown key's value is never shown in its error (a misspelled secret key's value is the secret), nor the
+# value of any key whose name looks like a secret's.
+_NOT_SHOWN = "<not shown>"
+_SECRET_NAME = re.compile(r"secret|passw|pwd|token|credential|private|access.?key", re.IGNORECASE)
+
+
+def _shown(name: str, raw: str) -> str:
+    """``raw`` as an error about key ``name`` may show it."""
+    return _NOT_SHOWN if _SECRET_NAME.search(name) else raw
+
+
 def _unknown_key(name: str) -> str:
     """The error text for an unknown key ``name``, with the nearest known key when one is close (a typo)."""
     # Above difflib's default cutoff (0.6): most keys share the prefix "compaction", which alone would match.
@@ -418,7 +430,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
         if name.startswith("spark."):
             spark_conf[name] = raw
         elif name not in KEYS_BY_NAME:
-            raise ConfigError(name, raw, _unknown_key(name))
+            raise ConfigError(name, _NOT_SHOWN, _unknown_key(name))
         else:
             merged[name] = raw
     for env_name, raw in env.items():
@@ -426,9 +438,9 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
             continue
         name = env_name[len(ENV_PREFIX) :]
         if name.startswith("spark."):
-            raise ConfigError(env_name, raw, "spark.* keys can be set in the config file only")
+            raise ConfigError(env_name, _shown(name, raw), "spark.* keys can be set in the config file only")
         if name not in KEYS_BY_NAME:
-            raise ConfigError(env_name, raw, _unknown_key(name))
+            raise ConfigError(env_name, _NOT_SHOWN, _unknown_key(name))
         merged[name] = raw
         from_env[name] = env_name
     values: dict[str, Any] = {}

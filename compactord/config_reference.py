@@ -33,7 +33,8 @@ _RULES = (
     "for itself only when doubled (write the regex `^foo\\.bar$` as `^foo\\\\.bar$`).",
     "An empty value means the default.",
     "An unknown key or a bad value refuses the start (exit status 2) with the key, the value and what is "
-    "allowed; an unknown key names the nearest known one.",
+    "allowed; an unknown key names the nearest known one and never shows its value (it may be a misspelled "
+    "secret).",
     f"The environment variable `{ENV_PREFIX}<key>` overrides `<key>` (for example "
     f"`{ENV_PREFIX}httpPort=9000`); `spark.*` keys can be set in the file only.",
     "Secrets ({secrets}) may be written `file:/path`: the value is then the content of that file, without "

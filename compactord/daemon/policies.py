@@ -15,10 +15,22 @@ from typing import Any
 from compactord.config import Settings
 from compactord.errors import InvalidArgument, ObjectNotFound, PoliciesUnreadable, StorageUnavailable
 
-__all__ = ["PolicyStore", "TopicPolicies"]
+__all__ = ["WHOLE_NUMBER_RANGES", "PolicyStore", "TopicPolicies"]
 
 POLICIES = "policies.json"
 UNLOADED = "UNLOADED"
+
+_INT64_MAX = 2**63 - 1
+_CENTURY_S = 100 * 365 * 86_400
+# Each whole-number field's range (0 = off), listed in docs/http-api.md: where a value stops meaning anything,
+# well inside what a run computes with (signed 64-bit numbers in Spark and Arrow, floats in the throttle).
+WHOLE_NUMBER_RANGES: dict[str, tuple[int, int]] = {
+    "thresholdBytes": (0, _INT64_MAX),
+    "thresholdMessages": (0, _INT64_MAX),
+    "maxLagSeconds": (0, _CENTURY_S),
+    "keyTtlMs": (0, _CENTURY_S * 1000),  # the run's instant minus the TTL stays a timestamp
+    "maxReadBytesPerSecond": (0, 1 << 40),  # 1 TiB/s
+}
 
 
 @dataclass(frozen=True)
@@ -47,10 +59,14 @@ class TopicPolicies:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidArgument(f"unknown policy field(s) {unknown}; allowed: {sorted(known)}")
-        for name in ("thresholdBytes", "thresholdMessages", "maxLagSeconds", "keyTtlMs", "maxReadBytesPerSecond"):
+        for name, (lo, hi) in WHOLE_NUMBER_RANGES.items():
             value = data.get(name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InvalidArgument(f"{name} must be a whole number >= 0 (0 = off) or null, got {value!r}")
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi):
+                continue
+            shown = repr(value)
+            if len(shown) > 40:  # 10**100 is not worth a hundred digits
+                shown = f"{shown[:20]}... ({len(shown)} characters)"
+            raise InvalidArgument(f"{name} must be a whole number from {lo} to {hi} (0 = off) or null, got {shown}")
         ratio = data.get("minDirtyRatio")
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)
                                   or not 0 <= ratio <= 1):

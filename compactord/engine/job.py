@@ -93,7 +93,7 @@ def shuffle_partitions_for(rows: int, cores: int) -> JobWidths:
 @dataclass(frozen=True)
 class CompactionJobSpec:
     topic: str
-    client_config: Mapping[str, Any]
+    client_config: Mapping[str, Any] = field(repr=False)  # its secrets: never in a log line or an error
     ranges: Sequence[OffsetRange]
     ledger_files: Sequence[str]  # the previous ledger's Parquet files (empty for a full rebuild)
     output_path: str
@@ -106,7 +106,8 @@ class CompactionJobSpec:
     log_start: Mapping[int, int]
     batch_records: int
     # The run's channel (``channel.RunChannel.endpoint``); None: tasks that report nothing (the warm-up's).
-    channel: Mapping[str, Any] | None = None
+    # Its token goes to the tasks, in what the driver ships them, and nowhere else: not in the spec's repr.
+    channel: Mapping[str, Any] | None = field(default=None, repr=False)
     # The shuffle widths of the aggregation and of the sort into the ledger's files (0: the session's
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0

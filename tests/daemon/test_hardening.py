@@ -158,6 +158,16 @@ def test_a_non_loopback_address_without_a_token_refuses_the_start(tmp_path: Path
                    "httpBindAddress", "0.0.0.0", "httpAuthToken", "httpAllowUnauthenticated=true")
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("httpAuthTokn", "httpAuthToken"),
+                                             ("s3SecretAccesKey", "s3SecretAccessKey"),
+                                             ("kafkaSaslPasword", "kafkaSaslPassword")])
+def test_a_misspelled_secret_key_refuses_the_start_without_printing_its_value(tmp_path: Path, typo: str,
+                                                                               meant: str) -> None:
+    line = assert_refused(refused_start(tmp_path, **{typo: "hunter2-5b0f9e7a"}), EXIT_CONFIG,
+                          f"unknown key {typo}; did you mean {meant}?")
+    assert "hunter2-5b0f9e7a" not in line
+
+
 READS = ["/v1/topics", "/v1/tasks", "/v1/info", "/v1/topics/hardening-read/compaction",
          "/v1/topics/hardening-read/horizon", "/v1/topics/hardening-read/history",
          "/v1/topics/hardening-read/compacted?partition=0", "/v1/topics/hardening-read/compacted/last?partition=0"]

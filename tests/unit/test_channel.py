@@ -4,8 +4,13 @@ checks, and a task that loses the driver."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import select
 import socket
+import struct
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +18,8 @@ import pytest
 from compactord.engine.channel import ChannelLost, FrameError, RunChannel, TaskChannel, driver
 from compactord.engine.channel.frames import MAX_FRAME_BYTES, decode, encode, split_frames
 from tests.support.channel import LOOPBACK, run_channel
+from tests.support.timeouts import STOP_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 
 def raw_connection(endpoint: dict[str, Any]) -> socket.socket:
@@ -86,9 +93,135 @@ def test_the_secrets_come_only_to_a_task_that_asks() -> None:
 def test_a_connection_that_never_says_hello_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver, "HELLO_TIMEOUT_S", 0.2)
     with run_channel() as channel:
+        endpoint = channel.endpoint(LOOPBACK)
+        task = TaskChannel(endpoint)
+        sock = raw_connection(endpoint)
+        assert read_all(sock) == b""  # closed at the deadline, unanswered
+        sock.close()
+        task.report("0-0", {"partition": 0, "records": 1, "done": True})  # the task's connection stays
+        assert channel.progress().records == 1
+
+
+def test_a_stranger_announcing_more_than_a_hello_is_closed_without_waiting_for_its_body(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "HELLO_TIMEOUT_S", 3600.0)  # only the hello's bound can close it
+    with run_channel() as channel:
         sock = raw_connection(channel.endpoint(LOOPBACK))
+        sock.sendall((64 << 10).to_bytes(4, "big") + b"{" * 100)
+        sock.settimeout(STOP_TIMEOUT_S)
         assert read_all(sock) == b""
         sock.close()
+
+
+@contextlib.contextmanager
+def strangers(endpoint: dict[str, Any], idle: int) -> Iterator[list[socket.socket]]:
+    """``idle`` connections that say nothing, then some that send what is not a hello (closed at once), all
+    closed at the end."""
+    garbage = [b"GET / HTTP/1.1\r\nHost: driver\r\n\r\n",  # an announced length of 1.2 GB
+               (64 << 10).to_bytes(4, "big") + b"x" * 1000,  # over a hello's bound
+               encode({"t": "progress", "key": "0-0", "report": {"partition": 0, "records": 10**6}}),
+               encode({"t": "hello", "token": "guessed", "secrets": True}),
+               b"\x00\x00\x00\x05hello"]  # a frame that is not JSON
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(idle):
+            opened.append(raw_connection(endpoint))
+        for data in garbage:
+            opened.append(raw_connection(endpoint))
+            opened[-1].sendall(data)
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def answered(socks: list[socket.socket]) -> list[socket.socket]:
+    """The connections the server wrote to or closed (it answers a stranger only by closing it)."""
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(0)}
+    return [sock for sock in socks if sock.fileno() in ready]
+
+
+def test_strangers_holding_connections_open_do_not_keep_a_runs_tasks_out(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """100 idle connections (more than the budget of unauthenticated ones) and five that send garbage, from a
+    process that does not know the token, held open as long as they like: the run's tasks still connect,
+    report and are acknowledged; the strangers lose their places, oldest first."""
+    monkeypatch.setattr(driver, "HELLO_TIMEOUT_S", 3600.0)  # the strangers' worst case: no deadline frees them
+    caplog.set_level(logging.DEBUG, logger="compactord.engine.channel")
+    idle = 100
+    with run_channel({"sasl_plain_password": "s3cret-pw"}) as channel:
+        endpoint = channel.endpoint(LOOPBACK)
+        with strangers(endpoint, idle) as opened:
+            # The server has taken them all in: the garbage closed, the idle ones over the budget closed too.
+            wait_for(lambda: len(answered(opened)) >= idle - driver.MAX_PENDING + 5, STOP_TIMEOUT_S,
+                     "the server to close the strangers over its budget")
+            tasks = [TaskChannel(endpoint) for _ in range(4)]
+            for i, task in enumerate(tasks):
+                assert task.secrets == {"sasl_plain_password": "s3cret-pw"}
+                task.report(f"{i}-0", {"partition": i, "records": 10, "bytes": 100, "done": True})
+            assert channel.progress().records == 40  # the garbage's progress report was never taken
+            still_open = [sock for sock in opened[:idle] if sock not in answered(opened)]
+            assert len(still_open) <= driver.MAX_PENDING
+            assert set(still_open) <= set(opened[idle - len(still_open):idle])  # the newest kept their places
+    assert endpoint["token"] not in caplog.text
+
+
+def test_a_full_budget_of_strangers_closes_the_oldest_telling_it_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver, "MAX_PENDING", 1)
+    monkeypatch.setattr(driver, "HELLO_TIMEOUT_S", 3600.0)
+    with run_channel() as channel:
+        endpoint = channel.endpoint(LOOPBACK)
+        stranger = raw_connection(endpoint)
+        task = TaskChannel(endpoint)
+        assert [frame["t"] for frame in split_frames(bytearray(read_all(stranger)))] == ["busy"]
+        stranger.close()
+        task.report("0-0", {"partition": 0, "records": 3, "done": True})
+        assert channel.progress().records == 3
+
+
+@pytest.mark.parametrize("closing", ["busy", "reset"])
+def test_a_task_the_driver_was_too_busy_for_connects_again(closing: str) -> None:
+    """A driver that closes the task's first connection to make room (telling it ``busy``, or resetting it with
+    its hello unread), and welcomes the second: the task is welcomed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    connections: list[socket.socket] = []
+
+    def serve() -> None:
+        first, _ = listener.accept()
+        connections.append(first)
+        if closing == "busy":
+            first.recv(65536)
+            first.sendall(encode({"t": "busy"}))
+        else:
+            wait_for(lambda: answered_by_peer(first), STOP_TIMEOUT_S, "the task's hello")
+            first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        first.close()
+        second, _ = listener.accept()
+        connections.append(second)
+        second.recv(65536)
+        second.sendall(encode({"t": "welcome", "cancel": False, "rate": 5.0}))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        task = TaskChannel({"host": "127.0.0.1", "port": port, "token": "t"})
+        assert task.rate == 5.0
+        server.join()
+        assert len(connections) == 2
+        task.close()
+    finally:
+        listener.close()
+        for sock in connections:
+            sock.close()
+
+
+def answered_by_peer(sock: socket.socket) -> bool:
+    """Whether ``sock`` has bytes to read (left unread)."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def test_a_frame_over_the_bound_from_a_task_closes_its_connection() -> None:

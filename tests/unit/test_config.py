@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -119,6 +120,49 @@ def test_unknown_key_suggests_the_nearest_known_one(typo: str, meant: str) -> No
     with pytest.raises(ConfigError) as info:
         settings(**{typo: "1"})
     assert f"unknown key {typo}; did you mean {meant}?" in str(info.value)
+
+
+SECRET_VALUE = "hunter2-5b0f9e7a"
+# A misspelled secret key, in the file or the environment, and the key meant.
+MISSPELLED_SECRETS = [("httpAuthTokn", "httpAuthToken", False), ("s3SecretAccesKey", "s3SecretAccessKey", False),
+                      ("kafkaSaslPasword", "kafkaSaslPassword", False), ("httpAuthTokn", "httpAuthToken", True)]
+
+
+@pytest.mark.parametrize(("typo", "meant", "from_env"), MISSPELLED_SECRETS)
+def test_an_unknown_key_s_value_is_never_shown(typo: str, meant: str, from_env: bool) -> None:
+    with pytest.raises(ConfigError) as info:
+        if from_env:
+            settings({f"{ENV_PREFIX}{typo}": SECRET_VALUE})
+        else:
+            settings(**{typo: SECRET_VALUE})
+    error = info.value
+    assert f"unknown key {typo}; did you mean {meant}?" in str(error)
+    assert error.key == (f"{ENV_PREFIX}{typo}" if from_env else typo)
+    assert SECRET_VALUE not in f"{error} {error.value!r} {error.details!r}"
+    assert "<not shown>" in str(error)
+
+
+def test_a_spark_key_in_the_environment_shows_its_value_unless_its_name_looks_secret() -> None:
+    with pytest.raises(ConfigError, match="spark.executor.memory='2g'"):
+        settings({f"{ENV_PREFIX}spark.executor.memory": "2g"})
+    with pytest.raises(ConfigError) as info:
+        settings({f"{ENV_PREFIX}spark.hadoop.fs.s3a.secret.key": SECRET_VALUE})
+    assert SECRET_VALUE not in str(info.value) and "config file only" in str(info.value)
+
+
+@pytest.mark.parametrize(("typo", "meant", "from_env"), MISSPELLED_SECRETS)
+def test_run_with_a_misspelled_secret_key_does_not_print_its_value(tmp_path: Path, typo: str, meant: str,
+                                                                     from_env: bool) -> None:
+    """The daemon refuses to start, before any broker or Spark, naming the key and the one meant, not the value."""
+    (tmp_path / "broker.conf").write_text("" if from_env else f"{typo}={SECRET_VALUE}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    if from_env:
+        env[f"{ENV_PREFIX}{typo}"] = SECRET_VALUE
+    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 2
+    assert f"did you mean {meant}?" in done.stderr
+    assert SECRET_VALUE not in done.stderr + done.stdout
 
 
 @pytest.mark.parametrize("value", ["", "   "])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
 from compactord.config import Settings
-from compactord.daemon.policies import TopicPolicies
+from compactord.daemon.policies import WHOLE_NUMBER_RANGES, TopicPolicies
 from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
 from compactord.errors import InvalidArgument, PluginLoadError
 
@@ -61,5 +62,40 @@ def test_key_ttl_and_read_budget_are_whole_numbers_and_default_to_the_settings()
     own = TopicPolicies.from_json({"keyTtlMs": 0, "maxReadBytesPerSecond": 250}, ())
     assert own.effective(settings)["keyTtlMs"] == 0 and own.effective(settings)["maxReadBytesPerSecond"] == 250
     for bad in ({"keyTtlMs": -1}, {"maxReadBytesPerSecond": "fast"}, {"keyTtlMs": True}):
-        with pytest.raises(InvalidArgument, match="whole number >= 0"):
+        with pytest.raises(InvalidArgument, match="whole number from 0 to"):
             TopicPolicies.from_json(bad, ())
+
+
+PAST_EVERY_BOUND = [2**63, 2**64, 10**100]
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_NUMBER_RANGES))
+@pytest.mark.parametrize("past", ["just", *PAST_EVERY_BOUND])
+def test_a_whole_number_past_its_range_is_refused_naming_the_range(name: str, past: object) -> None:
+    lo, hi = WHOLE_NUMBER_RANGES[name]
+    value = hi + 1 if past == "just" else past
+    with pytest.raises(InvalidArgument) as raised:
+        TopicPolicies.from_json({name: value}, ())
+    message = str(raised.value)
+    assert message.startswith(f"{name} must be a whole number from {lo} to {hi} (0 = off) or null, got ")
+    assert len(message) < 200  # 10**100 is not echoed digit by digit
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_NUMBER_RANGES))
+def test_each_bound_of_a_whole_number_is_accepted(name: str) -> None:
+    lo, hi = WHOLE_NUMBER_RANGES[name]
+    for value in (lo, hi):
+        assert TopicPolicies.from_json({name: value}, ()).to_json()[name] == value
+
+
+def test_the_ranges_are_the_ones_the_api_documents() -> None:
+    """A value at a range's top keeps a run's arithmetic in 64 bits: the key expiry's instant is a timestamp,
+    the read budget a float the throttle can hold; docs/http-api.md lists every range."""
+    assert WHOLE_NUMBER_RANGES == {"thresholdBytes": (0, 2**63 - 1), "thresholdMessages": (0, 2**63 - 1),
+                                   "maxLagSeconds": (0, 3_153_600_000), "keyTtlMs": (0, 3_153_600_000_000),
+                                   "maxReadBytesPerSecond": (0, 2**40)}
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "http-api.md").read_text()
+    section = docs[docs.index("\n## Policies\n"):docs.index("\n## ", docs.index("\n## Policies\n") + 1)]
+    for name, (lo, hi) in WHOLE_NUMBER_RANGES.items():
+        assert f"| `{name}` | {lo} to {hi:,} |" in section, name
+    assert "| `minDirtyRatio` | 0 to 1 |" in section

@@ -76,6 +76,21 @@ def test_no_password_is_in_what_the_driver_ships_and_the_tasks_get_them_over_the
         assert client_config(stub, task) == settings.kafka_client_config()
 
 
+def test_the_job_spec_shows_neither_the_run_s_token_nor_a_password(tmp_path) -> None:
+    """The token is shipped to the tasks (they present it to the channel), and nowhere else: a job's spec
+    printed in a log line or an error holds neither it nor the Kafka client's secrets."""
+    settings = secured(tmp_path)
+    strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
+    with run_channel(settings.kafka_client_secrets()) as channel:
+        endpoint = channel.endpoint(LOOPBACK)
+        spec = job_spec(settings, strategy, topic="t", ranges=[OffsetRange(0, 0, 10)], ledger_files=[],
+                        output_path=str(tmp_path / "out"), log_start={0: 0}, widths=JobWidths(0, 0), channel=endpoint)
+    shown = f"{spec!r} {spec}"
+    assert "topic='t'" in shown
+    for secret in (endpoint["token"], SASL_PASSWORD, TLS_KEY_PASSWORD):
+        assert secret not in shown
+
+
 def test_the_split_keeps_every_argument_once() -> None:
     settings = settings_from_properties({"kafkaSecurityProtocol": "SASL_PLAINTEXT", "kafkaSaslUsername": "u",
                                          "kafkaSaslPassword": "p"}, env={})

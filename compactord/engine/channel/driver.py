@@ -1,10 +1,15 @@
 """The driver's side of the channel: one server per process, a registration per run (``RunChannel``).
 
 The server runs an asyncio loop on a thread of its own, started on first use, bound to the address the
-executors reach the driver at (``driver_address``), on a port the OS chooses. A connection's first frame
-must be a ``hello`` carrying the token of a run still registered, within ``HELLO_TIMEOUT_S``; otherwise it is
-closed without an answer. Unauthenticated connections are bounded (``MAX_PENDING``), and so are each run's
-(``MAX_CONNECTIONS_PER_RUN``).
+executors reach the driver at (``driver_address``), on a port the OS chooses. Any process that reaches that
+address may connect, so a connection is a stranger until it authenticates: its first frame must be a ``hello``
+of at most ``MAX_HELLO_BYTES`` carrying the token of a run still registered (compared in constant time), within
+``HELLO_TIMEOUT_S``; otherwise it is closed without an answer. Strangers have a budget of their own
+(``MAX_PENDING``), never counted against a run's places (``MAX_CONNECTIONS_PER_RUN``, authenticated tasks
+only). When the budget is full, a new connection closes the oldest stranger (told ``busy``), not itself: a
+task says hello as soon as it connects, so an idle connection is the one least likely to be a task, and
+strangers that hold their connections open cannot lock the runs out. A task told ``busy`` connects again
+(``task.TaskChannel``).
 
 Messages, task -> driver: ``hello`` (token; ``secrets``: whether the task needs the Kafka client's secrets),
 ``progress`` (a range's report; ``done`` ones are acknowledged, so that the driver holds every final report
@@ -22,29 +27,36 @@ import hmac
 import logging
 import secrets
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compactord.engine.channel.frames import HEADER_BYTES, FrameError, decode, encode, frame_length
+from compactord.engine.channel.frames import HEADER_BYTES, MAX_FRAME_BYTES, FrameError, decode, encode, frame_length
 from compactord.engine.channel.progress import TailRead, sum_reports
 from compactord.errors import CompactionFailed
 
-__all__ = ["HELLO_TIMEOUT_S", "MAX_CONNECTIONS_PER_RUN", "MAX_PENDING", "ChannelServer", "DriverAddress",
-           "RunChannel", "driver_address"]
+__all__ = ["HELLO_TIMEOUT_S", "MAX_CONNECTIONS_PER_RUN", "MAX_HELLO_BYTES", "MAX_PENDING", "ChannelServer",
+           "DriverAddress", "RunChannel", "driver_address"]
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0
-# Connections that have not said hello yet, over every run: a peer that connects and says nothing holds one.
+HELLO_TIMEOUT_S = 5.0
+# A hello is ~100 bytes; a stranger is not let announce a frame of ``MAX_FRAME_BYTES`` and hold that memory.
+MAX_HELLO_BYTES = 1024
+# Connections that have not said hello yet, over every run: a peer that connects and says nothing holds one
+# until ``HELLO_TIMEOUT_S``, or until a newer connection needs its place.
 MAX_PENDING = 64
+# Strangers closed to make room are logged at most once per this many seconds (a flood is one line a minute).
+EVICTION_LOG_EVERY_S = 60.0
 # A run's tasks each hold one connection per Python worker; far more than any cluster's slots for one job.
 MAX_CONNECTIONS_PER_RUN = 4096
 # How long ``cancel``, ``set_rate`` and ``hand_plan`` wait for their message to reach the tasks' sockets.
 PUSH_WAIT_S = 1.0
 
 _UNSET: Any = object()
+_BUSY = encode({"t": "busy"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +270,11 @@ class _Connection:
     def close(self) -> None:
         self._writer.close()
 
+    def refuse_busy(self) -> None:
+        """Close a connection that has not authenticated, to make room (``busy``: a task connects again)."""
+        self.send(_BUSY)
+        self._writer.close()
+
     def close_threadsafe(self) -> None:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.close)
@@ -285,7 +302,10 @@ class ChannelServer:
         self.address = address
         self._runs: list[RunChannel] = []
         self._runs_lock = threading.Lock()
-        self._pending = 0
+        # Connections waiting for their hello, oldest first (a dict keeps the order they were accepted in).
+        self._pending: dict[_Connection, None] = {}
+        self._evicted = 0  # strangers closed to make room since the last log line about them
+        self._evictions_logged_at: float | None = None
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
         failed: list[BaseException] = []
@@ -332,19 +352,33 @@ class ChannelServer:
                 found = run
         return found
 
+    def _make_room(self) -> None:
+        """Close the oldest connections that have not authenticated until one more fits in ``MAX_PENDING``."""
+        while len(self._pending) >= MAX_PENDING:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            oldest.refuse_busy()
+            self._evicted += 1
+        now = time.monotonic()
+        if self._evicted and (self._evictions_logged_at is None
+                              or now - self._evictions_logged_at >= EVICTION_LOG_EVERY_S):
+            log.warning("the driver's channel on %s:%d closed %d connection(s) that had not presented a run's "
+                        "token (at most %d may wait for theirs at once): another process connects to it",
+                        self.address.bind, self.port, self._evicted, MAX_PENDING)
+            self._evicted, self._evictions_logged_at = 0, now
+
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(self._loop, writer)
-        if self._pending >= MAX_PENDING:
-            writer.close()
-            return
-        self._pending += 1
+        self._make_room()
+        self._pending[connection] = None
+        hello: dict[str, Any] = {}
         try:
-            hello = await asyncio.wait_for(_read_frame(reader), HELLO_TIMEOUT_S)
+            hello = await asyncio.wait_for(_read_frame(reader, MAX_HELLO_BYTES), HELLO_TIMEOUT_S)
             run = self._run_of(hello.get("token")) if hello["t"] == "hello" else None
         except (OSError, EOFError, FrameError, asyncio.IncompleteReadError, TimeoutError):
             run = None
         finally:
-            self._pending -= 1
+            self._pending.pop(connection, None)
         if run is None or not run.admit(connection, bool(hello.get("secrets"))):
             writer.close()
             return
@@ -360,6 +394,12 @@ class ChannelServer:
             writer.close()
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def _read_frame(reader: asyncio.StreamReader, bound: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """The next frame's message.
+
+    :raises FrameError: it breaks the format, or announces more than ``bound`` bytes.
+    """
     length = frame_length(await reader.readexactly(HEADER_BYTES))
+    if length > bound:
+        raise FrameError(f"a frame of {length} bytes announced, over the {bound}-byte bound of a hello")
     return decode(await reader.readexactly(length))

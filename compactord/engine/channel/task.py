@@ -4,7 +4,8 @@ A worker runs one task at a time, and a task may read several ranges: the worker
 (``for_spec``), which each range's ``RangeReadTask`` shares. What the driver pushes (cancel, rate) is read
 without blocking at the task's checks (every ``range_read.PROGRESS_EVERY_S``, between a throttle's sleeps):
 one ``recv`` that finds nothing costs less than a record. A task blocks only where it waits: for its
-welcome when it connects, for its plan (``wait_plan``), for the driver's acknowledgement of its last report.
+welcome when it connects (connecting again when the driver closed it to make room: ``busy``), for its plan
+(``wait_plan``), for the driver's acknowledgement of its last report.
 A task that loses the channel (the driver is gone, the run ended, a broken frame) raises ``ChannelLost``:
 it stops reading and its attempt fails.
 """
@@ -23,6 +24,9 @@ __all__ = ["ACK_TIMEOUT_S", "CONNECT_TIMEOUT_S", "ChannelLost", "TaskChannel", "
 
 CONNECT_TIMEOUT_S = 30.0  # to connect and be welcomed
 ACK_TIMEOUT_S = 30.0  # for the driver to take a task's last report
+# A task the driver was too busy to welcome connects again after these pauses (doubling), for CONNECT_TIMEOUT_S.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
 # How much longer than its asked wait a task waits for its plan: the driver's answer, or its decline
 # when the wait ran out, is then late only if the driver is gone.
 PLAN_GRACE_S = 30.0
@@ -32,6 +36,10 @@ _current: TaskChannel | None = None  # this worker's connection, to the run of i
 
 class ChannelLost(RuntimeError):
     """The task lost its channel to the driver: it stops reading, and its attempt fails."""
+
+
+class _Busy(Exception):
+    """The driver closed a connection that had not been welcomed, to make room for newer ones."""
 
 
 class TaskChannel:
@@ -49,8 +57,32 @@ class TaskChannel:
         self._plan: list[Any] = []  # the plan once received (a list: None is a plan)
         self._acks = 0
         self._welcomed = False
+        # A driver whose budget for unauthenticated connections is full (strangers connected) closes the oldest
+        # one, telling it ``busy``, or resetting it when its hello was not read yet: that task connects again.
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                self._connect(endpoint, deadline)
+                return
+            except _Busy:
+                self._sock.close()
+            if deadline - time.monotonic() <= pause:
+                raise ChannelLost(f"a reading task could not connect to the driver's channel at {self.where}: it "
+                                  f"was kept busy by connections without a run's token for {CONNECT_TIMEOUT_S:.0f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
+
+    def _connect(self, endpoint: Mapping[str, Any], deadline: float) -> None:
+        """Connect, say hello, and wait for the welcome.
+
+        :raises _Busy: the driver closed the connection to make room, before reading the hello.
+        :raises ChannelLost: the driver cannot be reached, refused the token, or did not answer by ``deadline``.
+        """
+        self._buffer.clear()
         try:
-            self._sock = socket.create_connection((endpoint["host"], int(endpoint["port"])), CONNECT_TIMEOUT_S)
+            self._sock = socket.create_connection((endpoint["host"], int(endpoint["port"])),
+                                                  max(deadline - time.monotonic(), 0.001))
         except OSError as exc:
             raise ChannelLost(f"a reading task could not reach the driver's channel at {self.where}: {exc}"
                               ) from None
@@ -61,7 +93,7 @@ class TaskChannel:
         self._poller = select.poll()
         self._poller.register(self._sock, select.POLLIN)
         self._send({"t": "hello", "token": self.token, "secrets": bool(endpoint.get("secrets"))})
-        self._wait(lambda: self._welcomed, CONNECT_TIMEOUT_S, "its welcome")
+        self._wait(lambda: self._welcomed, deadline - time.monotonic(), "its welcome")
 
     @classmethod
     def for_spec(cls, spec: Mapping[str, Any]) -> TaskChannel | None:
@@ -94,6 +126,10 @@ class TaskChannel:
                 data = self._sock.recv(65536, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
+            except ConnectionResetError:
+                if not self._welcomed:
+                    raise _Busy from None
+                self._lose("the driver reset it")
             except OSError as exc:
                 self._lose(f"{exc}")
             if not data:
@@ -132,6 +168,10 @@ class TaskChannel:
     def _send(self, message: dict[str, Any]) -> None:
         try:
             self._sock.sendall(encode(message))
+        except (ConnectionResetError, BrokenPipeError):
+            if not self._welcomed:
+                raise _Busy from None
+            self._lose("the driver reset it")
         except OSError as exc:
             self._lose(f"{exc}")
 
@@ -156,6 +196,8 @@ class TaskChannel:
             self._lose(f"{exc}")
         for message in messages:
             kind = message["t"]
+            if kind == "busy" and not self._welcomed:
+                raise _Busy
             if kind == "welcome":
                 self._welcomed = True
                 self.cancelled = self.cancelled or bool(message.get("cancel"))
