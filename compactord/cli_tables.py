@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["KEY_WIDTH", "VALUE_WIDTH", "print_body", "print_task", "printable", "shown_datum"]
+__all__ = ["KEY_WIDTH", "VALUE_WIDTH", "outcome", "print_body", "print_task", "printable", "shown_datum"]
 
 _GAP = "  "
 KEY_WIDTH = 48  # characters of a key shown in a table (escapes included)

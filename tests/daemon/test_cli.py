@@ -235,7 +235,7 @@ def test_stored_bytes_reach_the_terminal_escaped(shared_daemon: DaemonProcess, k
     assert ok(run_cli("compact", topic, "--wait", env=env))
     out = ok(run_cli("read", topic, env=env))
     assert "\x1b" not in out and "\x07" not in out, repr(out)
-    header, *rows = out.splitlines()
+    _, *rows = out.splitlines()
     assert [row.split(maxsplit=3) for row in rows] == [
         ["0", "0", "a", "\\x1b]0;pwned\\x07\\x1b[31mred\\nline"], ["0", "1", "b", "\\xff\\xfebin"],
         ["0", "2", "c", '""'], ["0", "3", "d\\x1b[2J", "plain"]]

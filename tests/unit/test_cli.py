@@ -209,7 +209,7 @@ def _read_table(entries: list[dict[str, object]], capsys: pytest.CaptureFixture[
 def test_a_read_shows_control_characters_escaped_on_one_row(capsys: pytest.CaptureFixture[str]) -> None:
     """As the API answers in utf8 (text) and as the CLI reads for its table (bytes): the same row."""
     for value in (HOSTILE, HOSTILE.encode()):
-        header, row = _read_table([{"partition": 0, "offset": 7, "key": "k\tey", "value": value}], capsys)
+        _, row = _read_table([{"partition": 0, "offset": 7, "key": "k\tey", "value": value}], capsys)
         assert "\x1b" not in row and "\x07" not in row, repr(row)
         assert row.split() == ["0", "7", "k\\tey", HOSTILE_SHOWN]
     # a backslash is doubled: a value that spells an escape is not taken for one
@@ -253,7 +253,7 @@ def test_a_cancelled_run_is_shown_as_cancelled_not_as_an_error(capsys: pytest.Ca
                                      {"topic": "u", "on_broker": True, "backlog": None,
                                       "last_compaction": {**run, "state": "Failed", "last_error": "boom"}}]},
                as_json=False)
-    header, cancelled, failed = capsys.readouterr().out.splitlines()
+    _, cancelled, failed = capsys.readouterr().out.splitlines()
     assert cancelled.split()[3:5] == ["CANCELLED", "Cancelled"] and failed.split()[3:5] == ["ERROR", "Failed"]
     print_body("status", run, as_json=False)
     out = capsys.readouterr().out
