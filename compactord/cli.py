@@ -9,6 +9,7 @@ stderr and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import binascii
 import json
 import os
 import sys
@@ -16,9 +17,9 @@ import time
 from typing import Any
 
 from compactord import __version__
-from compactord.cli_tables import print_body
+from compactord.cli_tables import outcome, print_body, printable
 from compactord.client import DEFAULT_URL, DaemonClient
-from compactord.errors import CompactordError
+from compactord.errors import CompactordError, DaemonRequestFailed, InvalidArgument
 
 __all__ = ["PAGE_LIMIT", "main"]
 
@@ -80,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     compact = client("compact", "trigger a compaction")
-    compact.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar")
+    compact.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar (a "
+                         "compaction already running: wait for that one)")
     compact.add_argument("--rebuild", action="store_true", help="full rebuild: ignore the current ledger")
     rebuild = client("rebuild", "trigger a full rebuild (ignore the current ledger)")
     rebuild.add_argument("--wait", action="store_true", help="wait for the end, with a progress bar")
@@ -91,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     read.add_argument("--partition", type=int,
                       help="the partition to read (default: every partition, one after the other)")
     read.add_argument("--start", type=int, help="the first offset to read; needs --partition (default: 0)")
+    read.add_argument("--from", dest="resume", metavar="PARTITION:OFFSET",
+                      help="go on through every partition from there, as the (more: ...) line of a read across "
+                           "partitions says (default: the first partition's start)")
     read.add_argument("--limit", type=int, default=20,
                       help=f"at most this many entries in all, across partitions; more than the API's "
                            f"{PAGE_LIMIT} per page are read a page at a time")
@@ -130,24 +135,67 @@ def _parser() -> argparse.ArgumentParser:
 # -- the client commands ------------------------------------------------------------------------
 
 
-def _daemon(args: argparse.Namespace) -> DaemonClient:
-    return DaemonClient(args.url, args.token or None)
+def _daemon(args: argparse.Namespace, timeout: float = 60.0) -> DaemonClient:
+    try:
+        return DaemonClient(args.url, args.token or None, timeout=timeout)
+    except InvalidArgument as exc:  # the URL: --url, or COMPACTORD_URL
+        raise UsageError(f"--url (COMPACTORD_URL): {exc}") from None
 
 
-def _wait(args: argparse.Namespace, daemon: DaemonClient, topic: str) -> int:
+def _say(text: str) -> None:
+    print(f"compactord: {text}", file=sys.stderr, flush=True)
+
+
+def _compact(args: argparse.Namespace, daemon: DaemonClient, topic: str) -> int:
+    """``compact``/``rebuild``: the trigger's answer, or with ``--wait`` the task's end (exit 1 unless it
+    succeeded).
+
+    With ``--wait``, a compaction already running (409) is waited for instead: that one if it does what
+    was asked (any compaction; for a rebuild, a full rebuild), else its end, then this one."""
+    rebuild = args.command == "rebuild" or args.rebuild
+    while True:
+        try:
+            body = daemon.trigger(topic, rebuild=rebuild)
+        except DaemonRequestFailed as exc:
+            running = exc.answer.get("task") if isinstance(exc.answer, dict) else None
+            if not args.wait or exc.error != "compaction_already_running" or not isinstance(running, dict):
+                raise
+            what = f"task {printable(str(running.get('task_id')))}, {printable(str(running.get('reason')))}"
+            if running.get("kind") == "compaction" and (not rebuild or running.get("reason") == "rebuild"
+                                                        or running.get("full_rebuild")):
+                _say(f"a compaction of {printable(topic)} is already running ({what}): waiting for it")
+                return _wait(args, daemon, topic, running["task_id"])
+            asked = "rebuilding" if rebuild else "compacting"
+            _say(f"{printable(topic)} has a {'compaction' if running.get('kind') == 'compaction' else 'preview'} "
+                 f"running that is not what was asked ({what}): waiting for its end, then {asked}")
+            _wait(args, daemon, topic, running["task_id"], show=False)
+            continue
+        if not args.wait:
+            print_body(args.command, body, args.json)
+            return 0
+        return _wait(args, daemon, topic, body["task_id"])
+
+
+def _wait(args: argparse.Namespace, daemon: DaemonClient, topic: str, task_id: str, show: bool = True) -> int:
+    """Follow task ``task_id`` of ``topic`` to its end with a progress bar; print its status (``show``)."""
     width = 30
     while True:
-        status = daemon.status(topic)
-        prog = status.get("progress") or {}
+        task = daemon.status(topic)
+        if task.get("task_id") != task_id:  # another task since (the monitor's): ours from the recent ones
+            task = next((t for t in daemon.tasks(topic)["tasks"] if t["task_id"] == task_id), task)
+        prog = task.get("progress") or {}
         done, total = prog.get("records_read", 0), max(prog.get("records_total", 0), 1)
         filled = min(width, int(width * done / total))
         sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{prog.get('records_total', 0)} "
-                         f"records  {status.get('state') or '-'}   ")
+                         f"records  {printable(str(task.get('state') or '-'))}   ")
         sys.stderr.flush()
-        if status["status"] != "RUNNING":
+        if task["status"] != "RUNNING":
             sys.stderr.write("\n")
-            print_body("status", status, args.json)
-            return 0 if status["status"] == "SUCCESS" else 1
+            if show:
+                print_body("status", task, args.json)
+            else:
+                _say(f"task {printable(task_id)} ended: {outcome(task)}")
+            return 0 if task["status"] == "SUCCESS" else 1
         time.sleep(0.5)
 
 
@@ -163,28 +211,53 @@ def _override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _position(text: str) -> tuple[int, int]:
+    """``--from PARTITION:OFFSET``."""
+    partition, colon, offset = text.partition(":")
+    if colon and partition.strip().isdigit() and offset.strip().isdigit():
+        return int(partition), int(offset)
+    raise UsageError(f"read: --from {printable(text)!s}: write PARTITION:OFFSET, e.g. --from 1:4200, as a "
+                     "(more: ...) line says")
+
+
 def _read(args: argparse.Namespace, daemon: DaemonClient) -> dict[str, Any]:
-    """``read``: up to ``--limit`` entries, a page at a time, of one partition or of each in turn, all
-    from one ledger (the first page's). Read across partitions, the body says where more would start
-    (``next_partition`` and ``next_start``)."""
+    """``read``: up to ``--limit`` entries, a page at a time, of one partition or of each in turn (from
+    ``--from`` on), all from one ledger (the first page's). Read across partitions, the body says where
+    more would start (``next_partition`` and ``next_start``).
+
+    A table in utf8 is read as base64 and decoded here, to bytes that the table shows escaped: a key or
+    value that is not UTF-8 is shown, not refused (``--json`` prints the API's body, refusal included)."""
     if args.limit < 1:
         raise UsageError(f"read: --limit must be at least 1, got {args.limit}")
+    if args.resume is not None and (args.partition is not None or args.start is not None):
+        raise UsageError("read: --from PARTITION:OFFSET goes on through every partition: give it without "
+                         "--partition and --start")
+    if args.partition is None and args.start is not None:
+        raise UsageError("read: --start is an offset within one partition: give --partition with it")
+    resume = None if args.resume is None else _position(args.resume)
+    first = args.start or 0
     if args.partition is None:
-        if args.start is not None:
-            raise UsageError("read: --start is an offset within one partition: give --partition with it")
         horizon = daemon.horizon(args.topic)
         ledger_id, partitions = horizon["ledger_id"], [p["partition"] for p in horizon["partitions"]]
+        if resume is not None:
+            partition, first = resume
+            if partition not in partitions:
+                raise UsageError(f"read: --from {partition}:{first}: the topic's partitions are "
+                                 f"{', '.join(map(str, partitions))}")
+            partitions = partitions[partitions.index(partition):]
     else:
         ledger_id, partitions = None, [args.partition]
+    as_bytes = args.encoding == "utf8" and not args.json
+    encoding = "base64" if as_bytes else args.encoding
     entries: list[dict[str, Any]] = []
     body: dict[str, Any] = {"topic": args.topic, "ledger_id": ledger_id, "entries": entries, "next_start": None}
     if args.partition is None:
         body["next_partition"] = None
     for index, partition in enumerate(partitions):
-        start: int | None = args.start or 0
+        start: int | None = first if index == 0 else 0
         while start is not None and len(entries) < args.limit:
             page = daemon.compacted(args.topic, partition, start, min(args.limit - len(entries), PAGE_LIMIT),
-                                    encoding=args.encoding, ledger_id=ledger_id)
+                                    encoding=encoding, ledger_id=ledger_id)
             ledger_id = body["ledger_id"] = page["ledger_id"]
             entries += page["entries"]
             start = page["next_start"]
@@ -200,6 +273,11 @@ def _read(args: argparse.Namespace, daemon: DaemonClient) -> dict[str, Any]:
         if args.partition is None and start is not None:
             body["next_partition"] = partition
         break
+    if as_bytes:
+        for entry in entries:
+            for field in ("key", "value"):
+                if entry[field] is not None:
+                    entry[field] = binascii.a2b_base64(entry[field])
     return body
 
 
@@ -219,18 +297,15 @@ def _policies(args: argparse.Namespace, daemon: DaemonClient) -> Any:
 def _client(args: argparse.Namespace) -> int:
     cmd = args.command
     topic: str = getattr(args, "topic", "")
-    daemon = _daemon(args)
+    # an exact preview's reply comes when its task ends: as long as a compaction's read
+    daemon = _daemon(args, 24 * 3600.0 if cmd == "preview" and args.exact else 60.0)
     if cmd in ("compact", "rebuild"):
-        body = daemon.trigger(topic, rebuild=cmd == "rebuild" or args.rebuild)
-        if args.wait:
-            return _wait(args, daemon, topic)
-    elif cmd == "read":
+        return _compact(args, daemon, topic)
+    if cmd == "read":
         body = _read(args, daemon)
     elif cmd == "history":
         body = daemon.history(topic, args.limit, args.cursor)
     elif cmd == "preview":
-        if args.exact:  # the reply comes when the preview task ends: as long as a compaction's read
-            daemon = DaemonClient(args.url, args.token or None, timeout=24 * 3600.0)
         body = daemon.preview(topic, exact=args.exact)
     elif cmd == "tasks":
         body = daemon.tasks(args.topic)
@@ -238,7 +313,8 @@ def _client(args: argparse.Namespace) -> int:
         body = _policies(args, daemon)
     elif cmd == "delete-topic":
         if not args.yes:
-            raise UsageError(f"delete-topic removes every ledger and the policies of {topic}: add --yes to do it")
+            raise UsageError(f"delete-topic removes every ledger and the policies of {printable(topic)}: add --yes "
+                             "to do it")
         body = daemon.delete_topic(topic)
     elif cmd in ("topics", "info"):
         body = getattr(daemon, cmd)()
@@ -254,15 +330,15 @@ def _migrate(args: argparse.Namespace) -> int:
     from compactord.daemon.core import HISTORY_DIR
     from compactord.daemon.history import SUFFIX
     from compactord.daemon.policies import POLICIES
-    from compactord.errors import ConfigError, InvalidArgument, LedgerRootLocked
+    from compactord.errors import ConfigError, LedgerRootLocked
     from compactord.ledger.migrate import TopicMoved, TopicState, migrate_root, open_root
     from compactord.ledger.store import DAEMON_DIR
 
     def line(moved: TopicMoved) -> None:
         if moved.note:
-            print(f"{moved.topic}: {moved.note}", flush=True)
+            print(f"{printable(moved.topic)}: {printable(moved.note)}", flush=True)
         else:
-            print(f"{moved.topic}: ledger {moved.ledger_id}, {_count(moved.parts, 'part')}, {moved.bytes} bytes, "
+            print(f"{printable(moved.topic)}: ledger {moved.ledger_id}, {_count(moved.parts, 'part')}, {moved.bytes} bytes, "
                   f"{moved.seconds:.2f} s", flush=True)
 
     started = time.monotonic()
@@ -313,10 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, so that a reader that went away is seen below, not at exit
         return code
     except UsageError as exc:
-        print(f"compactord: {exc}", file=sys.stderr)
+        print(f"compactord: {printable(str(exc))}", file=sys.stderr)
         return 2
-    except CompactordError as exc:
-        print(f"compactord: {exc}", file=sys.stderr)
+    except CompactordError as exc:  # the server's message, the URL: shown, never obeyed by the terminal
+        print(f"compactord: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -3,10 +3,16 @@
 
 Its waits are bounded in two steps, so that a URL that names something else (the broker's address,
 printed beside the API's) fails in seconds rather than at the answer's bound: a connection is made
-within ``CONNECT_TIMEOUT``; an answer that has not begun within ``ANSWER_START`` sends a probe of
-``/healthz``, and unless that gets an HTTP answer the other end is not the API (``NotCompactordApi``).
-A daemon that answers the probe is slow by design on this route (a cancel, a broker-bound request, an
-exact preview): the wait goes on to the client's own ``timeout``.
+within ``CONNECT_TIMEOUT``; an answer that has not begun within a fifth of ``ANSWER_START`` sends a
+probe of ``/healthz``, and unless the answer or the probe's begins within ``ANSWER_START`` of the
+request the other end is not the API (``NotCompactordApi``). A daemon that answers the probe is slow by
+design on this route (a cancel, a broker-bound request, an exact preview): the wait goes on to the
+client's own ``timeout``. An HTTP answer that is not the API's (an error without its JSON body, a body
+that is not JSON) is the API's only if ``/healthz`` answers as the daemon's: else the URL is another
+HTTP service's (an S3 server's, say).
+
+The URL is ``http://`` or ``https://`` (``host:port`` alone means ``http://``); any other scheme is
+refused (``InvalidArgument``).
 """
 
 from __future__ import annotations
@@ -18,13 +24,13 @@ import select
 import urllib.parse
 from typing import Any
 
-from compactord.errors import DaemonRequestFailed, DaemonUnreachable, NotCompactordApi
+from compactord.errors import DaemonRequestFailed, DaemonUnreachable, InvalidArgument, NotCompactordApi
 
 __all__ = ["ANSWER_START", "CONNECT_TIMEOUT", "DEFAULT_URL", "DaemonClient", "with_scheme"]
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 CONNECT_TIMEOUT = 3.0  # seconds to make the TCP (and TLS) connection
-ANSWER_START = 5.0  # seconds for an answer's status line to begin before /healthz is asked
+ANSWER_START = 5.0  # seconds for an answer's (or the /healthz probe's) status line to begin
 
 
 class DaemonClient:
@@ -59,16 +65,20 @@ class DaemonClient:
             # "Connection refused", without "[Errno 111]"
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             raise DaemonUnreachable(self.url, reason) from None
-        if status < 400:
-            return json.loads(payload or b"null")
         try:
-            answer = json.loads(payload)
-            error, text = answer.get("error"), f"{answer.get('error')}: {answer.get('message')}"
-        except (ValueError, AttributeError):
-            error, text = None, f"HTTP {status}"
+            answer, is_json = json.loads(payload or b"null"), True
+        except ValueError:
+            answer, is_json = None, False
+        if status < 400 and is_json:
+            return answer
+        if isinstance(answer, dict) and isinstance(answer.get("error"), str) and "message" in answer:
+            error, text = answer["error"], f"{answer['error']}: {answer['message']}"
+        else:  # not the API's answer: a proxy's in front of the daemon, or another service's
+            self._require_api(answered=f"answers HTTP {status}" + ("" if is_json else " (not JSON)"))
+            error, text = None, f"HTTP {status}" + ("" if is_json else ", not JSON")
         if status == 401:
             text += "; give the daemon's token with --token or COMPACTORD_TOKEN"
-        raise DaemonRequestFailed(method, path, status, error, text)
+        raise DaemonRequestFailed(method, path, status, error, text, answer)
 
     # -- the transport ------------------------------------------------------------------------------
 
@@ -84,8 +94,9 @@ class DaemonClient:
         conn = self._connection()
         try:
             conn.request(method, prefix + target, body=data, headers=headers)
-            if not _begins(conn, min(ANSWER_START, self.timeout)):
-                self._require_api()
+            first = min(ANSWER_START / 5, self.timeout)
+            if not _begins(conn, first):
+                self._probe_while_waiting(conn, max(min(ANSWER_START, self.timeout) - first, 0.0))
                 if not _begins(conn, max(self.timeout - ANSWER_START, 0.0)):
                     raise TimeoutError(f"no answer within {self.timeout:g} s")
             assert conn.sock is not None
@@ -99,20 +110,46 @@ class DaemonClient:
         finally:
             conn.close()
 
-    def _require_api(self) -> None:
-        """:raises NotCompactordApi: ``/healthz`` gets no HTTP answer either."""
+    def _probe_while_waiting(self, conn: http.client.HTTPConnection, wait: float) -> None:
+        """Ask ``/healthz`` while ``conn``'s answer is awaited: returns when either begins within ``wait``.
+
+        :raises NotCompactordApi: neither begins, or the probe gets no HTTP answer.
+        """
+        probe = self._connection()
+        try:
+            probe.request("GET", urllib.parse.urlsplit(self.url).path + "/healthz")
+            assert conn.sock is not None and probe.sock is not None
+            readable, _, _ = select.select([conn.sock, probe.sock], [], [], wait)
+            if conn.sock in readable:
+                return  # the answer begins
+            if readable:
+                probe.getresponse()  # an HTTP answer: something HTTP is there, slow on this route
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            probe.close()
+        raise NotCompactordApi(urllib.parse.urlsplit(self.url).netloc)
+
+    def _require_api(self, answered: str | None = None) -> None:
+        """Without ``answered``: ``/healthz`` gets an HTTP answer. With it (what the URL answered that
+        is not the API's): ``/healthz`` answers as the daemon's, with its JSON body.
+
+        :raises NotCompactordApi: it does not.
+        """
         conn = self._connection()
         prefix = urllib.parse.urlsplit(self.url).path
         try:
             conn.request("GET", prefix + "/healthz")
             if _begins(conn, ANSWER_START):
-                conn.getresponse()
-                return
+                response = conn.getresponse()
+                if answered is None or _is_health_body(response.read()):
+                    return
         except (OSError, http.client.HTTPException):
             pass
         finally:
             conn.close()
-        raise NotCompactordApi(urllib.parse.urlsplit(self.url).netloc)
+        raise NotCompactordApi(urllib.parse.urlsplit(self.url).netloc, answered)
 
     @staticmethod
     def topic_path(topic: str) -> str:
@@ -184,9 +221,37 @@ class DaemonClient:
 
 
 def with_scheme(url: str) -> str:
-    """``url`` without its trailing slash, ``http://`` put in front of a bare ``host:port``."""
-    url = url.strip().rstrip("/")
-    return url if "://" in url else f"http://{url}"
+    """``url`` without its trailing slash, ``http://`` put in front of a bare ``host:port``.
+
+    :raises InvalidArgument: a scheme other than http and https, no host, or a port that is not a number.
+    """
+    given = url
+    url = url.strip()
+    url = url if "://" in url else f"http://{url}"
+    parts = urllib.parse.urlsplit(url)
+    problem = None
+    if parts.scheme not in ("http", "https"):
+        problem = f"its scheme is {parts.scheme or 'empty'}"
+    elif not parts.hostname:
+        problem = "it names no host"
+    else:
+        try:
+            parts.port  # noqa: B018 (urllib checks the port when it is read)
+        except ValueError:
+            problem = "its port is not a number from 0 to 65535"
+    if problem:
+        raise InvalidArgument(f"daemon URL {given!r}: {problem}; give http://HOST:PORT or https://HOST:PORT "
+                              "(HOST:PORT alone means http://)")
+    return url.rstrip("/")
+
+
+def _is_health_body(payload: bytes) -> bool:
+    """Whether ``payload`` is the daemon's ``/healthz`` body: ``{"status": "ok"}``, or its error body."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and (body.get("status") == "ok" or body.get("error") == "unhealthy")
 
 
 def _begins(conn: http.client.HTTPConnection, wait: float) -> bool:

@@ -382,11 +382,13 @@ class DaemonRequestFailed(CompactordError):
     code = "daemon_request_failed"
     status = 502
 
-    def __init__(self, method: str, path: str, answer_status: int, error: str | None, text: str) -> None:
+    def __init__(self, method: str, path: str, answer_status: int, error: str | None, text: str,
+                 answer: Any = None) -> None:
         super().__init__(f"{method} {path} failed ({answer_status}) {text}", answer_status=answer_status,
                          error=error)
         self.answer_status = answer_status
         self.error = error
+        self.answer = answer  # the error's JSON body (a 409's holds the task in the way)
 
 
 class DaemonUnreachable(CompactordError, ConnectionError):
@@ -402,11 +404,16 @@ class DaemonUnreachable(CompactordError, ConnectionError):
 
 class NotCompactordApi(DaemonUnreachable):
     """Client side (``client.DaemonClient``): something accepts connections at the daemon's URL but
-    does not answer as its API (no HTTP answer, even to ``/healthz``): often the broker's address."""
+    does not answer as its API: no HTTP answer, even to ``/healthz`` (often the broker's address), or
+    HTTP answers that are not the API's (``answered`` says what came: another HTTP service)."""
 
     code = "not_compactord_api"
     status = 502
 
-    def __init__(self, address: str) -> None:
-        CompactordError.__init__(self, f"{address} answers, but it is not compactord's API: is it the broker's "
-                                 "address? point --url (COMPACTORD_URL) at the daemon's HTTP port", url=address)
+    def __init__(self, address: str, answered: str | None = None) -> None:
+        if answered:
+            text = (f"{address} {answered}, but it is not compactord's API: is it another HTTP service's "
+                    "address (an S3 server's, say)?")
+        else:
+            text = f"{address} answers, but it is not compactord's API: is it the broker's address?"
+        CompactordError.__init__(self, f"{text} point --url (COMPACTORD_URL) at the daemon's HTTP port", url=address)

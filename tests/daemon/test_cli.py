@@ -2,14 +2,19 @@
 
 ``--url`` and ``--token`` work before and after the subcommand, ``COMPACTORD_URL`` and
 ``COMPACTORD_TOKEN`` stand in for them, ``--json`` prints the API's body unchanged, and an error is
-one line on stderr with a non-zero exit. (``cancel`` of a running task is in ``test_tasks.py``,
-whose daemon holds tasks long enough to cancel them.)
+one line on stderr with a non-zero exit. What a producer stored reaches the terminal escaped; ``compact
+--wait`` attaches to a compaction already running (on a daemon of its own, whose runs wait at a gate
+the test opens). (``cancel`` of a running task is in ``test_tasks.py``, whose daemon holds tasks long
+enough to cancel them.)
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +23,11 @@ from compactord import cli
 from compactord.cli import main
 from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, wait_state
+from tests.support.probes import GATE_ENV
+from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.waiting import wait_for
 
-from .conftest import SHARED_TOKEN, run_cli
+from .conftest import SHARED_TOKEN, Launcher, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +116,8 @@ def test_read_every_partition(compacted: dict[str, Any], env: dict[str, str]) ->
                         ["1", "9", "k1", "v19"], ["1", "10", "k3", "v21"], ["1", "11", "k5", "v23"]]
     four = ok(run_cli("read", topic, "--limit", "4", env=env)).splitlines()
     assert [row.split()[:2] for row in four[1:-1]] == [["0", "9"], ["0", "10"], ["0", "11"], ["1", "9"]]
-    assert four[-1] == "(more: --partition 1 --start 10)"
-    assert ok(run_cli("read", topic, "--limit", "3", env=env)).splitlines()[-1] == "(more: --partition 1 --start 9)"
+    assert four[-1] == "(more: --from 1:10)"
+    assert ok(run_cli("read", topic, "--limit", "3", env=env)).splitlines()[-1] == "(more: --from 1:9)"
     body = json.loads(ok(run_cli("read", topic, "--json", env=env)))
     assert [(e["partition"], e["offset"]) for e in body["entries"]] == [(p, o) for p in (0, 1) for o in (9, 10, 11)]
     assert (body["next_partition"], body["next_start"]) == (None, None)
@@ -197,3 +205,96 @@ def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, 
     down = f"http://127.0.0.1:{free_port()}"
     failed(run_cli("--url", down, "topics"), "cannot reach compactord", down)
     failed(run_cli("status", "t", env={"COMPACTORD_URL": down}), "cannot reach compactord")
+
+
+def test_the_more_line_of_a_read_across_partitions_continues_every_partition(compacted: dict[str, Any],
+                                                                            env: dict[str, str]) -> None:
+    """Following each ``(more: ...)`` line reads every entry of every partition once, in order."""
+    topic = compacted["topic"]
+    seen: list[list[str]] = []
+    args = ["read", topic, "--limit", "2"]
+    while True:
+        *rows, last = ok(run_cli(*args, env=env)).splitlines()
+        if not last.startswith("(more: "):
+            rows.append(last)
+            seen += [row.split()[:2] for row in rows[1:]]
+            break
+        seen += [row.split()[:2] for row in rows[1:]]
+        args = ["read", topic, "--limit", "2", *last.removeprefix("(more: ").removesuffix(")").split()]
+    assert seen == [[str(p), str(o)] for p in (0, 1) for o in (9, 10, 11)]
+    failed(run_cli("read", topic, "--from", "7:0", env=env), "--from 7:0", "partitions are 0, 1")
+
+
+def test_stored_bytes_reach_the_terminal_escaped(shared_daemon: DaemonProcess, kafka: Any,
+                                                 env: dict[str, str]) -> None:
+    """A value that would retitle the terminal, colour it and break the row; one that is not UTF-8; an
+    empty one: each on its own row, escaped, beside the others; --json keeps the stored bytes."""
+    hostile = "\x1b]0;pwned\x07\x1b[31mred\nline"
+    topic = kafka.topic(prefix="cli")
+    kafka.produce(topic, [("a", hostile), ("b", b"\xff\xfebin"), ("c", b""), ("d\x1b[2J", "plain")])
+    assert ok(run_cli("compact", topic, "--wait", env=env))
+    out = ok(run_cli("read", topic, env=env))
+    assert "\x1b" not in out and "\x07" not in out, repr(out)
+    _, *rows = out.splitlines()
+    assert [row.split(maxsplit=3) for row in rows] == [
+        ["0", "0", "a", "\\x1b]0;pwned\\x07\\x1b[31mred\\nline"], ["0", "1", "b", "\\xff\\xfebin"],
+        ["0", "2", "c", '""'], ["0", "3", "d\\x1b[2J", "plain"]]
+    body = json.loads(ok(run_cli("read", topic, "--json", "--encoding", "base64", env=env)))
+    assert [e["value"] for e in body["entries"]][:2] == ["G10wO3B3bmVkBxtbMzFtcmVkCmxpbmU=", "//5iaW4="]
+
+
+def test_delete_topic_of_a_name_that_exists_nowhere_fails(env: dict[str, str]) -> None:
+    failed(run_cli("delete-topic", "cli-never-existed", "--yes", env=env), "404", "topic_not_found",
+           "cli-never-existed")
+
+
+def test_a_url_that_is_not_http_is_refused(env: dict[str, str]) -> None:
+    result = run_cli("--url", "ftp://127.0.0.1:8642", "topics", env={"COMPACTORD_TOKEN": SHARED_TOKEN})
+    assert result.returncode == 2
+    failed(result, "'ftp://127.0.0.1:8642'", "its scheme is ftp", "http://HOST:PORT or https://HOST:PORT")
+
+
+@pytest.fixture(scope="module")
+def gated(launch: Launcher, tmp_path_factory: pytest.TempPathFactory) -> tuple[DaemonProcess, Path]:
+    """A daemon whose runs wait in Running until the gate file exists."""
+    gate = tmp_path_factory.mktemp("gate") / "open"
+    daemon = launch.prepare("cli-gated", pauses="")
+    daemon.env[GATE_ENV] = f"running:{gate}"
+    return daemon.start().wait_ready(), gate
+
+
+def test_compact_wait_attaches_to_a_compaction_already_running(gated: tuple[DaemonProcess, Path],
+                                                               kafka: Any) -> None:
+    daemon, gate = gated
+    topic = kafka.topic(prefix="cli")
+    kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(9)])
+    response = daemon.http.put(f"/v1/topics/{topic}/compaction")
+    assert response.status_code == 202, response.text
+    running = response.json()["task_id"]
+    wait_state(daemon, topic, "Running")
+    # without --wait, the 409 is the answer
+    failed(run_cli("--url", daemon.url, "compact", topic), "409", "compaction_already_running")
+    cli = subprocess.Popen([sys.executable, "-m", "compactord", "--url", daemon.url, "compact", topic, "--wait"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    err: list[str] = []
+    assert cli.stderr is not None
+    stderr = cli.stderr
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: stderr.read(1), "")), daemon=True)
+    reader.start()
+    try:
+        said = f"compactord: a compaction of {topic} is already running (task {running}, manual): waiting for it"
+        wait_for(lambda: said in "".join(err) or cli.poll() is not None, TASK_TIMEOUT_S,
+                 "compact --wait to attach to the running compaction", daemon)
+        assert said in "".join(err), "".join(err)
+        gate.touch()
+        cli.wait(timeout=TASK_TIMEOUT_S)
+        out = cli.stdout.read() if cli.stdout is not None else ""
+    finally:
+        gate.touch()
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    reader.join(timeout=10)
+    assert cli.returncode == 0, (out, "".join(err))
+    assert "status    SUCCESS" in out and f"task      {running}" in out and "9/9 records" in out
+    assert "Traceback" not in "".join(err)

@@ -294,10 +294,9 @@ def test_delete_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared:
                  "not_compacted")
     assert daemon.http.get(f"/v1/topics/{topic}/policies").json()["policies"]["thresholdBytes"] is None
     assert status(daemon, topic)["status"] == "NOT_RUN"
-    # deleting a topic the daemon knows nothing about (and the broker lacks) is fine too
+    # a topic the daemon knows nothing about (and the broker lacks): nothing deleted, 404
     gone = f"tsk-gone-{uuid.uuid4().hex[:6]}"
-    response = daemon.http.delete(f"/v1/topics/{gone}")
-    assert response.status_code == 200 and response.json() == {"topic": gone, "deleted": True, "task": None}
+    assert gone in assert_error(daemon.http.delete(f"/v1/topics/{gone}"), 404, "topic_not_found")["message"]
 
 
 def test_delete_and_unload_while_switching(daemon: DaemonProcess, kafka: Any) -> None:

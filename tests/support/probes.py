@@ -5,8 +5,11 @@
   on an event, not on a sleep.
 - ``Pauses({point: seconds})``: a daemon subprocess (through ``PausingFactory``). Pauses that long at
   each point (a cancel cuts a cancellable pause short) and logs a line a test can wait for.
+- ``Gate(point, path)``: a daemon subprocess. Holds every task at ``point`` until the file ``path``
+  exists (or, at a cancellable point, a cancel), so a test holds a run open as long as it needs.
 - ``PausingFactory``: the default factory with ``Pauses`` from the environment variable
-  ``COMPACTORD_TEST_PAUSES`` (``point:seconds[,...]``); a test daemon selects it with
+  ``COMPACTORD_TEST_PAUSES`` (``point:seconds[,...]``) and a ``Gate`` from ``COMPACTORD_TEST_GATE``
+  (``point:path``); a test daemon selects it with
   ``compactionServiceFactoryClassName=tests.support.probes:PausingFactory``.
 """
 
@@ -17,15 +20,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from compactord.engine.factory import SparkCompactionServiceFactory
 from compactord.interfaces import ServiceContext
 from compactord.task import CHECKPOINTS, CompactionTaskCtx, TaskProbe, TaskState
 
-__all__ = ["PAUSES_ENV", "Hold", "Pauses", "PausingFactory", "Recorder"]
+__all__ = ["GATE_ENV", "PAUSES_ENV", "Gate", "Hold", "Pauses", "PausingFactory", "Recorder"]
 
 log = logging.getLogger(__name__)
 PAUSES_ENV = "COMPACTORD_TEST_PAUSES"
+GATE_ENV = "COMPACTORD_TEST_GATE"
 _UNCANCELLABLE = ("switch", "switched")
 
 
@@ -80,6 +85,34 @@ class Pauses(TaskProbe):
             task.wait_cancelled(pause)
 
 
+class Gate(TaskProbe):
+    """Holds every task at ``point`` until the file ``path`` exists (a cancel ends a cancellable hold);
+    logs a line a test can wait for. Then ``then`` (another probe, e.g. ``Pauses``) sees the task too."""
+
+    def __init__(self, point: str, path: Path, then: TaskProbe | None = None) -> None:
+        assert point in CHECKPOINTS, point
+        self.point = point
+        self.path = path
+        self.then = then or TaskProbe()
+
+    @classmethod
+    def parse(cls, text: str, then: TaskProbe | None = None) -> Gate:
+        point, _, path = text.partition(":")
+        return cls(point, Path(path), then)
+
+    def on_state(self, task: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
+        self.then.on_state(task, old, new)
+
+    def at_checkpoint(self, task: CompactionTaskCtx, point: str) -> None:
+        if point == self.point and not self.path.exists():
+            log.warning("task %s held at test gate %r until %s exists", task.task_id, point, self.path)
+            while not self.path.exists():
+                if point not in _UNCANCELLABLE and task.wait_cancelled(0.05):
+                    return
+                time.sleep(0.05)
+        self.then.at_checkpoint(task, point)
+
+
 class Recorder(TaskProbe):
     """Calls ``on_state(task, old, new)`` and ``on_point(task, point)``."""
 
@@ -98,9 +131,12 @@ class Recorder(TaskProbe):
 
 
 class PausingFactory(SparkCompactionServiceFactory):
-    """The default factory, its tasks paused as ``COMPACTORD_TEST_PAUSES`` says."""
+    """The default factory, its tasks paused as ``COMPACTORD_TEST_PAUSES`` says and held at the gate
+    ``COMPACTORD_TEST_GATE`` names (if any)."""
 
     def initialize(self, context: ServiceContext) -> None:
-        probe = Pauses.parse(os.environ.get(PAUSES_ENV, ""))
+        probe: TaskProbe = Pauses.parse(os.environ.get(PAUSES_ENV, ""))
+        if os.environ.get(GATE_ENV):
+            probe = Gate.parse(os.environ[GATE_ENV], then=probe)
         super().initialize(ServiceContext(context.settings, spark=context.spark, store=context.store,
                                           broker=context.broker, probe=probe))

@@ -45,8 +45,10 @@ def router(daemon: Daemon) -> APIRouter:
 
     @api.delete("/v1/topics/{topic}", tags=["lifecycle"])
     def delete_topic(topic: str) -> JSONResponse:
-        """The topic was deleted: stop its task, then remove its ledgers, horizon and policies."""
+        """The topic was deleted: stop its task, then remove its ledgers, horizon and policies (404 for a
+        name that has no state here and that the broker lacks: nothing was deleted)."""
         validate_topic_name(topic)
+        daemon.require_known_topic(topic)
         done, task = daemon.delete_topic(topic, cancel_timeout)
         return JSONResponse(deleted_json(topic, done, task), status_code=200 if done else 202)
 

@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,23 @@ def test_a_server_that_never_answers_is_not_the_api(silent: str, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert f"compactord: {silent} {NOT_THE_API}" in err
+
+
+def test_a_silent_server_is_named_within_answer_start(silent: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer's wait and the probe's overlap: the verdict needs no more waiting than ``ANSWER_START``
+    in all (the waits asked of ``select`` are summed, not timed)."""
+    monkeypatch.setattr(client, "ANSWER_START", 0.5)
+    waits: list[float] = []
+    real_select = client.select.select
+
+    def select(r: list[Any], w: list[Any], x: list[Any], timeout: float) -> Any:
+        waits.append(timeout)
+        return real_select(r, w, x, timeout)
+
+    monkeypatch.setattr(client.select, "select", select)
+    with pytest.raises(NotCompactordApi):
+        DaemonClient(silent).topics()
+    assert len(waits) == 2 and sum(waits) == pytest.approx(0.5), waits
 
 
 def test_a_silent_server_fails_a_long_bound_too(silent: str, monkeypatch: pytest.MonkeyPatch) -> None:
