@@ -186,6 +186,14 @@ def test_the_read_token_is_refused_elsewhere_with_403_naming_the_admin_token(dae
         assert_error(anonymous.get("/v1/tasks"), 401, "unauthorized")
 
 
+def test_a_token_that_matches_neither_is_401_also_with_a_read_token_set(daemon: DaemonProcess) -> None:
+    with daemon.client(token=READ_TOKEN + "x") as stranger:
+        for method, path in [("GET", "/v1/tasks"), ("GET", READS[-1]), *ADMIN_ONLY]:
+            body = assert_error(stranger.request(method, path, json={}), 401, "unauthorized")
+            assert "neither" in body["message"] and READ_TOKEN not in body["message"], body
+    assert not (daemon.root / "hardening-read").exists()
+
+
 def test_a_foreign_host_header_answers_400_on_loopback_but_probes_answer(daemon: DaemonProcess) -> None:
     with daemon.client() as admin:
         for host in ("evil.example", f"evil.example:{daemon.port}", "127.0.0.2"):
