@@ -8,7 +8,8 @@ In this order, each refusal answered with the API's JSON error body:
    DNS-rebinding page must not read the topic names and backlogs of ``/metrics``. 400 ``host_not_allowed``.
 2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
    everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
-   token, 403 ``permission_denied`` with another one (saying which token the endpoint needs).
+   token or with one that is neither (who asks is not known), 403 ``permission_denied`` with the read token on
+   an endpoint it does not allow (saying which token the endpoint needs).
 3. **Content type** (cross-site requests): a ``POST`` without ``Authorization`` must say
    ``Content-Type: application/json``, which a browser cannot send cross-site without a CORS preflight.
    415 ``unsupported_media_type``. ``POST`` is the only state-changing method a web page can send
@@ -106,8 +107,8 @@ def check_probe_host(host: str | None, loopback: bool, allowed: tuple[str, ...])
 
 
 def check_bearer_token(authorization: str, token: bytes, read_token: bytes, method: str, path: str) -> None:
-    """:raises AuthenticationRequired: no bearer token given. :raises PermissionDenied: another token, or
-    the read token on an endpoint that is not a read."""
+    """:raises AuthenticationRequired: no bearer token given, or one that is neither token.
+    :raises PermissionDenied: the read token on an endpoint that is not a read."""
     scheme, _, given = authorization.partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise AuthenticationRequired("this endpoint needs the header 'Authorization: Bearer <httpAuthToken>'")
@@ -119,7 +120,8 @@ def check_bearer_token(authorization: str, token: bytes, read_token: bytes, meth
         raise PermissionDenied(f"{method} {path} needs httpAuthToken (the admin token); httpReadToken allows "
                                "only GET of /v1/topics, /v1/tasks, /v1/info and a topic's compaction, horizon, "
                                "history and compacted entries")
-    raise PermissionDenied("the bearer token is not the configured httpAuthToken (nor httpReadToken)")
+    raise AuthenticationRequired("the bearer token is neither the configured httpAuthToken nor httpReadToken; "
+                                 "send 'Authorization: Bearer <httpAuthToken>'")
 
 
 def check_content_type(method: str, headers: Headers) -> None:

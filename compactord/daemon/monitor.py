@@ -23,8 +23,9 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -46,6 +47,9 @@ __all__ = ["Backlog", "BacklogMonitor", "BrokerTopic", "triggers_fired"]
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 3600
 UNCLEANABLE_AFTER = 3
+# The topics whose cleanup configs the log was told of, each with the answer told (the least recently told go
+# first past this bound: such a topic is told again at its next answer).
+CONFIGS_TOLD_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ class BacklogMonitor:
         self.missing: set[str] = set()
         self.last_run: float | None = None
         self.topics: dict[str, BrokerTopic] = {}  # what the broker last said of each topic seen
-        self._configs_unknown_logged: set[str] = set()
+        self._configs_told: OrderedDict[str, TopicConfigs] = OrderedDict()
+        self._configs_lock = threading.Lock()
         self.sweeper = StorageSweeper(settings, store, registry, metrics)  # its timer is this scheduler's
 
     def start(self) -> None:
@@ -206,21 +211,37 @@ class BacklogMonitor:
         asked = time.time()  # the view is as old as its first answer
         offsets = broker.offsets(topic)
         configs = broker.topic_configs(topic)
-        if not configs.known and topic not in self._configs_unknown_logged:
-            self._configs_unknown_logged.add(topic)
-            log.info("topic %s: the broker did not describe its cleanup configs (DescribeConfigs); "
-                     "whether it compacts the topic itself is unknown", topic)
+        self._tell_configs(topic, configs)
         known = BrokerTopic(broker.topic_id(topic), offsets, configs, asked)
         self.topics[topic] = known
         self._metrics.topic_broker_compacted.labels(topic).set(1 if configs.compacted_by_broker else 0)
         return known
+
+    def _tell_configs(self, topic: str, configs: TopicConfigs) -> None:
+        """One line when the broker does not describe the topic's cleanup configs, once per topic (each monitor
+        pass and each compaction's end ask again), and one again when its answer changes."""
+        with self._configs_lock:
+            told = self._configs_told.pop(topic, None)
+            self._configs_told[topic] = configs
+            while len(self._configs_told) > CONFIGS_TOLD_MAX:
+                self._configs_told.popitem(last=False)
+        if told == configs or (told is None and configs.known):
+            return
+        if not configs.known:
+            log.info("topic %s: the broker did not describe its cleanup configs (DescribeConfigs); "
+                     "whether it compacts the topic itself is unknown", topic)
+        else:
+            described = ", ".join(f"{name.replace('_', '.')}={value}"  # Kafka's config names
+                                  for name, value in asdict(configs).items() if value is not None)
+            log.info("topic %s: the broker describes its cleanup configs now: %s", topic, described)
 
     def forget(self, topic: str) -> None:
         """Drop what was seen of a deleted topic."""
         self.topics.pop(topic, None)
         self.backlogs.pop(topic, None)
         self.missing.discard(topic)
-        self._configs_unknown_logged.discard(topic)
+        with self._configs_lock:
+            self._configs_told.pop(topic, None)
 
     def known(self, topic: str) -> BrokerTopic | None:
         return self.topics.get(topic)

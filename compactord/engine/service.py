@@ -14,6 +14,7 @@ from compactord.engine.resources import EngineResources
 from compactord.engine.run import CompactionRun
 from compactord.errors import (
     CompactionAlreadyRunning,
+    CompactordError,
     Fenced,
     InvalidArgument,
     LedgerCorrupt,
@@ -34,8 +35,9 @@ T = TypeVar("T")
 # within one read, so this bound is never reached in practice.
 _READ_ATTEMPTS = 10
 # A sweep of retired ledgers waits while a task of the topic runs (the pointer is the task's base); it is tried
-# again this much later.
+# again this much later; one the root failed (unreachable, full) is tried again after the longer wait.
 _SWEEP_RETRY_S = 5.0
+_SWEEP_ERROR_RETRY_S = 30.0
 
 
 class SparkTopicCompactionService(TopicCompactionService):
@@ -52,6 +54,7 @@ class SparkTopicCompactionService(TopicCompactionService):
         self._retired: dict[int, tuple[LedgerHandle, Callable[[], None]]] = {}
         self._sweep: threading.Timer | None = None
         self._sweep_at = 0.0
+        self._closed = False  # closed with its factory: no sweep is armed again
 
     # -- the current ledger ---------------------------------------------------------------------
 
@@ -176,12 +179,18 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     def _deleter(self, ledger_id: int) -> Callable[[], None]:
         def delete() -> None:
-            self.factory.store.delete_ledger(self.topic, ledger_id)
+            try:
+                self.factory.store.delete_ledger(self.topic, ledger_id)
+            except CompactordError as exc:  # off the pointer already: an orphan, which the sweep removes
+                log.warning("could not delete retired ledger %d of topic %s (removed by the storage sweep or "
+                            "at the next start): %s", ledger_id, self.topic, exc)
         return delete
 
     def _arm_sweep(self, at: float) -> None:
         """Sweep at ``at`` (UTC seconds), unless a sweep is due before then."""
         with self._lock:
+            if self._closed:
+                return
             if self._sweep is not None and self._sweep.is_alive() and self._sweep_at <= at:
                 return
             if self._sweep is not None:
@@ -192,9 +201,20 @@ class SparkTopicCompactionService(TopicCompactionService):
             self._sweep.start()
 
     def _run_sweep(self) -> None:
+        with self._lock:
+            # This timer is due: forget it, so that the sweep arms the next one for the ledgers it leaves (a
+            # timer is alive while its function runs, and would otherwise stand for one due before theirs).
+            if self._sweep is threading.current_thread():
+                self._sweep = None
+            if self._closed:
+                return
         try:
             self.sweep_retired()
-        except Exception:  # a timer thread has no caller: the next switch or start sweeps again
+        except CompactordError as exc:  # the root unreachable for a while, say: tried again a little later
+            log.warning("retired ledgers of topic %s not swept (tried again in %gs): %s", self.topic,
+                        _SWEEP_ERROR_RETRY_S, exc)
+            self._arm_sweep(time.time() + _SWEEP_ERROR_RETRY_S)
+        except Exception:  # a timer thread has no caller: the next switch, read or start sweeps again
             log.exception("sweeping the retired ledgers of topic %s failed", self.topic)
 
     def _expire_all(self) -> None:
@@ -339,6 +359,7 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._handle = None
             self._handle_id = None
         self._expire_all()

@@ -201,7 +201,7 @@ def test_errors_are_one_line(shared_daemon: DaemonProcess, compacted: dict[str, 
     failed(run_cli("history", "cli-no-such-topic", env=env), "404", "topic_not_found", "cli-no-such-topic")
     failed(run_cli("status", "bad/name", env=env), "422", "invalid_topic_name")
     failed(run_cli("status", compacted["topic"], env={"COMPACTORD_URL": shared_daemon.url}), "401")
-    failed(run_cli("status", compacted["topic"], env={**env, "COMPACTORD_TOKEN": "wrong"}), "403")
+    failed(run_cli("status", compacted["topic"], env={**env, "COMPACTORD_TOKEN": "wrong"}), "401")
     down = f"http://127.0.0.1:{free_port()}"
     failed(run_cli("--url", down, "topics"), "cannot reach compactord", down)
     failed(run_cli("status", "t", env={"COMPACTORD_URL": down}), "cannot reach compactord")

@@ -225,10 +225,18 @@ def test_strangers_uploads_that_never_end_do_not_take_the_places_of_authorised_r
             answers.append(int(data.split()[1]))
         # each refused from its headers, and its connection closed (its body was never read)
         assert [a for i, a in enumerate(answers) if i % 3 == 2] == [400] * (len(answers) // 3), answers
-        assert all(a in (401, 403) for i, a in enumerate(answers) if i % 3 != 2), answers
+        assert all(a == 401 for i, a in enumerate(answers) if i % 3 != 2), answers
     finally:
         for sock in strangers:
             sock.close()
+
+
+def test_a_token_that_matches_neither_is_401_also_with_a_read_token_set(daemon: DaemonProcess) -> None:
+    with daemon.client(token=READ_TOKEN + "x") as stranger:
+        for method, path in [("GET", "/v1/tasks"), ("GET", READS[-1]), *ADMIN_ONLY]:
+            body = assert_error(stranger.request(method, path, json={}), 401, "unauthorized")
+            assert "neither" in body["message"] and READ_TOKEN not in body["message"], body
+    assert not (daemon.root / "hardening-read").exists()
 
 
 def test_a_foreign_host_header_answers_400_on_loopback_but_probes_answer(daemon: DaemonProcess) -> None:

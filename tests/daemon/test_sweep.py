@@ -1,5 +1,7 @@
-"""The periodic sweep in a running daemon on an S3 root: a ledger no pointer names is removed once older than
-``storageSweepMinAgeSeconds``, by a pass of the daemon's own timer; the current ledger and its reads stay."""
+"""The sweeps of a running daemon: on an S3 root, a ledger no pointer names is removed once older than
+``storageSweepMinAgeSeconds``, by a pass of the daemon's own timer, the current ledger and its reads staying; on a
+local and an S3 root, every ledger that switches replaced within one ``compactionRetiredLedgerGraceSeconds`` goes
+after its own ``until``, with nothing but the daemon's timer to remove it."""
 
 from __future__ import annotations
 
@@ -9,13 +11,21 @@ from typing import Any
 
 import pytest
 
+from compactord.ledger.files import ledger_dir_name
 from compactord.ledger.pointer import read_pointer
+from compactord.storage import ObjectStore
+from compactord.storage.local import LocalStore
 from tests.daemon.conftest import metric
-from tests.support.daemon import compact
+from tests.support.daemon import DaemonProcess, compact
 from tests.support.s3_server import BUCKET
+from tests.support.waiting import wait_for
 
 SWEEP_S = 60  # the shortest interval and margin the keys allow
 WAIT_S = 5 * SWEEP_S  # the orphan is past the margin at the second pass at the latest
+# Long enough for two compactions of a small topic on a loaded machine to retire two ledgers within one grace.
+GRACE_S = 20
+# After the last until: the sweep is due at once; the bound is for a loaded machine only.
+SWEPT_BOUND_S = GRACE_S + 60
 
 
 @pytest.mark.slow
@@ -44,3 +54,54 @@ def test_the_periodic_sweep_removes_an_old_orphan_of_an_s3_root(launch: Any, kaf
     assert f"sweeping orphan {topic}/ledger-{current + 5}/" in daemon.log_text()
     page = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 100})
     assert page.status_code == 200 and len(page.json()["entries"]) == 10, page.text
+
+
+def retire_two_within_one_grace(daemon: DaemonProcess, kafka: Any, objects: ObjectStore) -> tuple[str, list[int]]:
+    """Compact a topic until its pointer lists two retired ledgers (switches within one grace); return the topic
+    and those ledgers. Nothing reads the topic afterwards: only the daemon's own timer can sweep them."""
+    topic = kafka.topic(prefix="retired")
+    for round_ in range(6):  # three compactions suffice unless one takes longer than the grace
+        kafka.produce(topic, [(f"k{i % 5}", f"r{round_}-{i}") for i in range(20)])
+        compact(daemon, topic)
+        retired = read_pointer(objects, topic).retired
+        if len(retired) >= 2:
+            assert len({r.until for r in retired}) == len(retired), retired  # each due at its own time
+            return topic, [r.id for r in retired]
+        time.sleep(1.1)  # the next switch's until (whole seconds) a second later: not swept with this one
+    pytest.fail(f"no two ledgers retired within one grace of {GRACE_S}s in six compactions\n{daemon.log_tail()}")
+
+
+def wait_retired_swept(daemon: DaemonProcess, objects: ObjectStore, topic: str, retired: list[int]) -> None:
+    until = max(r.until for r in read_pointer(objects, topic).retired)
+
+    def swept() -> bool:
+        left = [r.id for r in read_pointer(objects, topic).retired]
+        files = [i for i in retired if objects.list(f"{topic}/{ledger_dir_name(i)}/")]
+        return not left and not files
+
+    wait_for(swept, max(0.0, until - time.time()) + SWEPT_BOUND_S,
+             f"retired ledgers {retired} of topic {topic} off the pointer and deleted", daemon, interval=0.5)
+    current = read_pointer(objects, topic).ledger
+    assert current is not None and current not in retired
+    assert objects.list(f"{topic}/{ledger_dir_name(current)}/")
+    page = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 100})
+    assert page.status_code == 200 and len(page.json()["entries"]) == 5, page.text
+
+
+@pytest.mark.slow
+def test_every_ledger_retired_within_one_grace_is_deleted_on_a_local_root(launch: Any, kafka: Any) -> None:
+    daemon = launch("retired-local", compactionRetiredLedgerGraceSeconds=str(GRACE_S))
+    objects = LocalStore(daemon.root)
+    topic, retired = retire_two_within_one_grace(daemon, kafka, objects)
+    wait_retired_swept(daemon, objects, topic, retired)
+
+
+@pytest.mark.slow
+def test_every_ledger_retired_within_one_grace_is_deleted_on_an_s3_root(launch: Any, kafka: Any,
+                                                                       s3_server: Any) -> None:
+    prefix = f"daemon-retired-{uuid.uuid4().hex[:12]}"
+    daemon = launch("retired-s3", root=f"s3://{BUCKET}/{prefix}",  # type: ignore[arg-type]
+                    **s3_server.daemon_conf(compactionRetiredLedgerGraceSeconds=str(GRACE_S)))
+    objects = s3_server.store(prefix)
+    topic, retired = retire_two_within_one_grace(daemon, kafka, objects)
+    wait_retired_swept(daemon, objects, topic, retired)

@@ -56,13 +56,19 @@ def test_the_read_token_allows_the_reads_only(method: str, path: str, read: bool
         assert "httpAuthToken" in str(raised.value) and "httpReadToken" in str(raised.value)
 
 
-def test_no_token_or_another_token() -> None:
+def test_no_token_or_one_that_matches_neither_is_401() -> None:
     with pytest.raises(AuthenticationRequired):
         check_bearer_token("", ADMIN, READ, "GET", "/v1/topics")
-    with pytest.raises(PermissionDenied):
-        check_bearer_token("Bearer other", ADMIN, READ, "GET", "/v1/topics")
-    with pytest.raises(PermissionDenied):  # no read token configured: an empty one matches nothing
+    for read_token in (READ, b""):  # with a read token configured or not (an empty one matches nothing)
+        for method, path in (("GET", "/v1/topics"), ("PUT", "/v1/topics/t/compaction")):
+            with pytest.raises(AuthenticationRequired) as raised:
+                check_bearer_token("Bearer other", ADMIN, read_token, method, path)
+            assert raised.value.status == 401 and "neither" in str(raised.value)
+    with pytest.raises(AuthenticationRequired):
         check_bearer_token("Bearer read", ADMIN, b"", "GET", "/v1/topics")
+    with pytest.raises(PermissionDenied) as denied:  # a valid token without the right
+        check_bearer_token("Bearer read", ADMIN, READ, "PUT", "/v1/topics/t/compaction")
+    assert denied.value.status == 403
 
 
 def test_a_post_without_authorization_must_say_json() -> None:

@@ -543,6 +543,7 @@ def _check_s3_trial(s: Settings) -> None:
     assert (s.s3_access_key_id, s.s3_secret_access_key) == (pair["accessKey"], pair["secretKey"])
     assert s.compacted_ledger_root == "s3://ledgers/trial" and s.s3_endpoint.startswith("http://127.0.0.1:")
     assert s.s3_path_style is True and s.http_bind_address == "127.0.0.1"
+    assert s.http_port != Settings().http_port  # beside a daemon of the first trial, on the default port
 
 
 _CONFIG_CHECKS = {

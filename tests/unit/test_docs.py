@@ -36,6 +36,30 @@ def anchors(path: Path) -> set[str]:
     return heading_anchors(path.read_text(encoding="utf-8"))
 
 
+_WEED_MINI = re.compile(r"\.venv/bin/weed mini .*?&", re.DOTALL)
+_EPHEMERAL_PORTS = 32768  # Linux's ip_local_port_range starts here: a listener above may take a client's port
+
+
+def test_the_s3_trial_server_opens_only_what_the_trial_uses() -> None:
+    """The ``weed mini`` line of the S3 trial, the same in README.md, docs/object-storage.md and
+    config/s3-trial.conf: what the trial does not use off (as tests/support/s3_server.py has it), and every port
+    it opens, with its gRPC port (+10000), below the ephemeral range."""
+    sources = [ROOT / "README.md", DOCS / "object-storage.md", ROOT / "config" / "s3-trial.conf"]
+    commands = set()
+    for path in sources:
+        text = re.sub(r"^#\s*", "", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        (found,) = _WEED_MINI.findall(text)
+        commands.add(" ".join(found.replace("\\\n", " ").split()))
+    (command,) = commands
+    flags = dict(arg.partition("=")[::2] for arg in command.split() if arg.startswith("-"))
+    assert {flags.get(name) for name in ("-admin.ui", "-webdav", "-master.telemetry")} == {"false"}, command
+    assert {flags.get(name) for name in ("-s3.port.iceberg", "-s3.port.lance")} == {"0"}, command
+    defaults = {"-master.port": 9333, "-volume.port": 8080, "-filer.port": 8888, "-s3.port": 8333,
+                "-admin.port": 23646}  # weed mini -h
+    ports = {name: int(flags.get(name, default)) for name, default in defaults.items()}
+    assert all(port + 10000 < _EPHEMERAL_PORTS for port in ports.values()), ports
+
+
 def test_github_anchor_follows_githubs_rules() -> None:
     assert github_anchor("compactord, Pulsar, Kafka and RocketMQ side by side") == \
         "compactord-pulsar-kafka-and-rocketmq-side-by-side"

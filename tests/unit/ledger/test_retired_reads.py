@@ -1,11 +1,14 @@
 """Reads pinned to a retired ledger (``ledger_id=``) through the topic's service: served until the ``until``
 the pointer's retired list gives, also by a new service on the same root after a restart; a 410
-``ledger_retired`` (never a 500) past it or once its files are gone; the sweep deletes it."""
+``ledger_retired`` (never a 500) past it or once its files are gone; the sweep deletes it, each retired ledger
+at its own ``until`` when several switches fall within one grace period."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from compactord.errors import Fenced, LedgerRetired
 from compactord.interfaces import ServiceContext
 from compactord.ledger.reader import LedgerHandle
 from compactord.model import Position
+from tests.support.waiting import wait_for
 from tests.unit.ledger.test_store import make_ledger, rows
 
 
@@ -118,5 +122,53 @@ def test_a_run_fenced_by_another_writer_changes_nothing(root: Path) -> None:
         with pytest.raises(Fenced):
             service.switch_to(handle, loser, base)
         assert store.current_ledger_id("t") == winner and len(values(service, None)) == 7
+    finally:
+        factory.close()
+
+
+def test_every_ledger_retired_within_one_grace_is_deleted_at_its_own_until(root: Path) -> None:
+    factory = open_factory(root)
+    try:
+        service = factory.new_topic_compaction_service("t")
+        store = factory.store
+        ids = [make_ledger(store, "t") for _ in range(4)]
+        for ledger_id in ids:
+            switch(service, ledger_id)
+        # Three replaced within one grace, each due a second after the one before (as switches a second apart
+        # leave them); a read arms the sweep for the first.
+        path = store.topic_dir("t") / "CURRENT"
+        body = json.loads(path.read_text())
+        now = int(time.time())
+        for i, entry in enumerate(body["retired"]):
+            entry["until"] = datetime.fromtimestamp(now + 2 + i, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        path.write_text(json.dumps(body))
+        assert [r.id for r in store.pointer("t").retired] == ids[:3]
+        assert len(values(service, None)) == 10
+
+        def swept() -> bool:
+            return not store.pointer("t").retired and not any(store.ledger_path("t", i).exists() for i in ids[:3])
+        # Each goes at its until, by the sweep's timer alone (no switch, read or restart meanwhile).
+        wait_for(swept, 60, "every retired ledger deleted after its until")
+        assert store.current_ledger_id("t") == ids[3] and store.ledger_path("t", ids[3]).exists()
+    finally:
+        factory.close()
+
+
+def test_a_sweep_due_while_a_task_of_the_topic_runs_is_tried_again_after_it(root: Path) -> None:
+    factory = open_factory(root, grace=1)
+    try:
+        service = factory.new_topic_compaction_service("t")
+        old = make_ledger(factory.store, "t")
+        switch(service, old)
+        switch(service, make_ledger(factory.store, "t"))
+        task = service.compact(start=False)  # a task of the topic: its switch must find the pointer as it read it
+        until = factory.store.pointer("t").retired_until(old)
+        assert until is not None
+        wait_for(lambda: time.time() > until + 1, 10, "the retired ledger's until past")
+        assert factory.store.ledger_path("t", old).exists()  # kept while the task runs
+        task.cancel()
+        wait_for(lambda: not factory.store.ledger_path("t", old).exists(), 60,
+                 "the retired ledger deleted once the task ended")
+        assert factory.store.pointer("t").retired == ()
     finally:
         factory.close()
