@@ -257,13 +257,13 @@ class CompactedReader:
                 yield entry
             if restart:
                 yield from self._deleted_since(partition, pinned, yielded, present)
-        self._check_tail(pinned, ends, ends_of, broker)
+        self._check_tail(pinned, ends_of, broker)
         yield from self._tail(ends, pinned, apply, expiry)
 
-    def _check_tail(self, pinned: _Pinned, ends: dict[int, PartitionOffsets], ends_of: LogNow,
-                    broker: BrokerMetadata) -> None:
-        """Before the tail is read from the broker: the offsets fixed at the start and the log now (asked
-        again: the ledger's pages may have taken long) are of the topic the pinned ledger was made of.
+    def _check_tail(self, pinned: _Pinned, ends_of: LogNow, broker: BrokerMetadata) -> None:
+        """Before the tail is read from the broker: the log now (asked again: the ledger's pages may have
+        taken long) is the one the pinned ledger was made of, and the ends fixed at the start are of the
+        same topic (its id; they may lie below the horizon of a ledger pinned after a restart).
 
         :raises TopicRecreated: either is of another incarnation of the topic.
         """
@@ -273,10 +273,9 @@ class CompactedReader:
         if ends_of.topic_id and now.topic_id and ends_of.topic_id != now.topic_id:
             raise TopicRecreated(self.topic, f"the topic id changed from {ends_of.topic_id} to {now.topic_id} "
                                              "during the read")
-        for offsets, of in ((ends, ends_of), (broker.offsets(self.topic), now)):
-            why = new_log_reason(pinned.identity, offsets, of)
-            if why is not None:
-                raise TopicRecreated(self.topic, why)
+        why = new_log_reason(pinned.identity, broker.offsets(self.topic), now)
+        if why is not None:
+            raise TopicRecreated(self.topic, why)
 
     def _deleted_since(self, partition: int, pinned: _Pinned, yielded: dict[tuple[int, bytes | None, int], Entry],
                        present: set[tuple[int, bytes | None, int]]) -> Iterator[Entry]:
