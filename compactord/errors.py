@@ -256,7 +256,8 @@ class TopicRecreated(CompactordError):
     def __init__(self, topic: str, why: str) -> None:
         super().__init__(
             f"topic {topic!r} was recreated since its ledger was made ({why}); its compacted view is not "
-            "served until the next compaction rebuilds it from the new log (PUT .../compaction)",
+            "served until the next compaction rebuilds it from the new log (PUT .../compaction); "
+            f"DELETE /v1/topics/{topic} drops the old view instead",
             topic=topic)
 
 

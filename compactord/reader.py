@@ -43,8 +43,9 @@ from compactord.errors import (
     TopicRecreated,
 )
 from compactord.event_time import event_time_extractor
-from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
-from compactord.model import Entry
+from compactord.interfaces import BrokerMetadata, CompactionStrategy, OrderedCompactionStrategy
+from compactord.kafka.identity import LedgerIdentity, LogNow, new_log_reason
+from compactord.model import Entry, PartitionOffsets
 
 __all__ = ["CompactedReader"]
 
@@ -68,11 +69,13 @@ _RESTARTS = 5
 
 @dataclass(frozen=True)
 class _Pinned:
-    """The ledger a read is pinned to: its id, horizon and the rules it was written under."""
+    """The ledger a read is pinned to: its id, horizon, the rules it was written under and the identity
+    of the log it was made of."""
 
     ledger_id: int | None
     horizon: dict[int, int]
     rules: dict[str, Any]
+    identity: LedgerIdentity | None = None
 
 
 class _Strategy:
@@ -185,8 +188,10 @@ class CompactedReader:
             if exc.error == NotCompacted.code:
                 return _Pinned(None, {}, {})
             raise
-        return _Pinned(body["ledger_id"], {p["partition"]: p["offset"] for p in body["partitions"]},
-                       body.get("rules", {}))
+        horizon = {p["partition"]: p["offset"] for p in body["partitions"]}
+        identity = LedgerIdentity(body.get("topic_id"), horizon,
+                                  {int(p): int(s) for p, s in (body.get("log_start") or {}).items()})
+        return _Pinned(body["ledger_id"], horizon, body.get("rules", {}), identity)
 
     def horizon(self) -> dict[int, int]:
         """The current ledger's horizon per partition; empty if the topic was never compacted."""
@@ -208,26 +213,27 @@ class CompactedReader:
     def __iter__(self) -> Iterator[Entry]:
         from compactord.kafka.admin import KafkaAdmin
 
-        admin = KafkaAdmin(self.settings)
+        admin = KafkaAdmin(self.settings)  # kept for the read: the tail's identity check asks it again
         try:
             ends = admin.offsets(self.topic)  # fixed now: the read ends there
+            ends_of = LogNow(admin.topic_id(self.topic))  # the incarnation of the topic they are of
             self._now_ms = int(time.time() * 1000)  # and keys expire as of now
+            yielded: dict[tuple[int, bytes | None, int], Entry] = {}  # ledger entries yielded, by key
+            for attempt in range(_RESTARTS + 1):
+                try:
+                    yield from self._read(ends, ends_of, admin, yielded, restart=attempt > 0)
+                    return
+                except DaemonRequestFailed as exc:
+                    if exc.error == TopicRecreated.code:
+                        raise TopicRecreated(self.topic, "the daemon answered 410 topic_recreated") from exc
+                    if exc.error != LedgerRetired.code or attempt == _RESTARTS:
+                        raise
+                    self.restarts += 1
         finally:
             admin.close()
-        yielded: dict[tuple[int, bytes | None, int], Entry] = {}  # ledger entries yielded, by key
-        for attempt in range(_RESTARTS + 1):
-            try:
-                yield from self._read(ends, yielded, restart=attempt > 0)
-                return
-            except DaemonRequestFailed as exc:
-                if exc.error == TopicRecreated.code:
-                    raise TopicRecreated(self.topic, "the daemon answered 410 topic_recreated") from exc
-                if exc.error != LedgerRetired.code or attempt == _RESTARTS:
-                    raise
-                self.restarts += 1
 
-    def _read(self, ends: dict[int, Any], yielded: dict[tuple[int, bytes | None, int], Entry],
-              restart: bool) -> Iterator[Entry]:
+    def _read(self, ends: dict[int, PartitionOffsets], ends_of: LogNow, broker: BrokerMetadata,
+              yielded: dict[tuple[int, bytes | None, int], Entry], restart: bool) -> Iterator[Entry]:
         pinned = self._pin()
         self.ledger_id = pinned.ledger_id
         apply = _Strategy(pinned.rules, self.strategy) if self.apply_strategy else None
@@ -251,7 +257,25 @@ class CompactedReader:
                 yield entry
             if restart:
                 yield from self._deleted_since(partition, pinned, yielded, present)
+        self._check_tail(pinned, ends_of, broker)
         yield from self._tail(ends, pinned, apply, expiry)
+
+    def _check_tail(self, pinned: _Pinned, ends_of: LogNow, broker: BrokerMetadata) -> None:
+        """Before the tail is read from the broker: the log now (asked again: the ledger's pages may have
+        taken long) is the one the pinned ledger was made of, and the ends fixed at the start are of the
+        same topic (its id; they may lie below the horizon of a ledger pinned after a restart).
+
+        :raises TopicRecreated: either is of another incarnation of the topic.
+        """
+        if pinned.identity is None:
+            return
+        now = LogNow(broker.topic_id(self.topic))
+        if ends_of.topic_id and now.topic_id and ends_of.topic_id != now.topic_id:
+            raise TopicRecreated(self.topic, f"the topic id changed from {ends_of.topic_id} to {now.topic_id} "
+                                             "during the read")
+        why = new_log_reason(pinned.identity, broker.offsets(self.topic), now)
+        if why is not None:
+            raise TopicRecreated(self.topic, why)
 
     def _deleted_since(self, partition: int, pinned: _Pinned, yielded: dict[tuple[int, bytes | None, int], Entry],
                        present: set[tuple[int, bytes | None, int]]) -> Iterator[Entry]:

@@ -313,6 +313,9 @@ def horizon_json(topic: str, manifest: LedgerManifest) -> dict[str, Any]:
         "ledger_id": manifest.ledger_id,
         "partitions": [{"partition": p, "offset": o} for p, o in sorted(manifest.horizon.items())],
         "rules": {**manifest.strategy.rules(), "key_ttl_ms": manifest.key_ttl_ms},
+        # The identity of the log the ledger was made of, for a reader's own check of the tail it reads.
+        "topic_id": manifest.topic_id,
+        "log_start": {str(p): s for p, s in sorted(manifest.log_start.items())},
     }
 
 

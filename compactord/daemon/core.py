@@ -28,6 +28,7 @@ from typing import Any
 from compactord.config import Settings
 from compactord.daemon.backlogs import BacklogCache
 from compactord.daemon.broker_watch import BrokerWatch
+from compactord.daemon.identity import TopicIdentities
 from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
@@ -127,6 +128,8 @@ class Daemon:
         self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
+        # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
+        self._identity_broker: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
             load_strategy_plugins(settings)
             self.spark = spark or SparkSessionManager(settings)
@@ -144,6 +147,7 @@ class Daemon:
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
                                       store_problem=lambda: self.store_problem())
         self.backlogs = BacklogCache(self.monitor, self.registry)
+        self.identities = TopicIdentities(self._identity_broker, self.broker_problem, self.monitor.last_identity)
         self.fatal: str | None = None
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
@@ -270,8 +274,9 @@ class Daemon:
 
     def _close_broker_clients(self) -> None:
         self.admin.close()
-        if self._broker_probe is not self.admin:
-            self._broker_probe.close()
+        for client in (self._broker_probe, self._identity_broker):
+            if client is not self.admin:
+                client.close()
 
     def shutdown(self) -> None:
         """Cancel what can be cancelled, let a switching task finish, stop Spark."""
@@ -342,6 +347,7 @@ class Daemon:
         self._apply_limits(topic, None)
         self.registry.forget(topic)
         self.monitor.forget(topic)
+        self.identities.forget(topic)
         self.backlogs.forget(topic)
         self.metrics.forget(topic)
         self._last_success.pop(topic, None)

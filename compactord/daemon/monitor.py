@@ -31,6 +31,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from compactord.config import Settings
+from compactord.daemon.identity import IdentityAnswer
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.policies import PolicyStore
 from compactord.daemon.registry import TaskRegistry
@@ -38,6 +39,7 @@ from compactord.daemon.sweeper import StorageSweeper
 from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, LedgerCorrupt
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.backlog import sample_tail
+from compactord.kafka.identity import LogNow, new_log_reason
 from compactord.ledger.store import LedgerStore
 from compactord.model import LedgerManifest, PartitionOffsets, TopicConfigs
 from compactord.task import Reason, TaskState
@@ -89,15 +91,7 @@ class BrokerTopic:
         than the ledger tells nothing (the run that made it saw the log later)."""
         if self.refreshed_at * 1000 < manifest.finished_at_ms:
             return None
-        if manifest.topic_id and self.topic_id and manifest.topic_id != self.topic_id:
-            return f"the topic id changed from {manifest.topic_id} to {self.topic_id}"
-        for p, horizon in manifest.horizon.items():
-            o = self.offsets.get(p)
-            if o is None:
-                return f"partition {p} no longer exists"
-            if o.end - 1 < horizon:
-                return f"partition {p} now ends at {o.end}, below the horizon {horizon}"
-        return None
+        return new_log_reason(manifest, self.offsets, LogNow(self.topic_id))
 
     def implicit_max_lag_seconds(self) -> int | None:
         """For a topic the broker compacts itself: half its ``delete.retention.ms``, so that no tombstone
@@ -246,11 +240,10 @@ class BacklogMonitor:
     def known(self, topic: str) -> BrokerTopic | None:
         return self.topics.get(topic)
 
-    def recreated(self, topic: str, manifest: LedgerManifest) -> str | None:
-        """Why the broker's log of ``topic`` (as last seen) is not the one ``manifest``'s ledger was made
-        of, or None. Never asks the broker."""
+    def last_identity(self, topic: str) -> IdentityAnswer | None:
+        """The topic's id and offsets as last seen (None: never seen); never asks the broker."""
         known = self.topics.get(topic)
-        return None if known is None else known.new_log(manifest)
+        return None if known is None else IdentityAnswer(known.topic_id, known.offsets, known.refreshed_at)
 
     def log_starts(self, topic: str) -> dict[int, int]:
         """The log starts last seen (empty if never seen): what a read of the ledger must not go below."""
@@ -395,8 +388,10 @@ class BacklogMonitor:
             manifest, corrupt = None, True
         corrupt = corrupt or service.corrupt_ledger() is not None
         self._metrics.ledger_corrupt.labels(topic).set(1 if corrupt else 0)
-        horizon = manifest.horizon if manifest is not None else {}
         offsets = self._broker.offsets(topic) if offsets is None else offsets
+        if manifest is not None and self._new_log(topic, manifest, offsets) is not None:
+            manifest = None  # the ledger is of a log that no longer exists: the whole new log is the backlog
+        horizon = manifest.horizon if manifest is not None else {}
         starts = {p: max(horizon.get(p, -1) + 1, o.log_start) for p, o in offsets.items()}
         records = sum(max(0, o.end - starts[p]) for p, o in offsets.items())
         ledger_records = manifest.records_kept + manifest.markers if manifest is not None else 0
@@ -406,6 +401,14 @@ class BacklogMonitor:
         mean = self._mean_record_size(topic) or sample.mean_record_bytes
         age = time.time() - sample.first_timestamp_ms / 1000 if sample.first_timestamp_ms is not None else 0.0
         return Backlog(topic, records, int(mean * records), max(0.0, age), ledger_records)
+
+    def _new_log(self, topic: str, manifest: LedgerManifest, offsets: dict[int, PartitionOffsets]) -> str | None:
+        """Why ``offsets`` (with the topic id last seen, unless seen before the ledger was made) are not of
+        the log ``manifest``'s ledger was made of, or None."""
+        known = self.topics.get(topic)
+        topic_id = known.topic_id if known is not None and known.refreshed_at * 1000 >= manifest.finished_at_ms \
+            else None
+        return new_log_reason(manifest, offsets, LogNow(topic_id))
 
     def _mean_record_size(self, topic: str) -> float | None:
         for ctx in reversed(self._registry.history(topic)):

@@ -26,6 +26,7 @@ def preview(daemon: Daemon, topic: str, *, exact: bool) -> dict[str, Any]:
 
     :raises CompactionAlreadyRunning: (exact) the topic has a live task.
     :raises CompactionCancelled: (exact) the preview task was cancelled.
+    :raises TopicRecreated: (sampled) the topic's ledger is of an earlier incarnation of the topic.
     """
     daemon.require_topic(topic)
     if exact:
@@ -65,6 +66,8 @@ def _sampled(daemon: Daemon, topic: str) -> dict[str, Any]:
     if handle is None:
         found = sampled_preview(daemon.settings.kafka_client_config(), topic, offsets, None, [], strategy_for(topic))
         return {**found, "exact": False}
+    # A ledger of an earlier incarnation of the topic is no base for an estimate (410 topic_recreated).
+    daemon.identities.check(topic, handle.manifest)
     reader = handle.acquire()  # the ledger's files stay while they are read, whatever a switch does
     try:
         store = factory.store  # type: ignore[attr-defined]

@@ -13,10 +13,11 @@ from compactord.config import Settings
 from compactord.engine.job import reads_are_final
 from compactord.engine.kafka_source import OffsetRange, plan_ranges
 from compactord.engine.strategies import ResolvedStrategy, plan_for
+from compactord.kafka.identity import LogNow, new_log_reason
 from compactord.ledger.row_groups import FileFacts
 from compactord.model import Horizon, LedgerManifest, PartitionOffsets, RecordFingerprint
 
-__all__ = ["CompactionPlan", "LogNow", "new_log_reason", "plan_compaction"]
+__all__ = ["CompactionPlan", "plan_compaction"]
 
 log = logging.getLogger(__name__)
 
@@ -79,36 +80,6 @@ class CompactionPlan:
             return False
         oldest = prev.oldest_marker_at_ms
         return oldest is None or time.time() * 1000 - oldest < settings.compaction_tombstone_retention_ms
-
-
-@dataclass(frozen=True, slots=True)
-class LogNow:
-    """What the broker says of the log now, to tell it from the one a ledger was made of."""
-
-    topic_id: str | None
-    # Per fingerprinted partition: the first data record at or after the fingerprint's offset now.
-    found: Mapping[int, RecordFingerprint | None] = field(default_factory=dict)
-
-
-def new_log_reason(previous: LedgerManifest, offsets: Mapping[int, PartitionOffsets], now: LogNow) -> str | None:
-    """Why the log is not the one ``previous`` was made of (the topic was recreated), or None.
-
-    A fingerprinted record that is simply gone (retention, or the broker's own cleaner) with the same
-    topic id is not a new log.
-    """
-    if previous.topic_id and now.topic_id and previous.topic_id != now.topic_id:
-        return f"the topic id changed from {previous.topic_id} to {now.topic_id} (topic recreated)"
-    for p, old in sorted(previous.horizon.items()):
-        if p in offsets and offsets[p].end - 1 < old:
-            return f"partition {p} now ends at {offsets[p].end}, below the horizon {old} (topic recreated or truncated)"
-    gone = sorted(set(previous.horizon) - set(offsets))
-    if gone:
-        return f"partitions {gone} no longer exist (topic recreated with fewer partitions)"
-    for p, fingerprint in sorted((previous.fingerprints or {}).items()):
-        found = now.found.get(p)
-        if found is not None and found.offset == fingerprint.offset and found != fingerprint:
-            return f"partition {p}: the record at offset {fingerprint.offset} is not the one compacted (topic recreated)"
-    return None
 
 
 def plan_compaction(

@@ -21,13 +21,14 @@ from typing import Any
 from compactord.engine.channel import RunChannel, TailRead, driver_address
 from compactord.engine.early_start import EarlyStart
 from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_spec
-from compactord.engine.planning import CompactionPlan, LogNow, plan_compaction
+from compactord.engine.planning import CompactionPlan, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.resources import TopicLedger
 from compactord.engine.task_store import new_output, store_secrets
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
+from compactord.kafka.identity import LogNow
 from compactord.ledger.reader import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState

@@ -34,7 +34,7 @@ def test_the_same_log_is_not_new() -> None:
 @pytest.mark.parametrize(("broker_says", "why"), [
     ({"topic_id": "id-2"}, "topic id changed"),
     ({"ends": {0: 3, 1: 5}}, "below the horizon"),
-    ({"ends": {0: 10}}, "no longer exists"),
+    ({"ends": {0: 10}}, "no longer exist"),
 ])
 def test_a_new_log_says_why(broker_says: dict[str, Any], why: str) -> None:
     assert why in (seen(**broker_says).new_log(manifest()) or "")

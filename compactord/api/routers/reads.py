@@ -1,17 +1,19 @@
 """Reads of the compacted ledger (the current one, or one pinned by id): the horizon, a page of entries,
-the last entry. Reads of a ledger never call the broker: the log starts and identity come from the
-monitor (a name with no state here is looked up, for a 404 that says whether the broker has it)."""
+the last entry. The log starts come from the monitor; the topic's identity is checked against what the
+broker says of it, at most a second old (``daemon/identity.py``; a broker that cannot be asked leaves the
+last answer, and the response says so). A name with no state here is looked up, for a 404 that says
+whether the broker has it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 
 from compactord.api.limits import read_slots
 from compactord.api.views import entry_json, horizon_json, page_json
-from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted, TopicRecreated
+from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted
 from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
@@ -36,13 +38,14 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
     read_slot = [Depends(read_slots(), scope="function")]
 
     @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
-    def horizon(topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
-        """The compaction horizon: per partition, the last offset the ledger covers, and the rules it
-        was written under (strategy, event-time source, empty-value and null-key rules)."""
+    def horizon(response: Response, topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
+        """The compaction horizon: per partition, the last offset the ledger covers, the rules it was
+        written under (strategy, event-time source, empty-value and null-key rules) and the identity of
+        the log it was made of (topic id, log starts)."""
         manifest = _service(daemon, topic).ledger_info(ledger_id)
         if manifest is None:
             raise NotCompacted(topic)
-        _check_log(daemon, topic, manifest)
+        response.headers.update(_check_log(daemon, topic, manifest))
         return horizon_json(topic, manifest)
 
     @api.get("/v1/topics/{topic}/compacted", tags=["ledger"], dependencies=read_slot)
@@ -65,11 +68,11 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
             max_bytes=max_bytes)
         manifest, entries = page.ledger, page.entries
         _check_partition(manifest.horizon, partition)
-        _check_log(daemon, topic, manifest)
+        checked = _check_log(daemon, topic, manifest)
         more = (len(entries) == limit or page.truncated) and bool(entries) \
             and entries[-1].offset < manifest.horizon[partition]
         return JSONResponse(page_json(topic, manifest, entries, encoding, include_markers,
-                                      next_start=entries[-1].offset + 1 if more else None))
+                                      next_start=entries[-1].offset + 1 if more else None), headers=checked)
 
     @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"], dependencies=read_slot)
     def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
@@ -78,11 +81,11 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
         lie below its log start)."""
         page = _service_of(daemon, topic, partition, ledger_id).read_last_compacted_page(partition, ledger_id)
         _check_partition(page.ledger.horizon, partition)
-        _check_log(daemon, topic, page.ledger)
+        checked = _check_log(daemon, topic, page.ledger)
         log_start = daemon.monitor.log_starts(topic).get(partition, 0)
         if not page.entries or page.entries[0].offset < log_start:
             raise EntryNotFound(f"partition {partition} of topic {topic!r} has no compacted entry")
-        return JSONResponse(entry_json(page.entries[0], encoding))
+        return JSONResponse(entry_json(page.entries[0], encoding), headers=checked)
 
     return api
 
@@ -109,12 +112,11 @@ def _service(daemon: Daemon, topic: str) -> TopicCompactionService:
     return service
 
 
-def _check_log(daemon: Daemon, topic: str, manifest: LedgerManifest) -> None:
-    """:raises TopicRecreated: the broker's log (as the monitor last saw it: reads never call the broker)
-    is not the one the ledger was made of."""
-    why = daemon.monitor.recreated(topic, manifest)
-    if why is not None:
-        raise TopicRecreated(topic, why)
+def _check_log(daemon: Daemon, topic: str, manifest: LedgerManifest) -> dict[str, str]:
+    """The headers that say how the check was made (none when the broker's answer was fresh).
+
+    :raises TopicRecreated: the broker's topic is not the one the ledger was made of."""
+    return daemon.identities.check(topic, manifest).headers()
 
 
 def _check_partition(horizon: dict[int, int], partition: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from compactord.daemon.core import Daemon
 from compactord.daemon.server import ThreadedServer
-from compactord.errors import InvalidArgument
+from compactord.errors import InvalidArgument, TopicRecreated
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
 from compactord.reader import CompactedReader
@@ -238,6 +238,50 @@ def test_a_recreated_topic_stops_the_reader_with_a_named_error(kafka, daemon_api
     daemon.monitor.refresh(topic)  # what the monitor's next pass does
     with pytest.raises(TopicRecreated):
         list(CompactedReader(kafka.bootstrap, topic, url=server.url))
+
+
+def test_without_topic_ids_the_offsets_tell_a_recreated_topic_to_every_read(kafka, daemon_api):
+    """A broker that reports no topic ids (the answer given at the metadata boundary): the reads tell the
+    recreated topic by its offsets (it now ends below the horizon), with no monitor pass."""
+    import httpx
+
+    answers: list[Answers] = []
+    daemon, server = daemon_api(metadata=lambda real: answers.append(Answers(real)) or answers[0],
+                                monitor_interval_seconds=3600)
+    topic = kafka.topic()
+    answers[0].topic_ids[topic] = None
+    kafka.produce(topic, [(f"k{i}", "v") for i in range(20)])
+    compact(daemon, topic)
+    assert daemon.registry.service(topic).ledger_info().topic_id is None
+    kafka.recreate(topic)
+    kafka.produce(topic, [("new", "w")])
+
+    def page() -> httpx.Response:
+        return httpx.get(f"{server.url}/v1/topics/{topic}/compacted", params={"partition": 0})
+
+    gone = wait_for(lambda: (r := page()).status_code == 410 and r, 30, "a read of the recreated topic to answer 410")
+    assert gone.json()["error"] == "topic_recreated" and "below the horizon 19" in gone.json()["message"]
+    with pytest.raises(TopicRecreated):
+        list(CompactedReader(kafka.bootstrap, topic, url=server.url))
+
+
+def test_the_reader_checks_the_tail_it_reads_against_the_pinned_ledger(kafka, daemon_api):
+    """The daemon's broker answers still say the old topic (given at the metadata boundary), so the daemon
+    serves the ledger; the reader's own check of the log it reads the tail from finds the new one."""
+    answers: list[Answers] = []
+    daemon, server = daemon_api(metadata=lambda real: answers.append(Answers(real)) or answers[0],
+                                monitor_interval_seconds=3600)
+    topic = kafka.topic()
+    kafka.produce(topic, [(f"k{i}", "v") for i in range(20)])
+    compact(daemon, topic)
+    old = daemon.registry.service(topic).ledger_info()
+    assert old.topic_id is not None  # the test broker reports topic ids
+    answers[0].topic_ids[topic], answers[0].ends[topic] = old.topic_id, {0: 20}
+    kafka.recreate(topic)
+    kafka.produce(topic, [(f"k{i}", "new") for i in range(30)])  # longer than the old horizon
+    with pytest.raises(TopicRecreated, match="topic id changed") as raised:
+        list(CompactedReader(kafka.bootstrap, topic, url=server.url))
+    assert "daemon answered" not in str(raised.value)
 
 
 def test_a_log_start_that_moved_past_ledger_entries_triggers_a_run(kafka, daemon_api):
