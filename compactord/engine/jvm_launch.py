@@ -1,7 +1,8 @@
 """The session's Spark JVM, started as PySpark's builder starts it (``launch_gateway``), with three differences:
 
-- Its standard error and output are read through a pipe from their first line (``jvm_stderr.StderrWatch``): a JVM that exits
-  before its gateway answers gives its own reason, and the setting behind it is named (``failed_start``).
+- Its standard error and output are read through a pipe from their first line (``jvm_stderr.StderrWatch``): a
+  JVM that exits before its gateway answers gives its own reason, and the setting behind it is named
+  (``failed_start``).
 - It ignores SIGTERM. ``timeout``, ``docker stop`` without an init and a supervisor that signals the whole
   process group send it to the JVM too, and a JVM that died under the daemon's shutdown made it log py4j
   tracebacks and PySpark's EOFError. The daemon stops its JVM itself, as after a SIGTERM to the daemon alone
