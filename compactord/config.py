@@ -36,6 +36,7 @@ from compactord.config_values import (
     ledger_root,
     regex,
     s3_location,
+    spark_master,
     text,
 )
 from compactord.errors import ConfigError, ConfigFileError
@@ -206,8 +207,9 @@ class Settings:
         "C: a topic read 6x faster here), kafka-python, or auto (librdkafka when confluent-kafka is "
         "installed, otherwise kafka-python). The driver's own broker calls always use kafka-python.")
     # Spark
-    spark_master: str = _key("sparkMaster", text, "local[*]", "spark",
-        "Spark master: local[*], spark://HOST:PORT, yarn, k8s://... (spark.* keys are passed to Spark).")
+    spark_master: str = _key("sparkMaster", spark_master, "local[*]", "spark",
+        "Spark master: local[*] (one thread per core), spark://HOST:PORT, yarn, k8s://... (spark.* keys are "
+        "passed to Spark).")
     # Scheduler
     monitor_interval_seconds: int = _key("brokerServiceCompactionMonitorIntervalInSeconds", int_range(1),
         "60", "scheduler", "How often the backlog monitor looks at every topic.", pulsar=True)

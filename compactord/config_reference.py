@@ -40,7 +40,8 @@ _RULES = (
     "Secrets ({secrets}) may be written `file:/path`: the value is then the content of that file, without "
     "its trailing newline; an empty file refuses the start (it must not turn authentication off).",
 )
-_SPARK_RULE = "Any `spark.*` key is passed to Spark as it is, for example:"
+_SPARK_RULE = ("Any `spark.*` key is passed to Spark as it is; a value that its JVM refuses at the start refuses "
+               "the start too (exit status 2, with the JVM's own reason). For example:")
 _SPARK_EXAMPLES = (
     "spark.driver.memory=1g",
     "spark.executor.memory=2g",

@@ -30,6 +30,7 @@ __all__ = [
     "ledger_root",
     "regex",
     "s3_location",
+    "spark_master",
     "text",
 ]
 
@@ -231,3 +232,28 @@ def _event_time_source(raw: str) -> str:
 
 
 event_time_source = Parser(EVENT_TIME_SOURCES, _event_time_source)
+
+
+# The masters Spark itself accepts (SparkContext.createTaskScheduler), checked here so that a typo fails when the
+# config loads, with what is allowed, not when the JVM starts.
+_LOCAL_MASTER = re.compile(r"local(\[([1-9][0-9]*|\*)(\s*,\s*[1-9][0-9]*)?\])?")
+_HOST_PORT = re.compile(r"([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+
+
+def _spark_master(raw: str) -> str:
+    value = raw.strip()
+    if _LOCAL_MASTER.fullmatch(value) or value == "yarn":
+        return value
+    if value.startswith("spark://"):
+        for server in value[len("spark://"):].split(","):
+            found = _HOST_PORT.fullmatch(server)
+            if not found or not 0 < int(found.group(2)) < 65536:
+                raise Rejected(f"{server!r} is not host:port")
+        return value
+    if value.startswith("k8s://") and len(value) > len("k8s://"):
+        return value
+    raise Rejected()
+
+
+spark_master = Parser("local, local[N], local[*], local[N,F] or local[*,F] (N threads, F attempts of a task), "
+                      "spark://HOST:PORT[,HOST:PORT...], yarn, or k8s://API-SERVER", _spark_master)

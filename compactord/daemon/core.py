@@ -41,6 +41,7 @@ from compactord.errors import (
     BrokerUnavailable,
     CompactionAlreadyRunning,
     CompactordError,
+    ConfigError,
     LedgerRootUnwritable,
     PluginLoadError,
     StorageUnavailable,
@@ -149,6 +150,7 @@ class Daemon:
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.identities = TopicIdentities(self._identity_broker, self.broker_problem, self.monitor.last_identity)
         self.fatal: str | None = None
+        self.fatal_cause: BaseException | None = None  # what made it fatal, if an exception did
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
         self.on_warm: Any = None  # set by the server runner: called once Spark is warm
@@ -228,8 +230,12 @@ class Daemon:
     def _die(self, reason: str, cause: BaseException | None = None) -> None:
         """``reason`` is answered by the probes, so it is a fixed phrase; ``cause`` goes to the log only."""
         detail = f" ({cause})" if cause is not None else ""
-        log.critical("%s%s; exiting so that the supervisor restarts compactord", reason, detail)
+        # A bad config value fails every start the same way: the exit code says so (2), and no restart helps.
+        then = "exiting: fix the config" if isinstance(cause, ConfigError) else \
+            "exiting so that the supervisor restarts compactord"
+        log.critical("%s%s; %s", reason, detail, then)
         self.fatal = reason
+        self.fatal_cause = cause
         if self.on_fatal is not None:
             self.on_fatal()
 

@@ -23,6 +23,7 @@ from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import (
     CompactordError,
+    ConfigError,
     InsufficientDiskSpace,
     LedgerRootUnwritable,
     MalformedRequest,
@@ -184,6 +185,8 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             server.run()
         finally:
             daemon.shutdown()
+        if isinstance(daemon.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again
+            return refuse_start(daemon.fatal_cause)
         return EXIT_SPARK_DIED if daemon.fatal else 0
     finally:
         if broker is not None:

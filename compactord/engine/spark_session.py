@@ -10,7 +10,6 @@ import contextlib
 import logging
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,8 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compactord.config import Settings
-from compactord.engine import jvm_stderr
-from compactord.errors import CompactionCancelled, InsufficientDiskSpace, SparkError, StorageUnavailable
+from compactord.engine import jvm_launch
+from compactord.errors import (
+    CompactionCancelled,
+    CompactordError,
+    InsufficientDiskSpace,
+    SparkError,
+    StorageUnavailable,
+)
 
 if TYPE_CHECKING:
     from compactord.engine.job import JobWidths
@@ -86,11 +91,16 @@ QUIET_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.schedul
                  "org.apache.spark.sql.execution.datasources.FileFormatWriter")
 
 
-def _quiet_task_loggers(spark: Any) -> None:
+# A stop while a job runs (the warm-up's, at a SIGTERM during the start) ends its tasks' blocks under them: each
+# logs an ERROR with a stack trace from its completion listeners ("Block broadcast_0 does not exist").
+QUIET_AT_STOP_LOGGERS = ("org.apache.spark.TaskContextImpl",)
+
+
+def _quiet_task_loggers(spark: Any, names: tuple[str, ...] = QUIET_LOGGERS) -> None:
     jvm = spark.sparkContext._jvm
     try:
         off = jvm.org.apache.logging.log4j.Level.OFF
-        for name in QUIET_LOGGERS:
+        for name in names:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, off)
     except Exception:  # another logging backend (a cluster's own log4j set-up): its levels stay as they are
         log.debug("Spark's task loggers not quietened", exc_info=True)
@@ -114,20 +124,6 @@ def _started(rows: Iterator[Any]) -> Iterator[int]:
     return iter([os.getpid()])
 
 
-def _launch_jvm(app_name: str, master: str, conf: dict[str, str]) -> None:
-    """Start the Spark JVM as the builder would, but with its standard error read through a pipe
-    (``jvm_stderr``), unless this process has one already or was started by spark-submit (which made it)."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
-        return
-    spark_conf = SparkConf().setAppName(app_name).setMaster(master).setAll(list(conf.items()))
-    gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.PIPE})
-    jvm_stderr.watch(gateway.proc.stderr)
-    SparkContext._ensure_initialized(gateway=gateway)
-
-
 LIVENESS_SLICE_S = 1.0  # see SparkSessionManager.alive
 
 
@@ -146,6 +142,7 @@ class SparkSessionManager:
         self._app_name = app_name
         self._lock = threading.Lock()
         self._spark: Any = None
+        self._jvm: jvm_launch.Jvm | None = None  # the JVM this manager started (None: none, or not its own)
         self._stopped = False
         self.warmed = False
         # The job groups this process cancelled: a failure of such a group's job is its cancellation.
@@ -181,12 +178,18 @@ class SparkSessionManager:
             for key, value in conf.items():
                 builder = builder.config(key, value)
             try:
-                _launch_jvm(self._app_name, master, conf)
+                self._jvm = jvm_launch.start_jvm(self._app_name, master, conf, self._settings) or self._jvm
                 spark = builder.getOrCreate()
+            except CompactordError:  # the JVM did not start: its reason, and the key behind it
+                raise
             except Exception as exc:
-                raise SparkError(f"the Spark session could not start on master {master!r}: {exc}") from exc
+                raise SparkError(f"the Spark session could not start on master {master!r}: "
+                                 f"{_cause(str(exc), exc)}") from exc
             if self._stopped:  # stop() was called while it started, and did not wait
                 spark.stop()
+                if self._jvm is not None:
+                    jvm_launch.stop_jvm(self._jvm)
+                    self._jvm = None
                 raise SparkError("the Spark session was stopped while it started (the daemon is shutting down)")
             spark.sparkContext.setLogLevel("ERROR")
             _quiet_task_loggers(spark)
@@ -371,9 +374,10 @@ class SparkSessionManager:
             return fn()
 
     def stop(self, wait_start_s: float = STOP_WAITS_FOR_START_S) -> None:
-        """Stop the session. A start still under way (a JVM starting takes seconds, minutes on a loaded
-        machine) is not waited for longer than ``wait_start_s``: it stops the session it makes itself,
-        and the JVM of one still starting at exit is killed by PySpark's exit hook."""
+        """Stop the session, and the JVM this manager started: it returns once the JVM exited. A start still
+        under way (a JVM starting takes seconds, minutes on a loaded machine) is not waited for longer than
+        ``wait_start_s``: it stops the session it makes itself, and the JVM of one still starting exits when
+        this process does (its gateway reads this process's end of a pipe)."""
         self._stopped = True
         if not self._lock.acquire(timeout=wait_start_s):
             log.info("the Spark session is still starting: not waited for")
@@ -381,11 +385,15 @@ class SparkSessionManager:
         try:
             if self._spark is not None:
                 try:
+                    _quiet_task_loggers(self._spark, QUIET_AT_STOP_LOGGERS)
                     self._spark.stop()
                 except Exception as exc:  # the JVM may already be gone (e.g. SIGTERM to the whole group)
                     log.info("Spark session stop: %s", exc)
                 finally:
                     self._spark = None
                     self.warmed = False
+            if self._jvm is not None:
+                jvm, self._jvm = self._jvm, None
+                jvm_launch.stop_jvm(jvm)
         finally:
             self._lock.release()

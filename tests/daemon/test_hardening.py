@@ -86,6 +86,22 @@ def test_a_bad_value_in_the_file_exits_2_with_one_line_naming_key_value_and_allo
                    "httpPort", "eighty", "whole number")
 
 
+def test_a_spark_master_typo_exits_2_with_one_line_naming_the_allowed_forms(tmp_path: Path) -> None:
+    # Before the daemon logs anything or starts a JVM: no warning about executors on other machines.
+    assert_refused(refused_start(tmp_path, sparkMaster="lcoal[2]"), EXIT_CONFIG,
+                   "sparkMaster", "'lcoal[2]'", "local[N]", "local[*]", "spark://HOST:PORT", "yarn", "k8s://")
+
+
+def test_a_spark_value_the_jvm_refuses_exits_2_with_the_jvm_s_own_reason(tmp_path: Path) -> None:
+    """The JVM exits before its gateway answers: the refusal names the key, its value and the JVM's words, not
+    only PySpark's JAVA_GATEWAY_EXITED."""
+    code, lines = refused_start(tmp_path, **{"spark.driver.memory": "lots"})
+    assert code == EXIT_CONFIG, lines
+    assert lines[-1].startswith("compactord: cannot start: config key spark.driver.memory='lots' is invalid: "
+                                "the Spark JVM did not start: Invalid maximum heap size: -Xmxlots"), lines
+    assert not any("JAVA_GATEWAY_EXITED" in line for line in lines), lines
+
+
 def test_a_bad_plugin_found_while_the_daemon_is_built_exits_2_with_one_line(tmp_path: Path) -> None:
     assert_refused(refused_start(tmp_path, compactionServiceFactoryClassName="no_such_module_x:Factory"),
                    EXIT_CONFIG, "compactionServiceFactoryClassName", "no_such_module_x:Factory", "cannot be imported")

@@ -1,7 +1,8 @@
 """The daemon's life on one ledger root: a second daemon refuses the root, a restart reports the
 last run from the run history (and the ledger it finds) and keeps the policies and the unload mark, and
 SIGTERM during a compaction cancels the task, records it in the history, leaves no partial ledger and
-exits with code 0.
+exits with code 0. The daemon exits once its Spark JVM is gone; SIGTERM to its whole process group (the JVM's
+too) stops it as quietly as SIGTERM to it alone.
 
 The tests run in order: the first daemon compacts and is stopped, the second (with a task held
 after its ledger is written) is the one that gets SIGTERM during a compaction.
@@ -10,6 +11,7 @@ after its ledger is written) is the one that gets SIGTERM during a compaction.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 from compactord.daemon.history import RunHistory
 from compactord.storage import LocalStore
 from tests.support.daemon import DaemonProcess, compact, status
+from tests.support.processes import alive, descendants, executable, start_time
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
 
@@ -64,10 +67,19 @@ def test_a_second_daemon_refuses_the_root(launch: Launcher, state: dict[str, Any
     assert status(first, state["topic"])["status"] == "SUCCESS"
 
 
-def test_sigterm_when_idle_exits_0(first: DaemonProcess, state: dict[str, Any]) -> None:
+def spark_jvm(daemon: DaemonProcess) -> tuple[int, str | None]:
+    """The daemon's Spark JVM: its pid and start time."""
+    jvms = [pid for pid in descendants(daemon.pid) if (executable(pid) or "").endswith("/java")]
+    assert len(jvms) == 1, f"the daemon's Spark JVM among its descendants: {jvms}"
+    return jvms[0], start_time(jvms[0])
+
+
+def test_sigterm_when_idle_exits_0_once_its_jvm_is_gone(first: DaemonProcess, state: dict[str, Any]) -> None:
     assert first.process is not None
+    jvm = spark_jvm(first)
     first.process.send_signal(signal.SIGTERM)
     assert first.wait_exit(SIGTERM_BOUND_S) == 0, first.log_tail()
+    assert not alive(*jvm), "the daemon exited before its Spark JVM"
     lock = Path(state["root"]) / "@compactord" / "lock"
     assert lock.read_text() == ""  # released: no holder named any more
 
@@ -143,3 +155,17 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     [run] = RunHistory(LocalStore(root), "@compactord/history", 1000, 30).runs(topic)
     assert (run.task_id, run.state, run.error) == (response.json()["task_id"], "Cancelled",
                                                    "the daemon is shutting down")
+
+
+def test_sigterm_to_the_whole_process_group_stops_as_quietly_as_to_the_daemon(launch: Launcher) -> None:
+    """What ``timeout``, ``docker stop`` without an init or a supervisor's group kill do: the JVM gets the
+    signal too, and ignores it; the daemon stops it, with no py4j traceback and no EOFError of PySpark."""
+    daemon = launch("group")
+    jvm = spark_jvm(daemon)
+    mark = len(daemon.log_text())
+    os.killpg(daemon.pid, signal.SIGTERM)
+    assert daemon.wait_exit(SIGTERM_BOUND_S) == 0, daemon.log_tail()
+    assert not alive(*jvm), "the daemon exited before its Spark JVM"
+    log = daemon.log_text()[mark:]
+    for noise in ("ERROR", "Traceback", "EOFError", "py4j", "Exception"):
+        assert noise not in log, log

@@ -185,6 +185,49 @@ def test_values_are_parsed() -> None:
     assert s.compaction_event_time_source == "header:et"
 
 
+# -- sparkMaster: Spark's own forms, checked when the config loads --------------------------------------
+
+SPARK_MASTER_FORMS = ("local, local[N], local[*], local[N,F] or local[*,F] (N threads, F attempts of a task), "
+                      "spark://HOST:PORT[,HOST:PORT...], yarn, or k8s://API-SERVER")
+
+
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("local", "local"),
+    ("local[2]", "local[2]"),
+    ("local[*]", "local[*]"),
+    ("local[4,3]", "local[4,3]"),
+    ("local[*,2]", "local[*,2]"),
+    (" local[2] ", "local[2]"),
+    ("spark://spark-master.example.internal:7077", "spark://spark-master.example.internal:7077"),
+    ("spark://10.0.0.5:7077,10.0.0.6:7077", "spark://10.0.0.5:7077,10.0.0.6:7077"),
+    ("spark://[::1]:7077", "spark://[::1]:7077"),
+    ("yarn", "yarn"),
+    ("k8s://https://kubernetes.default.svc:443", "k8s://https://kubernetes.default.svc:443"),
+])
+def test_spark_master_accepts_each_form_spark_does(value: str, parsed: str) -> None:
+    assert settings(sparkMaster=value).spark_master == parsed
+
+
+@pytest.mark.parametrize("value", [
+    "lcoal[2]", "Local[2]", "local[0]", "local[2", "local(2)", "local[two]", "local 2", "local[2,0]",
+    "local-cluster[2,1,1024]", "spark://master", "spark://master:0", "spark://master:99999", "spark://",
+    "spark:/master:7077", "YARN", "k8s://", "mesos://zk:2181", "127.0.0.1:7077",
+])
+def test_a_spark_master_typo_is_refused_naming_the_allowed_forms(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(sparkMaster=value)
+    assert info.value.key == "sparkMaster"
+    assert info.value.value == value
+    message = str(info.value)
+    assert message.startswith(f"config key sparkMaster={value!r} is invalid: "), message
+    assert message.endswith(f"expected {SPARK_MASTER_FORMS}"), message
+
+
+def test_the_spark_master_from_the_environment_is_checked_too() -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{ENV_PREFIX}sparkMaster='lcoal[*]' is invalid")):
+        settings({f"{ENV_PREFIX}sparkMaster": "lcoal[*]"}, sparkMaster="local[2]")
+
+
 # -- spark.* keys and the environment ---------------------------------------------------------------
 
 

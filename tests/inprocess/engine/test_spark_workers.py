@@ -35,7 +35,8 @@ def test_a_new_python_worker_starts_with_the_reading_tasks_modules(spark_manager
 
 
 def test_the_jvms_standard_error_reaches_the_daemons(spark_manager, capsys):
-    assert SparkContext._gateway.proc.stderr is not None  # piped to the daemon, not inherited
+    jvm_stderr = os.readlink(f"/proc/{SparkContext._gateway.proc.pid}/fd/2")
+    assert jvm_stderr.startswith("pipe:") and jvm_stderr != os.readlink("/proc/self/fd/2")  # read, not inherited
     marker = f"compactord-test-{os.getpid()}-{time.monotonic_ns()}"
     spark_manager.spark.sparkContext._jvm.java.lang.System.err.println(marker)
     seen = ""
