@@ -257,10 +257,16 @@ class Settings:
     http_read_max_bytes: int = _key("httpReadMaxBytes", int_range(1), "8388608", "http",
         "Most bytes of keys, values and headers in one page of GET .../compacted (counted before base64); a "
         "page always holds one entry, and says next_start when it stopped early.")
+    http_response_buffer_bytes: int = _key("httpResponseBufferBytes", int_range(1048576), "268435456", "http",
+        "Most bytes of large answers (over 64 KiB: pages of the compacted view) held at once for clients still "
+        "receiving them; an answer past it is 503 server_busy, and a client that takes none of an answer "
+        "for httpRequestBodyTimeoutSeconds is disconnected. Bounds the memory clients that never read can "
+        "hold.")
     http_max_request_bytes: int = _key("httpMaxRequestBytes", int_range(1), "1048576", "http",
         "Largest request body accepted; a larger one is answered 413 request_too_large.")
     http_request_body_timeout_seconds: int = _key("httpRequestBodyTimeoutSeconds", int_range(1, 3600), "30",
-        "http", "Time to receive a request's body, in seconds; a slower one is answered 408 request_timeout.")
+        "http", "Time to receive a request's body, in seconds; a slower one is answered 408 request_timeout. A "
+        "client that takes no part of a large answer for as long is disconnected.")
     http_max_connections: int = _key("httpMaxConnections", int_range(1, 100000), "200", "http",
         "Requests served at once (/healthz, /readyz and /metrics not counted); more are answered 503 "
         "server_busy. "

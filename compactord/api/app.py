@@ -62,7 +62,9 @@ def create_app(daemon: Daemon) -> FastAPI:
     settings = daemon.settings
     app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
                        max_body_bytes=settings.http_max_request_bytes,
-                       body_timeout_s=settings.http_request_body_timeout_seconds)
+                       body_timeout_s=settings.http_request_body_timeout_seconds,
+                       max_response_bytes=settings.http_response_buffer_bytes,
+                       report_response_bytes=daemon.metrics.http_response_buffer.set)
     # Added last, so outermost: the Host, the token and the content type are checked from the headers
     # before a request takes one of the httpMaxConnections places or any of its body is read, so requests
     # that would be refused (a stranger's chunked upload that never ends) cannot hold the places of the

@@ -1,5 +1,6 @@
 """Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
-body and the time to receive it (``RequestLimitsMiddleware``), and the requests that wait on the broker
+body and the time to receive it, the bytes of large answers not yet taken by their clients
+(``RequestLimitsMiddleware``), and the requests that wait on the broker
 (``broker_slots``), and the requests that need a store known to be down (``store_up``). Each refusal is the
 API's JSON error (``{"error", "message"}``), not uvicorn's
 plain text.
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from compactord.api.views import error_response
 from compactord.errors import (
@@ -26,8 +28,8 @@ from compactord.errors import (
     StorageUnavailable,
 )
 
-__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "read_slots",
-           "store_up"]
+__all__ = ["ABORT_KEY", "BROKER_SLOTS", "CHUNK_BYTES", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware",
+           "broker_slots", "read_slots", "store_up"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -47,6 +49,13 @@ BROKER_SLOTS = 16
 # Others wait their turn, off the pool, for up to ``READ_SLOT_WAIT_S``.
 READ_SLOTS = 3
 READ_SLOT_WAIT_S = 30.0
+# An answer larger than this is counted against httpResponseBufferBytes and handed to the connection in
+# pieces of this size, each waiting for the client to take the one before (the server's flow control), so
+# a client that does not read holds its answer here, counted, rather than in an unbounded write buffer.
+CHUNK_BYTES = 64 * 1024
+# The scope key under which the HTTP protocol (``daemon/server.py``) puts a callable that drops the
+# connection: a client that takes nothing of its answer for the send timeout is cut off.
+ABORT_KEY = "compactord.abort"
 
 
 class RequestLimitsMiddleware:
@@ -54,11 +63,16 @@ class RequestLimitsMiddleware:
     ``QUEUE_WAIT_S`` for one to end, with at most ``max_in_flight`` others waiting, before it is
     answered 503 server_busy: a burst a little over the bound is served, not refused."""
 
-    def __init__(self, app: ASGIApp, *, max_in_flight: int, max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_in_flight: int, max_body_bytes: int, body_timeout_s: float,
+                 max_response_bytes: int = 256 * 1024 * 1024,
+                 report_response_bytes: Callable[[int], None] = lambda held: None) -> None:
         self.app = app
         self.max_in_flight = max_in_flight
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.max_response_bytes = max_response_bytes
+        self.report_response_bytes = report_response_bytes  # the gauge compactord_http_response_buffer_bytes
+        self.response_bytes = 0  # of large answers not yet taken by their clients; only touched on the loop
         self.waiting = 0  # only touched on the event loop: no lock
         self._slots: anyio.Semaphore | None = None  # made on the event loop, at the first request
 
@@ -80,10 +94,62 @@ class RequestLimitsMiddleware:
                 f"the API serves httpMaxConnections={self.max_in_flight} requests at once already; retry later"),
                 retry_after=1)
             return
+        held = [0]
         try:
-            await self._limited(scope, receive, send)
+            await self._limited(scope, receive, self._budgeted(scope, send, held))
         finally:
+            if held[0]:
+                self.response_bytes -= held[0]
+                self.report_response_bytes(self.response_bytes)
             self._slots.release()
+
+    def _budgeted(self, scope: MutableMapping[str, Any], send: Send, held: list[int]) -> Send:
+        """``send``, counting an answer over ``CHUNK_BYTES`` against httpResponseBufferBytes until the request
+        ends (``held[0]``: its bytes, given back by the caller): one that does not fit is answered 503
+        server_busy instead (its rendered body dropped at once), and one that fits goes out in pieces,
+        each within the send timeout or the connection is dropped."""
+        refused = False
+
+        async def budgeted(message: Message) -> None:
+            nonlocal refused
+            if refused:
+                return
+            if message["type"] == "http.response.start":
+                length = _content_length(message)
+                if length is not None and length > CHUNK_BYTES:
+                    if self.response_bytes + length > self.max_response_bytes:
+                        refused = True
+                        await _refuse(scope, _no_body, send, ServerBusy(
+                            f"answers of {self.response_bytes} bytes wait for their clients to take them; this one "
+                            f"({length} bytes) would pass httpResponseBufferBytes={self.max_response_bytes}; "
+                            "retry later"), retry_after=1)
+                        return
+                    self.response_bytes += length
+                    held[0] = length
+                    self.report_response_bytes(self.response_bytes)
+            elif message["type"] == "http.response.body" and held[0]:
+                await self._send_in_pieces(scope, send, message)
+                return
+            await send(message)
+
+        return budgeted
+
+    async def _send_in_pieces(self, scope: MutableMapping[str, Any], send: Send, message: Message) -> None:
+        body: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        view = memoryview(body)
+        for start in range(0, max(len(body), 1), CHUNK_BYTES):
+            end = start + CHUNK_BYTES
+            piece = {"type": "http.response.body", "body": bytes(view[start:end]),
+                     "more_body": more or end < len(body)}
+            with anyio.move_on_after(self.body_timeout_s) as waited:
+                await send(piece)
+            if waited.cancelled_caught:  # the client took nothing for the send timeout: cut it off
+                abort = scope.get(ABORT_KEY)
+                if abort is not None:
+                    abort()
+                    await anyio.lowlevel.checkpoint()  # the server sees the connection lost before the request ends
+                return
 
     async def _wait_for_slot(self, slots: anyio.Semaphore) -> bool:
         try:
@@ -140,6 +206,10 @@ def _header(scope: MutableMapping[str, Any], name: bytes) -> bytes | None:
         if key.lower() == name:
             return bytes(value)
     return None
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
 
 
 def _content_length(scope: MutableMapping[str, Any]) -> int | None:

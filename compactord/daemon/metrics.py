@@ -172,6 +172,10 @@ class Metrics:
                                      registry=r)
         self.sweeps = Counter("compactord_sweeps", "Periodic sweeps of the ledger root", ["result"], registry=r)
         self.ready = Gauge("compactord_ready", "1 when the daemon is ready (broker answers, Spark warm)", registry=r)
+        self.http_response_buffer = Gauge(
+            "compactord_http_response_buffer_bytes",
+            "Bytes of large answers held for clients still receiving them (bounded by httpResponseBufferBytes)",
+            registry=r)
         r.register(_FooterCacheCollector())
         if snapshot is not None:
             r.register(_LiveCollector(snapshot))

@@ -67,24 +67,25 @@ class _H11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        from compactord.api.limits import ABORT_KEY, PROBE_PATHS
+
         # uvicorn answers past its limit_concurrency in plain text: the same bound, with the API's JSON error.
         limit, self.limit_concurrency = self.limit_concurrency, None
-        if limit is not None:
-            from compactord.api.limits import PROBE_PATHS
+        app = self.app
 
-            app = self.app
+        async def bounded(scope: Any, receive: Any, send: Any) -> None:
+            # The API may cut off a client that takes nothing of its answer (``api/limits.py``).
+            scope[ABORT_KEY] = self.transport.abort
+            # This request's own task is counted already, hence ">" where uvicorn has ">=". A probe or a
+            # scrape always answers: a flood of idle connections must not make a healthy daemon look dead.
+            if limit is None or scope.get("path") in PROBE_PATHS:
+                await app(scope, receive, send)
+            elif len(self.connections) > limit or len(self.tasks) > limit:
+                await _too_many_connections(scope, receive, send, limit)
+            else:
+                await app(scope, receive, send)
 
-            async def bounded(scope: Any, receive: Any, send: Any) -> None:
-                # This request's own task is counted already, hence ">" where uvicorn has ">=". A probe or a
-                # scrape always answers: a flood of idle connections must not make a healthy daemon look dead.
-                if scope.get("path") in PROBE_PATHS:
-                    await app(scope, receive, send)
-                elif len(self.connections) > limit or len(self.tasks) > limit:
-                    await _too_many_connections(scope, receive, send, limit)
-                else:
-                    await app(scope, receive, send)
-
-            self.app = bounded
+        self.app = bounded
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers a request its parser refuses in plain text: the API's JSON error instead.

@@ -12,6 +12,7 @@ import pytest
 
 from compactord.api.app import create_app, handler_cannot_exit
 from compactord.config import Settings
+from compactord.daemon.metrics import Metrics
 
 
 def test_a_handler_that_raises_system_exit_raises_an_exception_instead() -> None:
@@ -42,6 +43,7 @@ class _ExitingRegistry:
 def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
     # The daemon is a stand-in whose registry raises SystemExit (no I/O of its own is involved).
     app = create_app(SimpleNamespace(settings=Settings(), registry=_ExitingRegistry(),  # type: ignore[arg-type]
+                                     metrics=Metrics(),
                                      broker_problem=lambda: None, store_problem=lambda: None))
 
     async def get() -> httpx.Response:
