@@ -76,7 +76,7 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     store_answers = Depends(store_up(daemon.store_problem))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers),
-               reads.router(daemon, store_answers), hooks.router(daemon), topics.router(daemon, broker_slot),
+               reads.router(daemon, store_answers), hooks.router(daemon), topics.router(daemon, broker_slot, store_answers),
                history.router(daemon, store_answers), preview.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from compactord.config import Settings
-from compactord.errors import InvalidArgument, ObjectNotFound, PoliciesUnreadable, StorageUnavailable
+from compactord.errors import InvalidArgument, ObjectNotFound, PoliciesUnreadable
 
 __all__ = ["WHOLE_NUMBER_RANGES", "PolicyStore", "TopicPolicies"]
 
@@ -111,8 +111,10 @@ class PolicyStore:
     def get(self, topic: str) -> TopicPolicies:
         """The topic's overrides (none if it has no file).
 
-        :raises CompactordError: the file is unreadable or holds bad overrides (e.g. edited by hand);
-            the monitor then skips this topic only, and a PUT or DELETE of the policies repairs it.
+        :raises PoliciesUnreadable: the file holds bad overrides (e.g. edited by hand); the monitor then
+            skips this topic only, and a PUT or DELETE of the policies repairs it.
+        :raises StorageUnavailable: the store does not answer: the file may well be fine, and nothing is
+            to be repaired.
         """
         objects = self._store.objects
         key = self._key(topic, POLICIES)
@@ -120,7 +122,7 @@ class PolicyStore:
             return TopicPolicies.from_json(json.loads(objects.get(key)), self.allowed_strategies)
         except ObjectNotFound:
             return TopicPolicies()
-        except (StorageUnavailable, ValueError) as exc:  # InvalidArgument is a ValueError too
+        except ValueError as exc:  # InvalidArgument is a ValueError too
             raise PoliciesUnreadable(
                 f"policies file {objects.location(key)} of topic {topic!r} is not usable ({exc}); replace it with "
                 f"PUT /v1/topics/{topic}/policies or remove it with DELETE"

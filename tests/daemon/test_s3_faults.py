@@ -106,6 +106,10 @@ def test_a_hung_store_is_answered_at_once_while_down_and_served_again_once_back(
         body = assert_error(daemon.http.get(path, params=params), 503, "storage_unavailable")
         assert "store does not answer" in body["message"], body
     assert_error(daemon.http.put(f"/v1/topics/{topic}/compaction"), 503, "storage_unavailable")
+    # The policies are not unreadable (nothing to replace or remove): the store is down, answered at once.
+    for method, body in (("GET", None), ("PUT", {"thresholdMessages": 5}), ("DELETE", None)):
+        response = daemon.http.request(method, f"/v1/topics/{topic}/policies", json=body)
+        assert "PUT" not in assert_error(response, 503, "storage_unavailable")["message"], method
     during = proxy.seen[seen:]
     assert not [line for line in during if f"/{topic}/" in line], during
     # ... and the watch probes it meanwhile.

@@ -16,21 +16,22 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
-    """``broker_slot``: the dependency that bounds the requests calling the broker (``limits.py``)."""
+def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
+    """``broker_slot``: the dependency that bounds the requests calling the broker; ``store_answers``: the one
+    that answers 503 storage_unavailable at once while the store is known to be down (``limits.py``)."""
     api = APIRouter()
 
     def answer(topic: str) -> dict[str, Any]:
         return policies_json(topic, daemon.policies.get(topic), daemon.settings)
 
-    @api.get("/v1/topics/{topic}/policies", tags=["policies"])
+    @api.get("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])
     def get_policies(topic: str) -> dict[str, Any]:
         """Per-topic overrides of the thresholds and the strategy, and what is in force."""
         validate_topic_name(topic)
         daemon.require_known_topic(topic)  # 404 topic_not_found, as for every other topic route
         return answer(topic)
 
-    @api.put("/v1/topics/{topic}/policies", tags=["policies"])  # a topic held here needs no broker
+    @api.put("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])  # no broker needed
     def put_policies(topic: str, body: dict[str, Any] = Body(..., examples=[{"thresholdBytes": 1048576}])
                      ) -> dict[str, Any]:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
@@ -43,7 +44,7 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
         daemon.set_policies(topic, policies)
         return answer(topic)
 
-    @api.delete("/v1/topics/{topic}/policies", tags=["policies"])
+    @api.delete("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])
     def delete_policies(topic: str) -> dict[str, Any]:
         """Drop the topic's overrides: the broker-wide settings are in force again."""
         validate_topic_name(topic)
