@@ -67,7 +67,8 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     store_answers = Depends(store_up(daemon.store_problem))
-    routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers),
+    writable = Depends(store_up(daemon.write_problem))  # a trigger needs the root's lease held, too
+    routers = [health.router(daemon), compaction.router(daemon, broker_slot, writable),
                reads.router(daemon, store_answers), hooks.router(daemon), topics.router(daemon, broker_slot),
                history.router(daemon, store_answers), preview.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path

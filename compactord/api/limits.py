@@ -204,8 +204,9 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
 
 def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
     """A FastAPI dependency for the routes that need the ledger root's store (the ledger reads, the run
-    history, a trigger): one that finds the store known to be down is answered 503 storage_unavailable at once,
-    on the event loop, rather than waiting out the store's read budget in a thread of the pool."""
+    history; a trigger, which needs the root's lease held too): one that finds ``store_problem`` (the store known
+    to be down) is answered 503 storage_unavailable at once, on the event loop, rather than waiting out the
+    store's read budget in a thread of the pool."""
 
     async def store_answers() -> None:
         problem = store_problem()

@@ -142,7 +142,7 @@ class Daemon:
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
-                                      store_problem=lambda: self.store_problem())
+                                      store_problem=lambda: self.write_problem())
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.fatal: str | None = None
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
@@ -192,6 +192,17 @@ class Daemon:
     def store_problem(self) -> str | None:
         """Why the ledger root's store counts as down now, or None; from memory only (``StoreWatch.problem``)."""
         return self._store_watch.problem()
+
+    def lease_problem(self) -> str | None:
+        """Why this daemon may not write its S3 root until its lease is renewed (the store failed the renewals
+        for two thirds of the lease), or None; from memory only (``Lease.overdue``)."""
+        lease = self.store.lease
+        return lease.overdue() if lease is not None else None
+
+    def write_problem(self) -> str | None:
+        """Why no compaction may start now for want of its store (it does not answer, or the root's lease is
+        not held), or None; from memory only. A trigger is refused with it, and the monitor starts no run."""
+        return self.store_problem() or self.lease_problem()
 
     def store_failed(self, exc: StorageUnavailable) -> None:
         """A request to the store failed: it is down until a probe finds it answering."""
@@ -253,6 +264,8 @@ class Daemon:
             problems.append(self._root_problem)
         if self.store.lease is not None and self.store.lease.lost:
             problems.append("another daemon took the ledger root's lease over")
+        if self.lease_problem():
+            problems.append("the ledger root's lease is not renewed yet (the store failed its renewals)")
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():

@@ -18,7 +18,8 @@ __all__ = ["router"]
 
 def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
     """``broker_slot``: the dependency that bounds the requests calling the broker; ``store_answers``: the one
-    that refuses a trigger at once while the ledger root's store is known to be down (``limits.py``)."""
+    that refuses a trigger at once (503 storage_unavailable) while the ledger root's store is known to be down or
+    its lease is not held (``limits.py``, ``Daemon.write_problem``)."""
     api = APIRouter()
     cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
 
@@ -26,7 +27,8 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
              dependencies=[store_answers, broker_slot])
     def trigger(request: Request, topic: str,
                 rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")) -> JSONResponse:
-        """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic)."""
+        """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic; 503
+        while the ledger root's store does not answer or its lease is not held)."""
         validate_topic_name(topic)
         daemon.require_topic(topic)
         daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back
