@@ -25,8 +25,8 @@ from compactord.errors import (
     StorageUnavailable,
 )
 
-__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "read_slots",
-           "store_up"]
+__all__ = ["BROKER_SLOTS", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware", "broker_slots", "lease_held",
+           "read_slots", "store_up"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -204,9 +204,8 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
 
 def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
     """A FastAPI dependency for the routes that need the ledger root's store (the ledger reads, the run
-    history; a trigger, which needs the root's lease held too): one that finds ``store_problem`` (the store known
-    to be down) is answered 503 storage_unavailable at once, on the event loop, rather than waiting out the
-    store's read budget in a thread of the pool."""
+    history, a trigger): one that finds the store known to be down is answered 503 storage_unavailable at once,
+    on the event loop, rather than waiting out the store's read budget in a thread of the pool."""
 
     async def store_answers() -> None:
         problem = store_problem()
@@ -214,6 +213,20 @@ def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[
             raise StorageUnavailable(problem)
 
     return store_answers
+
+
+def lease_held(lease_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
+    """A FastAPI dependency for a trigger: while the ledger root's lease is not held (``Daemon.lease_problem``,
+    fixed phrases and numbers), it is answered 503 storage_unavailable with that problem, at once, rather than
+    starting a run that could not switch. The refusal (``lease=True``) is no failure of the store: the lease's
+    renewals log theirs."""
+
+    async def lease_is_held() -> None:
+        problem = lease_problem()
+        if problem:
+            raise StorageUnavailable(problem, public=True, lease=True)
+
+    return lease_is_held
 
 
 async def _acquire_within(slots: anyio.Semaphore, wait_s: float) -> bool:

@@ -195,9 +195,15 @@ class Daemon:
 
     def lease_problem(self) -> str | None:
         """Why this daemon may not write its S3 root until its lease is renewed (the store failed the renewals
-        for two thirds of the lease), or None; from memory only (``Lease.overdue``)."""
-        lease = self.store.lease
-        return lease.overdue() if lease is not None else None
+        for two thirds of the lease), or None; from memory only (``Lease.overdue``). Fixed phrases and numbers
+        only: a refused trigger answers it as it is (the store's errors are in the log)."""
+        overdue = self.store.lease.overdue() if self.store.lease is not None else None
+        if overdue is None:
+            return None
+        return (f"the ledger root's lease has not been renewed for {overdue:.1f} s (storageLeaseSeconds="
+                f"{self.settings.storage_lease_seconds}): no compaction starts until it is, since another daemon "
+                "may take the root over (GET /readyz says when compactions can run again; the store's errors are "
+                "in the daemon's log)")
 
     def write_problem(self) -> str | None:
         """Why no compaction may start now for want of its store (it does not answer, or the root's lease is

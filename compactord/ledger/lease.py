@@ -17,8 +17,8 @@ waits a whole ``seconds`` from the first time it saw that renewal.
 
 A renewal gives up within a third of ``seconds`` (``ObjectStore.within``): one hung on a store that stopped
 answering must not keep the next from being tried once it answers again. After a failed renewal the next is tried
-within a second, and until one succeeds ``overdue()`` says why nothing is written (the daemon's readiness and its
-trigger ask it). A renewal after a lapse is still safe: it is a ``put_if_match`` on the version this holder wrote
+within a second, and until one succeeds ``overdue()`` says for how long it has not been (the daemon's readiness and
+its trigger ask it). A renewal after a lapse is still safe: it is a ``put_if_match`` on the version this holder wrote
 last, which fails (the lease is lost) if a contender took the lease over meanwhile.
 """
 
@@ -256,18 +256,15 @@ class Lease:
         """Whether another daemon took the lease over (for good)."""
         return self._lost is not None
 
-    def overdue(self) -> str | None:
-        """Why this process may not write the root until a renewal succeeds (its last successful one is two
-        thirds of the lease old: the store failed or did not answer those since), or None: it may, or the lease
-        is lost or released for good (``lost``, ``check``). From memory only: the probes ask it."""
+    def overdue(self) -> float | None:
+        """The seconds since the start of the last renewal that succeeded, when that is too long for this
+        process to write the root (two thirds of the lease: the store failed or did not answer the renewals
+        since); None while it may write, and once the lease is lost or released for good (``lost``, ``check``).
+        From memory only: the probes ask it."""
         if self._lost is not None or self._stop.is_set():
             return None
         now = self._clock()
-        if now < self._valid_until:
-            return None
-        return (f"the lease of ledger root {self.objects.describe()} has not been renewed for "
-                f"{now - self._renewed_at:.1f} s (lease {self.seconds:g} s; {self._problem or 'no answer yet'}): "
-                "nothing is written to the root until it is, since another daemon may take it over")
+        return now - self._renewed_at if now >= self._valid_until else None
 
     def check(self) -> None:
         """Return if this process may write the root now.
@@ -281,9 +278,12 @@ class Lease:
                          epoch=self.epoch)
         if self._stop.is_set():
             raise Fenced(f"ledger root {self.objects.describe()}: this daemon released its lease", epoch=self.epoch)
-        problem = self.overdue()
-        if problem is not None:
-            raise StorageUnavailable(problem)
+        overdue = self.overdue()
+        if overdue is not None:
+            raise StorageUnavailable(
+                f"the lease of ledger root {self.objects.describe()} has not been renewed for {overdue:.1f} s "
+                f"(lease {self.seconds:g} s; {self._problem or 'no answer yet'}): nothing is written to the root "
+                "until it is, since another daemon may take it over")
 
     def renew(self) -> None:
         """Rewrite the lease once, within a third of the lease (the thread does this every third of the lease,
