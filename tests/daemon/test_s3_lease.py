@@ -2,7 +2,8 @@
 is refused while the first runs; a daemon killed and restarted takes its own stale lease over; a paused holder's
 lease is taken over by another daemon, and once it runs again its switches are fenced while the new daemon's view
 stays as it made it; a holder whose store stops answering for longer than the lease says compactions are not ready
-and refuses triggers until its lease is renewed, then compacts again."""
+and refuses triggers until its lease is renewed, then compacts again; a run whose lease lapses before its switch
+fails naming it, in one line, and the previous ledger stays."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from .conftest import assert_error
 EXIT_CONFIG = 2
 LEASE_S = 5
 LEASE_NOT_HELD = "the ledger root's lease is not renewed yet (the store failed its renewals)"
+# At 'written' (its ledger written, before its switch): time for the test to refuse the lease's renewals and for
+# the lease to lapse (two thirds of LEASE_S after its last renewal, which is at most a third of it old).
+LAPSE_PAUSE_S = 10
 
 
 def _root() -> str:
@@ -178,4 +182,40 @@ def test_after_an_outage_longer_than_the_lease_compactions_wait_until_the_lease_
         assert log.count("the ledger root's store answers again") == 1, daemon.log_tail()
         assert "/compaction failed" not in log, daemon.log_tail()
         assert "Traceback" not in log, daemon.log_tail()
+        daemon.stop()
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_lapses_before_its_switch_fails_naming_it_in_one_line(
+        launch: Any, kafka: Any, s3_server: Any) -> None:
+    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+        conf = {**s3_server.daemon_conf(proxy.endpoint), "storageLeaseSeconds": str(LEASE_S)}
+        daemon = launch.prepare("lease-lapse", root=_root(), pauses=f"written:{LAPSE_PAUSE_S}", **conf)
+        daemon.start().wait_ready()
+        topic = kafka.topic(prefix="lapse")
+        kafka.produce(topic, [(f"k{i % 10}", f"old{i}") for i in range(50)])
+        compact(daemon, topic)
+        view = _view(daemon, topic)
+        kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(10)])
+        started = daemon.http.put(f"/v1/topics/{topic}/compaction")
+        assert started.status_code == 202, started.text
+        wait_for(lambda: daemon.log_text().count("at test pause point 'written'") >= 2, 120,
+                 "the run to pause before its switch", daemon)
+        proxy.refuse(500, matching="compactord/lease")  # the store answers all but the lease's renewals
+        final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
+        assert final["status"] == "ERROR" and "lease of ledger root" in (final["last_error"] or ""), final
+        # Its ledger cannot be removed while the lease is not held: one line says so, no traceback.
+        unused = "could not remove the unused ledger"
+        wait_for(lambda: unused in daemon.log_text(), 60, "the unused ledger's line", daemon)
+        lines = daemon.log_text().splitlines()
+        [at] = [i for i, line in enumerate(lines) if unused in line]
+        assert final["task_id"] in lines[at] and "has not been renewed" in lines[at], lines[at]
+        assert "Traceback" not in daemon.log_text(), lines[at:at + 5]
+        assert "the ledger root's store does not answer" not in daemon.log_text()  # it did: only the lease failed
+
+        proxy.heal()
+        wait_for(lambda: _readyz(daemon)[1]["compactions"], 60, "/readyz to say compactions are ready", daemon)
+        assert _view(daemon, topic) == view  # the previous ledger stayed
+        compact(daemon, topic)
+        assert _view(daemon, topic) == {f"k{i}".encode(): f"new{i}".encode() for i in range(10)}
         daemon.stop()
