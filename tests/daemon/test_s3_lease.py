@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 
 from compactord.ledger.lease import LEASE_KEY
-from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.daemon import DaemonProcess, compact, status, wait_state
 from tests.support.fault_proxy import FaultProxy
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
-from .conftest import assert_error
+from .conftest import assert_error, metric
 
 EXIT_CONFIG = 2
 LEASE_S = 5
@@ -136,9 +136,13 @@ def test_after_an_outage_longer_than_the_lease_compactions_wait_until_the_lease_
     root = _root()
     direct = s3_server.store(root.split("/", 3)[3])  # the lease as the store has it, not through the proxy
     with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
-        # The store's default budgets: a write is retried for 60 s; only the lease's renewals give up sooner.
-        conf = {**s3_server.daemon_conf(proxy.endpoint), "storageLeaseSeconds": str(LEASE_S)}
+        # The store's default budgets: a write is retried for 60 s; only the lease's renewals give up sooner. The
+        # monitor compacts the "watched" topics past 10 records, every second.
+        conf = {**s3_server.daemon_conf(proxy.endpoint), "storageLeaseSeconds": str(LEASE_S),
+                "compactionTopicsPattern": "watched-[0-9]+-[0-9a-f]{6}", "compactionThresholdInMessages": 10,
+                "brokerServiceCompactionMonitorIntervalInSeconds": 1}
         daemon = launch.prepare("lease-outage", root=root, **conf).start().wait_ready()
+        watched = kafka.topic(prefix="watched")
         topic = kafka.topic(prefix="outage")
         kafka.produce(topic, [(f"k{i % 10}", f"old{i}") for i in range(50)])
         compact(daemon, topic)
@@ -165,12 +169,19 @@ def test_after_an_outage_longer_than_the_lease_compactions_wait_until_the_lease_
         wait_for(lambda: _refused_for(daemon, topic) > LEASE_S, 60, "the lease to go unrenewed past its time", daemon)
         assert _readyz(daemon)[1]["problems"] == [LEASE_NOT_HELD]
         assert direct.head(LEASE_KEY) == renewed  # nothing renewed it
+        # The monitor starts no run meanwhile: passes go by, the watched topic's backlog past its threshold.
+        kafka.produce(watched, [(f"k{i % 10}", f"v{i}") for i in range(50)])
+        passes = metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0
+        wait_for(lambda: (metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0) >= passes + 2, 60,
+                 "two passes of the monitor", daemon)
+        assert status(daemon, watched)["status"] == "NOT_RUN", status(daemon, watched)
 
         # Renewals pass again: compactions are ready only once the lease is renewed, and the next one succeeds.
         proxy.heal()
         wait_for(lambda: _readyz(daemon)[1]["compactions"], 60, "/readyz to say compactions are ready", daemon)
         now = direct.head(LEASE_KEY)
         assert now is not None and now.version != renewed.version, now
+        assert wait_state(daemon, watched, "Succeed", "Failed", "Cancelled")["status"] == "SUCCESS"  # the monitor's
         kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(10)])
         compact(daemon, topic)
         assert _view(daemon, topic) == {f"k{i}".encode(): f"new{i}".encode() for i in range(10)}
