@@ -402,8 +402,8 @@ class Daemon:
         is down, once it answers again (``_record_unrecorded``)."""
         record = RunRecord.of_task(ctx, final)
         # A run refused for want of the root's lease (not renewed in time) is no sign that the store is down.
-        lease_failed = self.lease_problem() is not None
-        if ctx.error_type == StorageUnavailable.code and self.store_problem() is None and not lease_failed:
+        lease_overdue = self.lease_problem() is not None
+        if ctx.error_type == StorageUnavailable.code and self.store_problem() is None and not lease_overdue:
             self._store_watch.failed(ctx.error or "a compaction's request to the store failed")
         if self.store_problem() is None:  # known down: the append would wait out the write budget in vain
             try:

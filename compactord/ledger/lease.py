@@ -15,7 +15,7 @@ wakes up is fenced on every topic the new one has switched. Before that, the old
 ``check()`` fails once its last successful renewal is two thirds of ``seconds`` old, while a contender
 waits a whole ``seconds`` from the first time it saw that renewal.
 
-A renewal gives up within a third of ``seconds`` (``ObjectStore.within``): one hung on a store that stopped
+A renewal's requests have a budget of a third of ``seconds`` (``ObjectStore.within``): one hung on a store that stopped
 answering must not keep the next from being tried once it answers again. After a failed renewal the next is tried
 within a second, and until one succeeds ``overdue()`` says for how long it has not been (the daemon's readiness and
 its trigger ask it). A renewal after a lapse is still safe: it is a ``put_if_match`` on the version this holder wrote
