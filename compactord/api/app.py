@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import ApiGuard
-from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, store_up
+from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, lease_held, store_up
 from compactord.api.routers import compaction, health, history, hooks, info, preview, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
@@ -75,8 +75,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
     store_answers = Depends(store_up(daemon.store_problem))
-    routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers),
-               reads.router(daemon, store_answers), hooks.router(daemon), topics.router(daemon, broker_slot, store_answers),
+    lease = Depends(lease_held(daemon.lease_problem))
+    routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers, lease),
+               reads.router(daemon, store_answers), hooks.router(daemon),
+               topics.router(daemon, broker_slot, store_answers),
                history.router(daemon, store_answers), preview.router(daemon, broker_slot), info.router(daemon)]
     for router in [*routers, hooks.catch_all_router(routers)]:  # the catch-all last: it matches every path
         _guard_endpoints(router)
@@ -142,9 +144,10 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
         # The probes answer NotReady and Unhealthy; a broker or a store known to be down is logged by its
         # probe, once. A store's failure marks it down: the next requests that need it are answered at once.
         store_down = isinstance(exc, StorageUnavailable) and daemon.store_problem() is not None
-        if isinstance(exc, StorageUnavailable) and not store_down:
+        lease_refused = isinstance(exc, StorageUnavailable) and exc.details.get("lease") is True  # not the store's
+        if isinstance(exc, StorageUnavailable) and not store_down and not lease_refused:
             daemon.store_failed(exc)
-        quiet = isinstance(exc, (NotReady, Unhealthy)) or store_down or (
+        quiet = isinstance(exc, (NotReady, Unhealthy)) or store_down or lease_refused or (
             isinstance(exc, BrokerUnavailable) and daemon.broker_problem() is not None)
         if exc.status >= 500 and not quiet:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc)

@@ -29,7 +29,7 @@ from compactord.errors import (
 )
 
 __all__ = ["ABORT_KEY", "BROKER_SLOTS", "CHUNK_BYTES", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware",
-           "broker_slots", "read_slots", "store_up"]
+           "broker_slots", "lease_held", "read_slots", "store_up"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -284,6 +284,20 @@ def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[
             raise StorageUnavailable(problem)
 
     return store_answers
+
+
+def lease_held(lease_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
+    """A FastAPI dependency for a trigger: while the ledger root's lease is not held (``Daemon.lease_problem``,
+    fixed phrases and numbers), it is answered 503 storage_unavailable with that problem, at once, rather than
+    starting a run that could not switch. The refusal (``lease=True``) is no failure of the store: the lease's
+    renewals log theirs."""
+
+    async def lease_is_held() -> None:
+        problem = lease_problem()
+        if problem:
+            raise StorageUnavailable(problem, public=True, lease=True)
+
+    return lease_is_held
 
 
 async def _acquire_within(slots: anyio.Semaphore, wait_s: float) -> bool:

@@ -86,7 +86,11 @@ def problem_response(status: int, code: str, message: str, **extra: Any) -> JSON
 
 
 def error_response(exc: CompactordError, **extra: Any) -> JSONResponse:
-    """The answer to a ``CompactordError``: its class's status and code, its message."""
+    """The answer to a ``CompactordError``: its class's status and code, its message (a server error's only if
+    it was raised ``public=True``: built from fixed phrases, numbers and config values, as a refusal of
+    ``api/limits.py`` can be; otherwise its code's fixed text)."""
+    if exc.details.get("public") is True:
+        return JSONResponse({"error": exc.code, "message": exc.message, **extra}, status_code=exc.status)
     return problem_response(exc.status, exc.code, exc.message, **extra)
 
 

@@ -146,7 +146,7 @@ class Daemon:
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
-                                      store_problem=lambda: self.store_problem())
+                                      store_problem=lambda: self.write_problem())
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.identities = TopicIdentities(self._identity_broker, self.broker_problem, self.monitor.last_identity)
         self.fatal: str | None = None
@@ -198,6 +198,23 @@ class Daemon:
     def store_problem(self) -> str | None:
         """Why the ledger root's store counts as down now, or None; from memory only (``StoreWatch.problem``)."""
         return self._store_watch.problem()
+
+    def lease_problem(self) -> str | None:
+        """Why this daemon may not write its S3 root until its lease is renewed (the store failed the renewals
+        for two thirds of the lease), or None; from memory only (``Lease.overdue``). Fixed phrases and numbers
+        only: a refused trigger answers it as it is (the store's errors are in the log)."""
+        overdue = self.store.lease.overdue() if self.store.lease is not None else None
+        if overdue is None:
+            return None
+        return (f"the ledger root's lease has not been renewed for {overdue:.1f} s (storageLeaseSeconds="
+                f"{self.settings.storage_lease_seconds}): no compaction starts until it is, since another daemon "
+                "may take the root over (GET /readyz says when compactions can run again; the store's errors are "
+                "in the daemon's log)")
+
+    def write_problem(self) -> str | None:
+        """Why no compaction may start now for want of its store (it does not answer, or the root's lease is
+        not held), or None; from memory only. A trigger is refused with it, and the monitor starts no run."""
+        return self.store_problem() or self.lease_problem()
 
     def store_failed(self, exc: StorageUnavailable) -> None:
         """A request to the store failed: it is down until a probe finds it answering."""
@@ -263,6 +280,8 @@ class Daemon:
             problems.append(self._root_problem)
         if self.store.lease is not None and self.store.lease.lost:
             problems.append("another daemon took the ledger root's lease over")
+        if self.lease_problem():
+            problems.append("the ledger root's lease is not renewed yet (the store failed its renewals)")
         if not self.spark.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():
@@ -394,7 +413,9 @@ class Daemon:
         """The task's end recorder: the run is in the history before anyone sees the end; or, when the store
         is down, once it answers again (``_record_unrecorded``)."""
         record = RunRecord.of_task(ctx, final)
-        if ctx.error_type == StorageUnavailable.code and self.store_problem() is None:
+        # A run refused for want of the root's lease (not renewed in time) is no sign that the store is down.
+        lease_overdue = self.lease_problem() is not None
+        if ctx.error_type == StorageUnavailable.code and self.store_problem() is None and not lease_overdue:
             self._store_watch.failed(ctx.error or "a compaction's request to the store failed")
         if self.store_problem() is None:  # known down: the append would wait out the write budget in vain
             try:

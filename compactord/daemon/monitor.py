@@ -133,7 +133,8 @@ class BacklogMonitor:
     def __init__(self, settings: Settings, broker: BrokerMetadata, store: LedgerStore, registry: TaskRegistry,
                  policies: PolicyStore, metrics: Metrics,
                  store_problem: Callable[[], str | None] = lambda: None) -> None:
-        """``store_problem``: why the ledger root's store is known down (None: it answers); no pass runs then."""
+        """``store_problem``: why no compaction may start for want of the ledger root's store (it is known down, or
+        the root's lease is not held; None: it may); no pass runs then."""
         self._settings = settings
         self._store_problem = store_problem
         self._broker = broker

@@ -26,7 +26,7 @@ from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.resources import TopicLedger
 from compactord.engine.task_store import new_output, store_secrets
 from compactord.engine.throttle import per_task_rate, running_share
-from compactord.errors import CompactionCancelled, LedgerCorrupt
+from compactord.errors import CompactionCancelled, CompactordError, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
 from compactord.kafka.identity import LogNow
 from compactord.ledger.reader import LedgerHandle
@@ -142,6 +142,9 @@ class CompactionRun:
                 if new_ledger is not None and not switched:
                     self.store.delete_ledger(self.topic, new_ledger)
                 channel.close()  # tasks of the run still connected (none, normally) stop
+            except CompactordError as exc:  # the store failed, or the root's lease is not held: one line
+                log.warning("topic %s (task %s): could not remove the unused ledger %s (removed at next "
+                            "start-up): %s", self.topic, ctx.task_id, new_ledger, exc)
             except Exception:
                 log.warning("topic %s (task %s): could not remove the unused ledger %s (removed at next "
                             "start-up)", self.topic, ctx.task_id, new_ledger, exc_info=True)

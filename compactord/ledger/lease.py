@@ -14,6 +14,12 @@ epoch into the topic's ``CURRENT``, and ``Pointer.switched`` refuses a lower one
 wakes up is fenced on every topic the new one has switched. Before that, the old holder stops itself:
 ``check()`` fails once its last successful renewal is two thirds of ``seconds`` old, while a contender
 waits a whole ``seconds`` from the first time it saw that renewal.
+
+A renewal's requests have a budget of a third of ``seconds`` (``ObjectStore.within``): one hung on a store that stopped
+answering must not keep the next from being tried once it answers again. After a failed renewal the next is tried
+within a second, and until one succeeds ``overdue()`` says for how long it has not been (the daemon's readiness and
+its trigger ask it). A renewal after a lapse is still safe: it is a ``put_if_match`` on the version this holder wrote
+last, which fails (the lease is lost) if a contender took the lease over meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ Clock = Callable[[], float]
 _VALID_SHARE = 2 / 3
 _RENEW_SHARE = 1 / 3
 _WATCH_SHARE = 1 / 10
+_RETRY_EVERY_S = 1.0  # between renewals that fail: the lease is held again within this of the store answering
 # What a holder leaves if it could not delete its lease at its release: free at once.
 _RELEASED = b'{"released": true}'
 
@@ -238,6 +245,8 @@ class Lease:
         self._renewed_at = started
         self._lost: str | None = None  # why it is lost for good (taken over)
         self._problem = ""  # the last renewal's failure
+        # A late answer to a renewal is worth nothing: the next one is due by then.
+        self._renewing = objects.within(seconds * _RENEW_SHARE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True)
         self._thread.start()
@@ -247,39 +256,50 @@ class Lease:
         """Whether another daemon took the lease over (for good)."""
         return self._lost is not None
 
+    def overdue(self) -> float | None:
+        """The seconds since the start of the last renewal that succeeded, when that is too long for this
+        process to write the root (two thirds of the lease: the store failed or did not answer the renewals
+        since); None while it may write, and once the lease is lost or released for good (``lost``, ``check``).
+        From memory only: the probes ask it."""
+        if self._lost is not None or self._stop.is_set():
+            return None
+        now = self._clock()
+        return now - self._renewed_at if now >= self._valid_until else None
+
     def check(self) -> None:
         """Return if this process may write the root now.
 
         :raises Fenced: another daemon took the lease over.
         :raises StorageUnavailable: the lease has not been renewed for too long (the store fails): a contender
-            may take it over soon.
+            may take it over soon (``overdue``).
         """
         if self._lost is not None:
             raise Fenced(f"ledger root {self.objects.describe()}: {self._lost}; this daemon no longer writes it",
                          epoch=self.epoch)
         if self._stop.is_set():
             raise Fenced(f"ledger root {self.objects.describe()}: this daemon released its lease", epoch=self.epoch)
-        now = self._clock()
-        if now >= self._valid_until:
+        overdue = self.overdue()
+        if overdue is not None:
             raise StorageUnavailable(
-                f"the lease of ledger root {self.objects.describe()} has not been renewed for "
-                f"{now - self._renewed_at:.1f} s (lease {self.seconds:g} s; {self._problem or 'no answer yet'}): "
-                "nothing is written to the root until it is, since another daemon may take it over")
+                f"the lease of ledger root {self.objects.describe()} has not been renewed for {overdue:.1f} s "
+                f"(lease {self.seconds:g} s; {self._problem or 'no answer yet'}): nothing is written to the root "
+                "until it is, since another daemon may take it over")
 
     def renew(self) -> None:
-        """Rewrite the lease once (the thread does this every third of the lease).
+        """Rewrite the lease once, within a third of the lease (the thread does this every third of the lease,
+        and every second after a failure).
 
         :raises CompactordError: the store failed, or the lease is lost (then ``lost`` is true).
         """
         started = self._clock()
         body = _body(self.holder, self.epoch, self._renewed + 1, self.seconds)
         try:
-            self._version = self.objects.put_if_match(LEASE_KEY, body, self._version)
+            self._version = self._renewing.put_if_match(LEASE_KEY, body, self._version)
         except PreconditionFailed:
             if self._adopt(body):
                 pass  # an earlier try of this renewal won; its answer was lost
             else:
-                holder = _holder_of(self.objects)
+                holder = _holder_of(self._renewing)
                 self._lost = f"its lease was taken over by {holder.describe() if holder else 'another daemon'}"
                 log.error("ledger root %s: %s; this daemon makes no more switches there", self.objects.describe(),
                           self._lost)
@@ -290,21 +310,36 @@ class Lease:
         self._problem = ""
 
     def _adopt(self, body: bytes) -> bool:
-        info = self.objects.head(LEASE_KEY)
-        if info is not None and self.objects.get(LEASE_KEY) == body:
+        info = self._renewing.head(LEASE_KEY)
+        if info is not None and self._renewing.get(LEASE_KEY) == body:
             self._version = info.version
             return True
         return False
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.seconds * _RENEW_SHARE):
+        every = wait = self.seconds * _RENEW_SHARE
+        failing_since: float | None = None  # while renewals fail: when the last one that succeeded started
+        while not self._stop.wait(wait):
+            last = self._renewed_at
             try:
                 self.renew()
             except PreconditionFailed:
                 return
-            except CompactordError as exc:
+            except Exception as exc:  # noqa: BLE001 (renewals go on for as long as the daemon runs)
                 self._problem = str(exc)
-                log.warning("the lease of ledger root %s was not renewed: %s", self.objects.describe(), exc)
+                wait = min(_RETRY_EVERY_S, every)
+                if failing_since is not None:
+                    log.debug("the lease of ledger root %s was not renewed again: %s", self.objects.describe(), exc)
+                    continue
+                failing_since = last
+                log.warning("the lease of ledger root %s was not renewed (tried again every %g s): %s",
+                            self.objects.describe(), wait, exc, exc_info=not isinstance(exc, CompactordError))
+                continue
+            wait = every
+            if failing_since is not None:
+                log.info("the lease of ledger root %s is renewed again, %.1f s after its last renewal",
+                         self.objects.describe(), self._renewed_at - failing_since)
+                failing_since = None
 
     def release(self) -> None:
         """Stop renewing and remove the lease if it is still this process's (best effort), so that the next

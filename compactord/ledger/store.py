@@ -254,7 +254,11 @@ class LedgerStore:
 
         :raises LedgerCorrupt: the last id or an older version's counter does not hold an integer.
         :raises InsufficientDiskSpace: the disk is full.
+        :raises StorageUnavailable: the root's lease has not been renewed in time (``Lease.check``): a run finds
+            it before its job rather than at its switch.
+        :raises Fenced: another daemon took the root's lease over.
         """
+        self._check_lease()
         topic_dir = self.topic_dir(topic)
         # Should the last id ever be lost, still never hand out an id this topic has used.
         used = self.ledger_ids(topic)

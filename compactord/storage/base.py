@@ -161,6 +161,14 @@ class ObjectStore(ABC):
         :raises StorageUnavailable: it cannot be removed.
         """
 
+    def within(self, seconds: float) -> ObjectStore:
+        """This store's objects through requests that give up within ``seconds`` (retries included), for a caller
+        to whom a late answer is worth nothing (a lease's renewal, due again soon); a store whose requests have
+        no such budget returns itself."""
+        if not seconds > 0:
+            raise ValueError(f"seconds must be positive, got: {seconds!r}")
+        return self
+
     def recover(self) -> None:
         """Remove what writes an interrupted process left unfinished (a local root's temporary files, an object
         store's incomplete uploads). Called by the root's one writer when it opens the root, before it writes."""

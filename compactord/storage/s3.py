@@ -57,12 +57,19 @@ class S3Store(ObjectStore):
         self._base = f"{self.prefix}/" if self.prefix else ""
         self._io = Transport(options, self.describe(), read_budget=read_budget, write_budget=write_budget,
                              observer=observer, session=session)
+        self._observer, self._session = observer, session
 
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
 
     def __repr__(self) -> str:
         return f"S3Store({self.describe()!r}, endpoint={self.options.where()!r})"
+
+    def within(self, seconds: float) -> S3Store:
+        super().within(seconds)
+        return S3Store(self.bucket, self.prefix, self.options, observer=self._observer, part_size=self.part_size,
+                       read_budget=min(self.read_budget, seconds), write_budget=min(self.write_budget, seconds),
+                       session=self._session)
 
     # -- reading --------------------------------------------------------------------------------
 

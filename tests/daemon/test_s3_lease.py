@@ -1,7 +1,9 @@
 """Real daemons on one S3 root (the session's SeaweedFS) and its lease (storageLeaseSeconds=5): a second daemon
 is refused while the first runs; a daemon killed and restarted takes its own stale lease over; a paused holder's
 lease is taken over by another daemon, and once it runs again its switches are fenced while the new daemon's view
-stays as it made it."""
+stays as it made it; a holder whose store stops answering for longer than the lease says compactions are not ready
+and refuses triggers until its lease is renewed, then compacts again; a run whose lease lapses before its switch
+fails naming it, in one line, and the previous ledger stays."""
 
 from __future__ import annotations
 
@@ -9,19 +11,29 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from compactord.ledger.lease import LEASE_KEY
-from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.daemon import DaemonProcess, compact, status, wait_state
+from tests.support.fault_proxy import FaultProxy
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
+from .conftest import assert_error, metric
+
 EXIT_CONFIG = 2
 LEASE_S = 5
+LEASE_NOT_HELD = "the ledger root's lease is not renewed yet (the store failed its renewals)"
+# At 'written' (its ledger written, before its switch): time for the test to refuse the lease's renewals and for
+# the lease to lapse (two thirds of LEASE_S after its last renewal, which is at most a third of it old).
+LAPSE_PAUSE_S = 10
 
 
 def _root() -> str:
@@ -100,3 +112,121 @@ def test_a_paused_holder_is_taken_over_and_then_fenced(launch: Any, kafka: Any, 
     assert compact(new, topic)["status"] == "SUCCESS"  # and it goes on compacting
     assert _view(new, topic) == {f"k{i}".encode(): f"late{i}".encode() for i in range(10)}
 
+
+
+def _readyz(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
+    with daemon.client(token=None) as c:
+        response = c.get("/readyz")
+    return response.status_code, response.json()
+
+
+def _refused_for(daemon: DaemonProcess, topic: str) -> float:
+    """Trigger a compaction of ``topic``: it is refused 503 storage_unavailable naming the lease; return for how
+    long the lease has gone unrenewed, as the refusal says."""
+    body = assert_error(daemon.http.put(f"/v1/topics/{topic}/compaction"), 503, "storage_unavailable")
+    found = re.search(r"the ledger root's lease has not been renewed for ([0-9.]+) s \(storageLeaseSeconds=5\)",
+                      body["message"])
+    assert found is not None, body
+    return float(found.group(1))
+
+
+@pytest.mark.slow
+def test_after_an_outage_longer_than_the_lease_compactions_wait_until_the_lease_is_held_again(
+        launch: Any, kafka: Any, s3_server: Any) -> None:
+    root = _root()
+    direct = s3_server.store(root.split("/", 3)[3])  # the lease as the store has it, not through the proxy
+    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+        # The store's default budgets: a write is retried for 60 s; only the lease's renewals give up sooner. The
+        # monitor compacts the "watched" topics past 10 records, every second.
+        conf = {**s3_server.daemon_conf(proxy.endpoint), "storageLeaseSeconds": str(LEASE_S),
+                "compactionTopicsPattern": "watched-[0-9]+-[0-9a-f]{6}", "compactionThresholdInMessages": 10,
+                "brokerServiceCompactionMonitorIntervalInSeconds": 1}
+        daemon = launch.prepare("lease-outage", root=root, **conf).start().wait_ready()
+        watched = kafka.topic(prefix="watched")
+        topic = kafka.topic(prefix="outage")
+        kafka.produce(topic, [(f"k{i % 10}", f"old{i}") for i in range(50)])
+        compact(daemon, topic)
+        renewed = direct.head(LEASE_KEY)
+        assert renewed is not None
+
+        # The store stops answering: requests hang, and those sent meanwhile are never answered, even after.
+        proxy.partition()
+        wait_for(lambda: LEASE_NOT_HELD in _readyz(daemon)[1]["problems"], 60, "/readyz to name the lease", daemon)
+        assert _readyz(daemon)[1]["compactions"] is False
+        assert_error(daemon.http.put(f"/v1/topics/{topic}/compaction"), 503, "storage_unavailable")
+        # A read finds the store down (if nothing of the daemon's had yet).
+        page = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0})
+        assert_error(page, 503, "storage_unavailable")
+
+        # The store answers again, all but the lease's renewals: it serves reads, and compactions are not ready.
+        proxy.refuse(500, matching="compactord/lease")
+        proxy.rejoin()
+        code, ready = wait_for(lambda: (r := _readyz(daemon))[0] == 200 and r, 60, "/readyz to serve reads", daemon)
+        assert "the ledger root's store answers again" in daemon.log_text()
+        assert ready["reads"] is True and ready["compactions"] is False and ready["status"] == "degraded", ready
+        assert ready["problems"] == [LEASE_NOT_HELD], ready
+        # Each trigger is refused at once, naming the lease, until it has gone unrenewed past its time.
+        wait_for(lambda: _refused_for(daemon, topic) > LEASE_S, 60, "the lease to go unrenewed past its time", daemon)
+        assert _readyz(daemon)[1]["problems"] == [LEASE_NOT_HELD]
+        assert direct.head(LEASE_KEY) == renewed  # nothing renewed it
+        # The monitor starts no run meanwhile: passes go by, the watched topic's backlog past its threshold.
+        kafka.produce(watched, [(f"k{i % 10}", f"v{i}") for i in range(50)])
+        passes = metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0
+        wait_for(lambda: (metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0) >= passes + 2, 60,
+                 "two passes of the monitor", daemon)
+        assert status(daemon, watched)["status"] == "NOT_RUN", status(daemon, watched)
+
+        # Renewals pass again: compactions are ready only once the lease is renewed, and the next one succeeds.
+        proxy.heal()
+        wait_for(lambda: _readyz(daemon)[1]["compactions"], 60, "/readyz to say compactions are ready", daemon)
+        now = direct.head(LEASE_KEY)
+        assert now is not None and now.version != renewed.version, now
+        assert wait_state(daemon, watched, "Succeed", "Failed", "Cancelled")["status"] == "SUCCESS"  # the monitor's
+        kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(10)])
+        compact(daemon, topic)
+        assert _view(daemon, topic) == {f"k{i}".encode(): f"new{i}".encode() for i in range(10)}
+        log = daemon.log_text()
+        assert "the lease of ledger root" in log and "is renewed again" in log
+        assert log.count("was not renewed (tried again every 1 s)") == 1, daemon.log_tail()
+        # The refused triggers are no failures of the store: it went down once (the read), and came back once.
+        assert log.count("the ledger root's store does not answer (") == 1, daemon.log_tail()
+        assert log.count("the ledger root's store answers again") == 1, daemon.log_tail()
+        assert "/compaction failed" not in log, daemon.log_tail()
+        assert "Traceback" not in log, daemon.log_tail()
+        daemon.stop()
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_lapses_before_its_switch_fails_naming_it_in_one_line(
+        launch: Any, kafka: Any, s3_server: Any) -> None:
+    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+        conf = {**s3_server.daemon_conf(proxy.endpoint), "storageLeaseSeconds": str(LEASE_S)}
+        daemon = launch.prepare("lease-lapse", root=_root(), pauses=f"written:{LAPSE_PAUSE_S}", **conf)
+        daemon.start().wait_ready()
+        topic = kafka.topic(prefix="lapse")
+        kafka.produce(topic, [(f"k{i % 10}", f"old{i}") for i in range(50)])
+        compact(daemon, topic)
+        view = _view(daemon, topic)
+        kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(10)])
+        started = daemon.http.put(f"/v1/topics/{topic}/compaction")
+        assert started.status_code == 202, started.text
+        wait_for(lambda: daemon.log_text().count("at test pause point 'written'") >= 2, 120,
+                 "the run to pause before its switch", daemon)
+        proxy.refuse(500, matching="compactord/lease")  # the store answers all but the lease's renewals
+        final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
+        assert final["status"] == "ERROR" and "lease of ledger root" in (final["last_error"] or ""), final
+        # Its ledger cannot be removed while the lease is not held: one line says so, no traceback.
+        unused = "could not remove the unused ledger"
+        wait_for(lambda: unused in daemon.log_text(), 60, "the unused ledger's line", daemon)
+        lines = daemon.log_text().splitlines()
+        [at] = [i for i, line in enumerate(lines) if unused in line]
+        assert final["task_id"] in lines[at] and "has not been renewed" in lines[at], lines[at]
+        assert "Traceback" not in daemon.log_text(), lines[at:at + 5]
+        assert "the ledger root's store does not answer" not in daemon.log_text()  # it did: only the lease failed
+
+        proxy.heal()
+        wait_for(lambda: _readyz(daemon)[1]["compactions"], 60, "/readyz to say compactions are ready", daemon)
+        assert _view(daemon, topic) == view  # the previous ledger stayed
+        compact(daemon, topic)
+        assert _view(daemon, topic) == {f"k{i}".encode(): f"new{i}".encode() for i in range(10)}
+        daemon.stop()

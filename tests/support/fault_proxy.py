@@ -5,11 +5,14 @@ unless a fault is set, which then takes the next requests:
 
 - ``fail(n, status)``: the next ``n`` requests are answered ``status`` (503 SlowDown, 500 InternalError) with
   S3's XML error body, the request never reaching the server;
-- ``refuse(status)``: every request is answered so, until ``heal()``;
+- ``refuse(status, matching)``: every request (or every one whose request line contains ``matching``) is
+  answered so, until ``heal()``;
 - ``reset_uploads(n)``: the next ``n`` requests with a body are cut after part of it, the connection reset;
 - ``lose_answers(n)``: the next ``n`` requests reach the server, and their answers are lost (the connection
   reset instead);
 - ``hang()``: every request is read and never answered, until ``heal()``;
+- ``partition()``: as ``hang()``, until ``rejoin()`` or ``heal()``, and the requests it took stay unanswered
+  after it until their client gives up on them, as a network partition loses the connections open across it;
 - ``ignore_conditions``: a put the server refused for its If-Match or If-None-Match (412) is answered 200
   with the ETag of its bytes, as a store that ignores conditional writes answers (the headers themselves
   cannot be removed: the request's signature covers them).
@@ -109,6 +112,8 @@ class FaultProxy:
         self._resets = 0
         self._lost = 0
         self._refusing: int | None = None  # the status of every request while refusing
+        self._refusing_matching = ""  # ... of every request whose line contains this
+        self._partitioned = False
         self._healed = threading.Event()
         self._healed.set()
         self._stopped = threading.Event()
@@ -121,9 +126,9 @@ class FaultProxy:
         with self._lock:
             self._failures += [status] * n
 
-    def refuse(self, status: int = 500) -> None:
+    def refuse(self, status: int = 500, matching: str = "") -> None:
         with self._lock:
-            self._refusing = status
+            self._refusing, self._refusing_matching = status, matching
 
     def reset_uploads(self, n: int = 1) -> None:
         with self._lock:
@@ -136,13 +141,22 @@ class FaultProxy:
     def hang(self) -> None:
         self._healed.clear()
 
+    def partition(self) -> None:
+        self._partitioned = True
+        self._healed.clear()
+
+    def rejoin(self) -> None:
+        """End a partition (or a hang) only: the other faults stay."""
+        self._partitioned = False
+        self._healed.set()
+
     def heal(self) -> None:
         with self._lock:
             self._failures.clear()
             self._resets = 0
             self._refusing = None
         self._lost = 0
-        self._healed.set()
+        self.rejoin()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -193,7 +207,8 @@ class FaultProxy:
                         self.requests += 1
                         line = head[0].decode("latin-1").split("?")[0].split(" HTTP/")[0]
                         self.seen.append(line)
-                        status = self._failures.pop(0) if self._failures else self._refusing
+                        refusing = self._refusing if self._refusing_matching in line else None
+                        status = self._failures.pop(0) if self._failures else refusing
                         has_body = int(_header(head, b"content-length") or b"0") > 0 \
                             or _header(head, b"transfer-encoding") is not None
                         reset = has_body and self._resets > 0
@@ -213,7 +228,10 @@ class FaultProxy:
                         head = [line for line in head if not line.lower().startswith(b"expect:")]
                     body = _body(reader, head)
                     if not self._healed.is_set():
+                        partitioned = self._partitioned
                         self._healed.wait()
+                        while partitioned and not self._stopped.is_set() and client.recv(65536):
+                            pass  # never answered: until the client closes the connection (or the proxy stops)
                         return  # healed or stopped: the hung request is dropped with its connection
                     if status is not None:
                         client.sendall(_error_answer(status))

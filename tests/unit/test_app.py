@@ -44,7 +44,8 @@ def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
     # The daemon is a stand-in whose registry raises SystemExit (no I/O of its own is involved).
     app = create_app(SimpleNamespace(settings=Settings(), registry=_ExitingRegistry(),  # type: ignore[arg-type]
                                      metrics=Metrics(),
-                                     broker_problem=lambda: None, store_problem=lambda: None))
+                                     broker_problem=lambda: None, store_problem=lambda: None,
+                                     lease_problem=lambda: None))
 
     async def get() -> httpx.Response:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)

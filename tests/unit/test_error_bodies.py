@@ -8,7 +8,7 @@ import json
 import pytest
 
 from compactord.api.views import error_response, problem_response, public_message
-from compactord.errors import BrokerUnavailable, InvalidArgument, LedgerCorrupt, NotReady
+from compactord.errors import BrokerUnavailable, InvalidArgument, LedgerCorrupt, NotReady, StorageUnavailable
 
 SECRETS = ("/var/lib/compactord", "kafka-0.internal:9092", "JSONDecodeError")
 
@@ -38,3 +38,11 @@ def test_client_errors_and_probe_answers_keep_their_message() -> None:
         "limit must be positive, got: 0")
     assert public_message(NotReady.status, NotReady.code, "the broker does not answer") == (
         "the broker does not answer")
+
+
+def test_a_server_error_raised_public_answers_its_own_message() -> None:
+    # A refusal built from fixed phrases, numbers and config values (the lease's, at a trigger).
+    message = "the ledger root's lease has not been renewed for 4.0 s (storageLeaseSeconds=5): no compaction starts"
+    assert body(error_response(StorageUnavailable(message, public=True))) == {
+        "error": "storage_unavailable", "message": message}
+    assert body(error_response(StorageUnavailable(message)))["message"] != message  # the code's fixed text

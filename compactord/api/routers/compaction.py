@@ -16,17 +16,19 @@ if TYPE_CHECKING:
 __all__ = ["router"]
 
 
-def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
-    """``broker_slot``: the dependency that bounds the requests calling the broker; ``store_answers``: the one
-    that refuses a trigger at once while the ledger root's store is known to be down (``limits.py``)."""
+def router(daemon: Daemon, broker_slot: Any, store_answers: Any, lease_held: Any) -> APIRouter:
+    """``broker_slot``: the dependency that bounds the requests calling the broker; ``store_answers`` and
+    ``lease_held``: the ones that refuse a trigger at once (503 storage_unavailable) while the ledger root's store
+    is known to be down, or its lease is not held (``limits.py``)."""
     api = APIRouter()
     cancel_timeout = float(daemon.settings.cancel_timeout_seconds)
 
     @api.put("/v1/topics/{topic}/compaction", status_code=202, tags=["compaction"],
-             dependencies=[store_answers, broker_slot])
+             dependencies=[store_answers, lease_held, broker_slot])
     def trigger(request: Request, topic: str,
                 rebuild: bool = Query(False, description="ignore the ledger, re-read the topic")) -> JSONResponse:
-        """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic)."""
+        """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic; 503
+        while the ledger root's store does not answer or its lease is not held)."""
         validate_topic_name(topic)
         daemon.require_topic(topic)
         daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back

@@ -167,6 +167,38 @@ def test_failing_renewals_stop_switches_before_the_lease_could_expire(s3_server:
     assert not lease.lost
 
 
+def test_a_lease_unrenewed_through_an_outage_longer_than_it_is_renewed_once_the_store_answers(
+        s3_server: S3Server, proxy: FaultProxy, leases: list[Lease], caplog: pytest.LogCaptureFixture) -> None:
+    # The store's own budgets (a write retried for 60 s): only the renewal's are cut to a third of the lease.
+    store = s3_server.store(endpoint=proxy.endpoint)
+    direct = s3_server.store(store.prefix)
+    with caplog.at_level(logging.INFO, logger="compactord.ledger.lease"):
+        lease = acquire(store, LEASE_S)
+        leases.append(lease)
+        before = direct.head(LEASE_KEY)
+        assert lease.overdue() is None
+        # Requests hang, and those sent during the partition are never answered, even once it ends.
+        proxy.partition()
+        wait_for(lambda: (lease.overdue() or 0.0) > LEASE_S, 6 * LEASE_S, "the lease to go unrenewed past its time")
+        with pytest.raises(StorageUnavailable, match="has not been renewed for") as refused:
+            lease.check()
+        assert "failed" in str(refused.value), refused.value  # renewals gave up: none hangs on
+        proxy.rejoin()
+        wait_for(lambda: lease.overdue() is None, 6 * LEASE_S, "the lease to be renewed once the store answers")
+    lease.check()
+    assert not lease.lost
+    after = direct.head(LEASE_KEY)
+    assert after is not None and before is not None and after.version != before.version
+    body = json.loads(direct.get(LEASE_KEY))
+    assert body["holder"]["id"] == lease.holder.id and body["epoch"] == lease.epoch
+    # One line when renewals start failing, one when one succeeds again; no traceback.
+    lines = [r for r in caplog.records if r.name == "compactord.ledger.lease"]
+    failed = [r for r in lines if "was not renewed" in r.getMessage()]
+    renewed = [r for r in lines if "is renewed again" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.WARNING and not failed[0].exc_info, lines
+    assert len(renewed) == 1 and renewed[0].levelno == logging.INFO, lines
+
+
 def test_release_lets_the_next_holder_acquire_at_once(s3_server: S3Server, leases: list[Lease]) -> None:
     store = s3_server.store()
     first = acquire(store, LEASE_S)

@@ -25,6 +25,13 @@ def test_other_schemes_are_refused_naming_what_is_allowed(root: str) -> None:
     assert caught.value.key == "compactedLedgerRoot"
 
 
+def test_a_local_store_has_no_request_budget_to_cut(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    assert store.within(1.0) is store
+    with pytest.raises(ValueError, match="seconds must be positive, got: 0"):
+        store.within(0)
+
+
 def test_the_stores_own_files_are_never_listed(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     store.put_if_absent("t/CURRENT", b"x")  # takes the lock: its file exists from now on

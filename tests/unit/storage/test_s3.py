@@ -127,6 +127,25 @@ def test_a_write_gives_up_once_its_budget_is_spent(s3_server: S3Server, proxy: F
     assert store.head("k") is None
 
 
+def test_a_hung_write_through_within_gives_up_within_that_budget(s3_server: S3Server, proxy: FaultProxy) -> None:
+    calls: list[str] = []
+    store = s3_server.store(endpoint=proxy.endpoint, observer=lambda op, s: calls.append(op))  # writes: 60 s
+    version = store.put("k", b"old")
+    hurried = store.within(1.0)
+    assert (hurried.read_budget, hurried.write_budget) == (1.0, 1.0) and hurried.describe() == store.describe()
+    proxy.hang()
+    try:
+        with pytest.raises(StorageUnavailable, match="writing 'k' failed"):
+            hurried.put_if_match("k", b"new", version)
+    finally:
+        proxy.heal()
+    assert "put_if_match" in calls  # the store's observer hears the hurried store's requests
+    config = hurried._io.writer.meta.config  # an attempt's waits are cut from that budget
+    assert config.connect_timeout + config.read_timeout < 2 * hurried.write_budget
+    assert (store.read_budget, store.write_budget) == (2.0, 60.0)  # the store itself keeps its own
+    assert store.get("k") == b"old"
+
+
 def test_a_conditional_write_whose_answer_was_lost_is_still_a_win(s3_server: S3Server, proxy: FaultProxy) -> None:
     store = s3_server.store(endpoint=proxy.endpoint)
     base = store.put("t/CURRENT", b"a")
