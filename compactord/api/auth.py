@@ -9,7 +9,9 @@ In this order, each refusal answered with the API's JSON error body:
 2. **Tokens** on ``/v1``, ``/docs`` and ``/openapi.json`` when ``httpAuthToken`` is set: it allows
    everything; ``httpReadToken`` allows only ``READ_ENDPOINTS``. 401 ``unauthorized`` without a bearer
    token or with one that is neither (who asks is not known), 403 ``permission_denied`` with the read token on
-   an endpoint it does not allow (saying which token the endpoint needs).
+   an endpoint it does not allow (saying which token the endpoint needs). A request of the read token is
+   answered with ``views.READER`` set: a task's error then says what failed in our terms, not the
+   store's endpoint, bucket, keys or an exception's text (those stay in the log and for the admin token).
 3. **Content type** (cross-site requests): a ``POST`` without ``Authorization`` must say
    ``Content-Type: application/json``, which a browser cannot send cross-site without a CORS preflight.
    415 ``unsupported_media_type``. ``POST`` is the only state-changing method a web page can send
@@ -34,7 +36,7 @@ import re
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from compactord.api.views import error_response
+from compactord.api.views import READER, error_response
 from compactord.errors import (
     AuthenticationRequired,
     CompactordError,
@@ -106,17 +108,18 @@ def check_probe_host(host: str | None, loopback: bool, allowed: tuple[str, ...])
         check_host(host, loopback, allowed)
 
 
-def check_bearer_token(authorization: str, token: bytes, read_token: bytes, method: str, path: str) -> None:
-    """:raises AuthenticationRequired: no bearer token given, or one that is neither token.
-    :raises PermissionDenied: the read token on an endpoint that is not a read."""
+def check_bearer_token(authorization: str, token: bytes, read_token: bytes, method: str, path: str) -> bool:
+    """Whether the request is the read token's (False: the admin token's). :raises AuthenticationRequired:
+    no bearer token given, or one that is neither token. :raises PermissionDenied: the read token on an
+    endpoint that is not a read."""
     scheme, _, given = authorization.partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise AuthenticationRequired("this endpoint needs the header 'Authorization: Bearer <httpAuthToken>'")
     if hmac.compare_digest(given.encode(), token):
-        return
+        return False
     if read_token and hmac.compare_digest(given.encode(), read_token):
         if is_read_endpoint(method, path):
-            return
+            return True
         raise PermissionDenied(f"{method} {path} needs httpAuthToken (the admin token); httpReadToken allows "
                                "only GET of /v1/topics, /v1/tasks, /v1/info and a topic's compaction, horizon, "
                                "history and compacted entries")
@@ -155,20 +158,30 @@ class ApiGuard:
         if scope["type"] == "http":
             headers = Headers(scope=scope)
             try:
-                self.check(scope["method"], scope["path"], headers)
+                reader = self.check(scope["method"], scope["path"], headers)
             except CompactordError as exc:
                 response = error_response(exc)
                 if _has_body(headers):  # left unread: no next request on this connection
                     response.headers["Connection"] = "close"
                 await response(scope, receive, send)
                 return
+            answering = READER.set(reader)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                READER.reset(answering)
+            return
         await self.app(scope, receive, send)
 
-    def check(self, method: str, path: str, headers: Headers) -> None:
+    def check(self, method: str, path: str, headers: Headers) -> bool:
+        """Whether the request is the read token's. :raises CompactordError: it is refused."""
         if path in HOST_EXEMPT_PATHS:
             check_probe_host(headers.get("host"), self.loopback, self.allowed_hosts)
         else:
             check_host(headers.get("host"), self.loopback, self.allowed_hosts)
+        reader = False
         if self.token and path.startswith(PROTECTED_PREFIXES):
-            check_bearer_token(headers.get("authorization", ""), self.token, self.read_token, method, path)
+            reader = check_bearer_token(headers.get("authorization", ""), self.token, self.read_token, method,
+                                        path)
         check_content_type(method, headers)
+        return reader

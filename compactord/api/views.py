@@ -8,6 +8,7 @@ addresses and exception texts, which go to the log (the caller may hold no token
 from __future__ import annotations
 
 import binascii
+import contextvars
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
+    "READER",
     "deleted_json",
     "entry_json",
     "error_response",
@@ -39,6 +41,7 @@ __all__ = [
     "problem_response",
     "readiness_json",
     "run_json",
+    "task_error",
     "task_status",
     "tasks_json",
     "topic_status",
@@ -49,6 +52,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_PROGRESS = {"records_read": 0, "records_total": 0}
+#: True while answering a request of httpReadToken (set by ``api/auth.py``): a task's or a run's error is
+#: then its code's fixed text (``public_message``), since its message may hold the store's endpoint, bucket
+#: and keys or an exception's own text; the admin token, the log and the CLI of the operator see it whole.
+READER: contextvars.ContextVar[bool] = contextvars.ContextVar("compactord_read_token", default=False)
 # What a server error says over HTTP, by code. A code not listed gets the last line.
 _SERVER_ERROR_TEXT = {
     "ledger_corrupt": ("the topic's compacted ledger or its pointer is corrupt (a rebuild replaces it: PUT "
@@ -69,6 +76,25 @@ _PLAIN_SERVER_ERRORS = frozenset({"not_ready", "unhealthy", "server_busy"})
 
 
 # -- errors -------------------------------------------------------------------------------------
+
+
+def _error_status(code: str) -> int:
+    """The HTTP status of an error code of the tree (500 for a code it does not have, e.g. an exception's
+    class name)."""
+    found = [cls.status for cls in _error_classes(CompactordError) if cls.code == code]
+    return found[0] if found else 500
+
+
+def _error_classes(root: type[CompactordError]) -> list[type[CompactordError]]:
+    return [root, *(cls for sub in root.__subclasses__() for cls in _error_classes(sub))]
+
+
+def task_error(code: str | None, message: str | None) -> str | None:
+    """A task's or a run's error as this request may see it (see ``READER``)."""
+    if message is None or not READER.get():
+        return message
+    code = code or "compaction_failed"
+    return public_message(_error_status(code), code, message)
 
 
 def public_message(status: int, code: str, message: str) -> str:
@@ -131,7 +157,7 @@ def task_status(ctx: CompactionTaskCtx) -> dict[str, Any]:
         "kind": ctx.kind,  # "compaction", or "preview" (an exact preview: never switches a ledger)
         "started_at": iso_utc(ctx.started_at or ctx.created_at),
         "finished_at": iso_utc(ctx.finished_at),
-        "last_error": ctx.error,
+        "last_error": task_error(ctx.error_type, ctx.error),
         "progress": {"records_read": ctx.progress.records_read, "records_total": ctx.progress.records_total},
         "full_rebuild": ctx.stats.full_rebuild,
         "recreated": ctx.stats.recreated,
@@ -180,7 +206,7 @@ def run_status(run: RunRecord) -> dict[str, Any]:
         "reason_detail": run.reason_detail,
         "started_at": iso_utc(run.started_at or run.created_at),
         "finished_at": iso_utc(run.finished_at),
-        "last_error": run.error,
+        "last_error": task_error(run.error_type, run.error),
         "progress": {"records_read": run.records_read, "records_total": run.records_read},
         "full_rebuild": run.full_rebuild,
         "recreated": run.recreated,
@@ -294,7 +320,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "full_rebuild": run.full_rebuild,
         "recreated": run.recreated,
         "skipped": run.skipped,
-        "error": run.error,
+        "error": task_error(run.error_type, run.error),
         "error_type": run.error_type,
     }
 
