@@ -69,6 +69,8 @@ class CompactordError(Exception):
 
     code: str = "internal_error"
     status: int = 500
+    #: The API's answer adds the topic's task in the way (``{"task": ...}``, null if none is live).
+    carries_task: bool = False
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -195,6 +197,7 @@ class BrokerUnavailable(CompactordError, ConnectionError):
 class CompactionAlreadyRunning(CompactordError):
     code = "compaction_already_running"
     status = 409
+    carries_task = True
 
     def __init__(self, topic: str, task: Any = None) -> None:
         super().__init__(f"a compaction of topic {topic!r} is already running", topic=topic)
@@ -206,11 +209,13 @@ class TaskNotCancellable(CompactordError):
 
     code = "task_not_cancellable"
     status = 409
+    carries_task = True
 
 
 class IllegalStateTransition(CompactordError, RuntimeError):
     code = "illegal_state_transition"
     status = 409
+    carries_task = True
 
 
 class CompactionCancelled(CompactordError):
@@ -218,6 +223,7 @@ class CompactionCancelled(CompactordError):
 
     code = "compaction_cancelled"
     status = 409
+    carries_task = True
 
 
 class CompactionFailed(CompactordError, RuntimeError):

@@ -138,7 +138,7 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
     @app.exception_handler(CompactordError)
     def compactord_error(request: Request, exc: CompactordError) -> JSONResponse:
         extra: dict[str, Any] = {}
-        if exc.status == 409:  # the task in the way
+        if exc.carries_task:  # the task in the way; a fenced switch or a locked root has none to show
             task = getattr(exc, "task", None) or daemon.registry.live(request.path_params.get("topic", ""))
             extra["task"] = optional_task_status(task)
         # The probes answer NotReady and Unhealthy; a broker or a store known to be down is logged by its

@@ -12,6 +12,7 @@ import pytest
 
 from compactord.api.app import create_app, handler_cannot_exit
 from compactord.config import Settings
+from compactord.errors import CompactionAlreadyRunning, Fenced, LedgerRootLocked
 from compactord.daemon.metrics import Metrics
 
 
@@ -56,3 +57,36 @@ def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
     assert response.status_code == 500, response.text
     # a fixed text: what went wrong (the SystemExit) is in the log, not in the answer
     assert response.json()["error"] == "internal_error" and "SystemExit" not in response.json()["message"]
+
+
+class _RefusingRegistry:
+    """A registry whose listing raises ``error`` (no I/O of its own is involved)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def tasks(self) -> list[Any]:
+        raise self.error
+
+    def live(self, topic: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("error", "carries"), [
+    (Fenced("the topic's pointer changed since the task read it"), False),
+    (LedgerRootLocked("another daemon holds the ledger root"), False),
+    (CompactionAlreadyRunning("t"), True),
+])
+def test_only_a_task_in_the_way_is_answered_with_its_task(error: Exception, carries: bool) -> None:
+    app = create_app(SimpleNamespace(settings=Settings(), registry=_RefusingRegistry(error),  # type: ignore[arg-type]
+                                     metrics=Metrics(), broker_problem=lambda: None, store_problem=lambda: None,
+                                     lease_problem=lambda: None))
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.get("/v1/tasks")
+
+    response = asyncio.run(get())
+    assert response.status_code == 409, response.text
+    assert ("task" in response.json()) is carries, response.text
