@@ -36,6 +36,12 @@ def test_other_exceptions_pass_unchanged(kind: type[BaseException]) -> None:
         handler_cannot_exit(route)()
 
 
+def stand_in(registry: Any) -> Any:
+    """The daemon as the app sees it, with ``registry``; nothing else of it answers but its metrics."""
+    return SimpleNamespace(settings=Settings(), registry=registry, metrics=Metrics(), broker_problem=lambda: None,
+                           store_problem=lambda: None, lease_problem=lambda: None)
+
+
 class _ExitingRegistry:
     def tasks(self) -> list[Any]:
         raise SystemExit(3)
@@ -43,10 +49,7 @@ class _ExitingRegistry:
 
 def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
     # The daemon is a stand-in whose registry raises SystemExit (no I/O of its own is involved).
-    app = create_app(SimpleNamespace(settings=Settings(), registry=_ExitingRegistry(),  # type: ignore[arg-type]
-                                     metrics=Metrics(),
-                                     broker_problem=lambda: None, store_problem=lambda: None,
-                                     lease_problem=lambda: None))
+    app = create_app(stand_in(_ExitingRegistry()))
 
     async def get() -> httpx.Response:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
@@ -78,9 +81,7 @@ class _RefusingRegistry:
     (CompactionAlreadyRunning("t"), True),
 ])
 def test_only_a_task_in_the_way_is_answered_with_its_task(error: Exception, carries: bool) -> None:
-    app = create_app(SimpleNamespace(settings=Settings(), registry=_RefusingRegistry(error),  # type: ignore[arg-type]
-                                     metrics=Metrics(), broker_problem=lambda: None, store_problem=lambda: None,
-                                     lease_problem=lambda: None))
+    app = create_app(stand_in(_RefusingRegistry(error)))
 
     async def get() -> httpx.Response:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
