@@ -11,20 +11,19 @@ import logging
 from dataclasses import dataclass, field
 
 from compactord.errors import InsufficientDiskSpace
+from compactord.ledger import layout
 from compactord.ledger.files import LEDGER_RE, MANIFEST, TMP_SUFFIX, ledger_dir_name
+from compactord.ledger.layout import DELETING
 from compactord.storage import ObjectInfo, ObjectStore
 
 __all__ = ["DELETING", "Swept", "delete_topic", "mark_deleting", "remove_orphans", "sweep_orphans"]
 
 log = logging.getLogger("compactord.ledger.store")  # one logger for what open() finds
 
-DELETING = "DELETING"
-
-
 def mark_deleting(objects: ObjectStore, topic: str) -> bool:
     """Write the topic's deletion mark durably; False if the disk is too full to hold it (logged)."""
     try:
-        objects.put(f"{topic}/{DELETING}", b"deletion asked; completed at the next start if interrupted\n")
+        objects.put(layout.deleting_key(topic), b"deletion asked; completed at the next start if interrupted\n")
     except InsufficientDiskSpace as exc:
         log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
                     "files): %s", topic, exc)
@@ -34,9 +33,9 @@ def mark_deleting(objects: ObjectStore, topic: str) -> bool:
 
 def delete_topic(objects: ObjectStore, topic: str) -> None:
     """Remove every object of the topic, its deletion mark last (missing is fine)."""
-    mark = f"{topic}/{DELETING}"
-    objects.delete_many(info.key for info in objects.list(f"{topic}/") if info.key != mark)
-    objects.delete_prefix(f"{topic}/")  # the mark, and on a local disk the folders with them
+    mark, prefix = layout.deleting_key(topic), layout.topic_prefix(topic)
+    objects.delete_many(info.key for info in objects.list(prefix) if info.key != mark)
+    objects.delete_prefix(prefix)  # the mark, and on a local disk the folders with them
 
 
 def remove_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer: bool) -> list[str]:

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from compactord.config import Settings
-from compactord.daemon.core import HISTORY_DIR
-from compactord.daemon.history import SUFFIX, RunHistory
+from compactord.daemon.history import RunHistory
 from compactord.daemon.policies import POLICIES, PolicyStore, TopicPolicies
 from compactord.engine.strategies import allowed_strategies
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRootLocked
@@ -30,12 +29,12 @@ from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
 from tests.unit.ledger.test_store import REPO, make_ledger, rows
 from tests.unit.test_history import S, ended
 
-STATE = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
+STATE = TopicState((POLICIES,))
 LEASE_S = 5.0
 
 
 def _history(objects: ObjectStore) -> RunHistory:
-    return RunHistory(objects, STATE.history_prefix, 1000, 30)
+    return RunHistory(objects, 1000, 30)
 
 
 @pytest.fixture
