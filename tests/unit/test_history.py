@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
-from compactord.errors import InvalidArgument, InvalidTopicName, StorageUnavailable
+from compactord.errors import InvalidArgument, InvalidTopicName, ObjectConflict, StorageUnavailable
 from compactord.storage import LocalStore
 from compactord.task import CompactionTaskCtx, Reason, TaskState
 
@@ -223,3 +223,25 @@ def test_runs_that_ended_while_the_store_was_down_are_recorded_oldest_first_and_
     waiting.give_up("the store does not answer")
     assert len(waiting) == 0
     assert f"lacks 1 runs that ended while the store was down (orders/{runs[0].task_id}): the store" in caplog.text
+
+
+def test_a_topic_whose_history_objects_are_unusable_fails_alone_and_never_as_the_store(
+        tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    store = history(tmp_path, clock, max_runs=2)  # compacted once the objects hold 4 runs
+    folder = tmp_path / "@compactord" / "history"
+    # a folder where the compacted file goes: every run is still recorded, once, as an object of its own
+    (folder / "coll" / "compacted.jsonl").mkdir(parents=True)
+    ids = [store.append(ended("coll")).task_id for _ in range(6)]
+    assert [r.task_id for r in history(tmp_path, clock, max_runs=1000).runs("coll")] == list(reversed(ids))
+    assert "run history" in caplog.text and "not compacted" in caplog.text
+    # a folder where the next run's object goes: that topic's error, not StorageUnavailable
+    (folder / "coll" / "000000000007.json").mkdir()
+    with pytest.raises(ObjectConflict):
+        store.append(ended("coll"))
+    # and among runs waiting for the store, it is let go of (logged); the other topic's runs are recorded
+    waiting = UnrecordedRuns()
+    waiting.add(ended("coll"))
+    waiting.add(ended("prices"))
+    waiting.record(store.append)
+    assert len(waiting) == 0 and len(store.runs("prices")) == 1
+    assert "topic coll: run" in caplog.text and "not recorded in the run history" in caplog.text
