@@ -31,7 +31,7 @@ from typing import Any
 
 from compactord.errors import Fenced, LedgerCorrupt, ObjectNotFound, PreconditionFailed
 from compactord.ledger import layout
-from compactord.ledger.files import CURRENT, LEDGER_RE
+from compactord.ledger.files import LEDGER_RE
 from compactord.storage import ObjectStore
 
 __all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
@@ -169,7 +169,7 @@ def parse_pointer(data: bytes, topic: str, version: str | None) -> Pointer:
         return Pointer(_positive(ledger), epoch, retired, version)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerCorrupt(
-            f"pointer {topic}/{CURRENT} of topic {topic!r} holds {text[:120]!r}: {exc}; expected "
+            f"pointer {layout.pointer_key(topic)} of topic {topic!r} holds {text[:120]!r}: {exc}; expected "
             '{"ledger": <id>, "epoch": <n>, "retired": [...]} or one line \'ledger-<id>\'', topic=topic) from None
 
 

@@ -31,7 +31,7 @@ def lost_pointer(objects: ObjectStore, topic: str) -> bool:
     (whose ledger has no manifest yet)."""
     if objects.head(layout.pointer_key(topic)) is not None:
         return False
-    return any(objects.head(f"{topic}/{name}/{MANIFEST}") is not None for name in _ledgers(objects, topic))
+    return any(objects.head(f"{layout.topic_prefix(topic)}{name}/{MANIFEST}") is not None for name in _ledgers(objects, topic))
 
 
 def quarantine(objects: ObjectStore, topic: str) -> str:
