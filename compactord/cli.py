@@ -327,12 +327,9 @@ def _client(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     """``migrate-root``: a line per topic and a total; exit 2 for what is refused before anything is copied."""
     from compactord.config import load_settings
-    from compactord.daemon.core import HISTORY_DIR
-    from compactord.daemon.history import SUFFIX
     from compactord.daemon.policies import POLICIES
     from compactord.errors import ConfigError, LedgerRootLocked
     from compactord.ledger.migrate import TopicMoved, TopicState, migrate_root, open_root
-    from compactord.ledger.store import DAEMON_DIR
 
     def line(moved: TopicMoved) -> None:
         if moved.note:
@@ -345,7 +342,7 @@ def _migrate(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
         source, target = open_root(args.source, settings, "SRC"), open_root(args.target, settings, "DST")
-        state = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
+        state = TopicState((POLICIES,))
         moved = migrate_root(source, target, state, float(settings.storage_lease_seconds), line)
     except (ConfigError, InvalidArgument, LedgerRootLocked) as exc:
         raise UsageError(str(exc)) from exc

@@ -40,6 +40,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     |                                   storage_unavailable          503
     +-- PreconditionFailed              precondition_failed          500   (internal)
     +-- ObjectNotFound (LookupError)    object_not_found             500   (internal)
+    +-- ObjectConflict                  object_conflict              500   (internal)
     +-- AuthenticationRequired          unauthorized                 401
     +-- PermissionDenied                permission_denied            403
     +-- HostNotAllowed                  host_not_allowed             400
@@ -54,7 +55,7 @@ without its own ``status`` inherits its parent's, and a test checks that every c
 
 Third-party errors (kafka-python, py4j/Spark, the file system) are translated at one boundary each
 (``kafka/client.py``, ``engine/spark_session.py``, each backend of ``storage/``) with ``raise ... from exc``.
-``PreconditionFailed`` and ``ObjectNotFound`` are the store's answers to its callers in ``ledger/``, which
+``PreconditionFailed``, ``ObjectNotFound`` and ``ObjectConflict`` are the store's answers to its callers in ``ledger/``, which
 turn them into ``Fenced``, ``LedgerCorrupt`` or ``LedgerRetired``; an API answer with them is a bug.
 """
 
@@ -320,6 +321,18 @@ class ObjectNotFound(CompactordError, LookupError):
     """The store holds no object under the key read."""
 
     code = "object_not_found"
+    status = 500
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message, key=key)
+        self.key = key
+
+
+class ObjectConflict(CompactordError):
+    """An object's key is not usable as one: a folder is there, or the key passes through an object (a local
+    root). The key's object is at fault, not the store, which answers."""
+
+    code = "object_conflict"
     status = 500
 
     def __init__(self, message: str, *, key: str) -> None:

@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 2.0
 JVM_CHECK_TIMEOUT_S = 30.0  # a JVM that does not answer a liveness check this long is hung
 EXIT_SPARK_DIED = 70
-HISTORY_DIR = "history"  # under @compactord: <topic>.jsonl and <topic>/, the run history of each topic
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,8 @@ class Daemon:
         self.metrics = Metrics(snapshot=self._snapshot)  # before the store: it counts the store's requests
         footer_cache.SHARED.resize(settings.storage_metadata_cache_bytes)  # one cache for every reader
         self.store, deleted = _open_store(settings, self.metrics)
-        self.history = RunHistory(self.store.objects, f"{DAEMON_DIR}/{HISTORY_DIR}",
-                                  settings.compaction_history_max_runs, settings.compaction_history_max_age_days)
+        self.history = RunHistory(self.store.objects, settings.compaction_history_max_runs,
+                                  settings.compaction_history_max_age_days)
         for topic in deleted:  # the rest of the topic went in open()
             self._delete_history(topic)
         self._owns_spark = spark is None
@@ -424,8 +423,9 @@ class Daemon:
                 return
             except StorageUnavailable as exc:
                 self.store_failed(exc)
-            except (CompactordError, OSError) as exc:
+            except (CompactordError, OSError) as exc:  # the topic's objects at fault: its error alone
                 log.error("topic %s: run %s not recorded in the run history: %s", ctx.topic, ctx.task_id, exc)
+                self.metrics.history_failures.labels(ctx.topic).inc()
                 return
         log.warning("topic %s: run %s is recorded in the run history once the store answers", ctx.topic,
                     ctx.task_id)

@@ -1,10 +1,10 @@
 """The run history: every ended task of a topic, kept on the ledger root across restarts.
 
-Layout (outside the topic folders, so that the ledger layout of ``ledger/store.py`` is unchanged; ``@``
-is illegal in topic names, so no topic is ever mistaken for it), objects of the root's store::
+Layout (``ledger/layout.py``: outside the topic folders, each topic's objects inside a folder named by it
+alone, so that no two topics share a key), objects of the root's store::
 
-    @compactord/history/<topic>.jsonl           the compacted runs: one JSON object a line, oldest first
-    @compactord/history/<topic>/<seq>.json      one run each, recorded since the last compaction
+    @compactord/history/<topic>/compacted.jsonl  the compacted runs: one JSON object a line, oldest first
+    @compactord/history/<topic>/<seq>.json       one run each, recorded since the last compaction
 
 An object store can neither append nor rename, so a run is not appended to the file: it is written as an
 object of its own (``put``: durable, whole or absent) before the task's end is visible
@@ -12,7 +12,11 @@ object of its own (``put``: durable, whole or absent) before the task's end is v
 crash. Once ``_PENDING_MAX`` runs wait as objects, or the bounds below call for it, the runs are compacted:
 the file is written whole with every run within the bounds, then the run objects it now holds are deleted. A
 crash between the two leaves a run both in the file and as an object: reads take each ``seq`` once. A file an
-older version appended to may end in a torn line: reads skip it.
+older version appended to may end in a torn line: reads skip it. A run is recorded once its object is written:
+a compaction that fails then is logged and tried again at the next run, never makes the run recorded twice.
+
+A failure that concerns one topic's objects (a corrupt or misplaced object: any error but
+``StorageUnavailable``) is that topic's: logged, and the runs of other topics are recorded all the same.
 
 Bounded per topic: ``compactionHistoryMaxRuns`` runs, none older than ``compactionHistoryMaxAgeDays``.
 Reads apply both bounds; the file is compacted once it and the run objects hold a tenth more runs than the
@@ -29,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from compactord.errors import InvalidArgument, ObjectNotFound
-from compactord.model import validate_topic_name
+from compactord.errors import CompactordError, InvalidArgument, ObjectNotFound, StorageUnavailable
+from compactord.ledger import layout
 from compactord.storage import ObjectStore
 from compactord.task import CompactionTaskCtx, TaskState
 
@@ -38,7 +42,6 @@ __all__ = ["MAX_UNRECORDED_RUNS", "RunHistory", "RunPage", "RunRecord", "Unrecor
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".jsonl"
 # Runs recorded as objects of their own before they are compacted into the topic's file: what a read of the
 # history gets one by one (a list and a small get each), and how often the file is written whole.
 _PENDING_MAX = 32
@@ -136,15 +139,14 @@ class _FileState:
 
 
 class RunHistory:
-    """The run histories under ``prefix`` (e.g. ``@compactord/history``) of ``objects``. Thread-safe; one
-    writer process (the root's lock holder)."""
+    """The run histories of ``objects`` (a root's store), where ``layout.history_prefix`` puts them. Thread-safe;
+    one writer process (the root's lock holder)."""
 
-    def __init__(self, objects: ObjectStore, prefix: str, max_runs: int, max_age_days: float,
+    def __init__(self, objects: ObjectStore, max_runs: int, max_age_days: float,
                  clock: Callable[[], float] = time.time) -> None:
         if max_runs < 1 or max_age_days <= 0:
             raise ValueError(f"max_runs must be >= 1 and max_age_days positive, got: {max_runs}, {max_age_days}")
         self.objects = objects
-        self.prefix = prefix.rstrip("/")
         self.max_runs = max_runs
         self.max_age_s = max_age_days * DAY_S
         self._clock = clock
@@ -158,10 +160,7 @@ class RunHistory:
 
         :raises InvalidTopicName: ``topic`` is not a legal Kafka topic name.
         """
-        return f"{self.prefix}/{validate_topic_name(topic)}{SUFFIX}"
-
-    def _runs_prefix(self, topic: str) -> str:
-        return f"{self.prefix}/{validate_topic_name(topic)}/"
+        return layout.history_file_key(topic)
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -169,12 +168,14 @@ class RunHistory:
         """Record ``record`` durably (its ``seq`` is assigned here) and return it as stored.
 
         :raises InsufficientDiskSpace: the disk is full. :raises StorageUnavailable: it cannot be written.
+        :raises CompactordError: the topic's history objects are not usable (e.g. a folder where its run's
+            object goes): that topic's alone.
         """
         topic = record.topic
         with self._lock:
             state = self._state(topic)
             stored = replace(record, seq=state.last_seq + 1)
-            self.objects.put(f"{self._runs_prefix(topic)}{stored.seq:012d}.json", _line(stored))
+            self.objects.put(layout.run_key(topic, stored.seq), _line(stored))
             state.count += 1
             state.pending += 1
             state.last_seq = stored.seq
@@ -182,17 +183,20 @@ class RunHistory:
             if state.oldest_finished is None:
                 state.oldest_finished = stored.finished_at
             if state.pending >= _PENDING_MAX or self._needs_rewrite(state):
-                self._compact(topic)
+                try:
+                    self._compact(topic)
+                except (CompactordError, OSError) as exc:  # the run is recorded: compacted at a later run
+                    log.error("topic %s: run history %s not compacted (its %d runs are kept as objects of their "
+                              "own): %s", topic, self.objects.location(self.key(topic)), state.pending, exc)
         return stored
 
     def delete(self, topic: str) -> None:
         """Remove the topic's history (durably; missing is fine)."""
-        key, runs = self.key(topic), self._runs_prefix(topic)
+        prefix = layout.history_prefix(topic)
         with self._lock:
             self._files.pop(topic, None)
             self._last.pop(topic, None)
-            self.objects.delete_prefix(runs)
-            self.objects.delete(key)
+            self.objects.delete_prefix(prefix)
 
     def _needs_rewrite(self, state: _FileState) -> bool:
         over = state.count > self.max_runs + max(1, self.max_runs // 10)
@@ -231,7 +235,8 @@ class RunHistory:
         found: dict[int, RunRecord] = {}
         for number, line in enumerate(data.split(b"\n"), 1):
             self._parse(line, f"{self.objects.location(key)}: line {number}", found)
-        pending = [info.key for info in self.objects.list(self._runs_prefix(topic))]
+        prefix = layout.history_prefix(topic)
+        pending = [info.key for info in self.objects.list(prefix) if layout.RUN_RE.fullmatch(info.key[len(prefix):])]
         for run_key in pending:
             try:
                 self._parse(self.objects.get(run_key), self.objects.location(run_key), found)
@@ -312,12 +317,20 @@ class UnrecordedRuns:
                           "the store was down", lost.topic, lost.task_id, self._limit)
 
     def record(self, append: Callable[[RunRecord], None]) -> None:
-        """``append`` each to the history, oldest first, each let go of once appended.
+        """``append`` each to the history, oldest first, each let go of once appended; one that fails for its
+        topic's objects alone (not ``StorageUnavailable``) is named in the log and let go of, so that it never
+        holds back the runs of other topics.
 
         :raises StorageUnavailable: the store failed again (the rest are kept)."""
         with self._lock:
             while self._runs:
-                append(self._runs[0])
+                run = self._runs[0]
+                try:
+                    append(run)
+                except StorageUnavailable:
+                    raise
+                except (CompactordError, OSError) as exc:
+                    log.error("topic %s: run %s not recorded in the run history: %s", run.topic, run.task_id, exc)
                 self._runs.pop(0)
 
     def give_up(self, why: str) -> None:

@@ -98,6 +98,9 @@ class Metrics:
         self.switch_warnings = Counter(
             "compactord_switch_warnings", "Switches that committed and then failed a later step (fsync)",
             ["topic"], registry=r)
+        self.history_failures = Counter(
+            "compactord_history_failures", "Runs of the topic its run history could not record (its objects at "
+            "fault, not the store: logged)", ["topic"], registry=r)
         self.topic_broker_compacted = Gauge(
             "compactord_topic_broker_compacted", "1 if the broker compacts the topic itself (cleanup.policy)",
             ["topic"], registry=r)
@@ -216,7 +219,8 @@ class Metrics:
     def forget(self, topic: str) -> None:
         """Drop every series of a deleted topic (a test checks that each metric with a topic label is
         here: a series left behind lives as long as the process)."""
-        for metric in (self.duration, self.recreated_rebuilds, self.switch_warnings, self.topic_broker_compacted,
+        for metric in (self.duration, self.recreated_rebuilds, self.switch_warnings, self.history_failures,
+                       self.topic_broker_compacted,
                        self.removed, self.records_read, self.bytes_read, self.records_written,
                        self.bytes_written, self.spilled_bytes, self.compacted_entries, self.compacted_bytes, self.backlog_records,
                        self.backlog_bytes, self.backlog_age, self.topic_max_lag, self.dirty_ratio, self.topic_uncleanable,

@@ -14,11 +14,11 @@ from typing import Any
 
 from compactord.config import Settings
 from compactord.errors import InvalidArgument, ObjectNotFound, PoliciesUnreadable
+from compactord.ledger import layout
+from compactord.ledger.layout import POLICIES, UNLOADED
 
 __all__ = ["WHOLE_NUMBER_RANGES", "PolicyStore", "TopicPolicies"]
 
-POLICIES = "policies.json"
-UNLOADED = "UNLOADED"
 
 _INT64_MAX = 2**63 - 1
 _CENTURY_S = 100 * 365 * 86_400
@@ -106,7 +106,7 @@ class PolicyStore:
 
     def _key(self, topic: str, name: str) -> str:
         self._store.topic_dir(topic)  # checks the name, and that the topic's folder is the root's
-        return f"{topic}/{name}"
+        return layout.topic_prefix(topic) + name
 
     def get(self, topic: str) -> TopicPolicies:
         """The topic's overrides (none if it has no file).

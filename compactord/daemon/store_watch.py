@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from compactord.daemon.watch import Watch
 from compactord.errors import CompactordError, StorageUnavailable
+from compactord.ledger import layout
 from compactord.storage import ObjectStore
 
 __all__ = ["PROBE_EVERY_S", "PROBE_KEY", "StoreWatch"]
@@ -24,7 +25,7 @@ __all__ = ["PROBE_EVERY_S", "PROBE_KEY", "StoreWatch"]
 log = logging.getLogger(__name__)
 
 PROBE_EVERY_S = 1.0
-PROBE_KEY = "@compactord/store-probe"  # need not exist: a 404 is an answer
+PROBE_KEY = layout.store_probe_key()  # need not exist: a 404 is an answer
 
 
 class StoreWatch(Watch):

@@ -10,6 +10,7 @@ from compactord.engine.spark_session import SparkSessionManager
 from compactord.engine.strategies import ResolvedStrategy
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
+from compactord.ledger import layout
 from compactord.ledger.store import LedgerStore
 from compactord.storage import open_store
 from compactord.model import validate_topic_name
@@ -92,7 +93,7 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         ``topic/``, which has no folders)."""
         if self.store.local:
             return self.store.topic_dir(topic).is_dir()
-        return bool(self.store.objects.children(f"{topic}/"))
+        return bool(self.store.objects.children(layout.topic_prefix(topic)))
 
     def services(self) -> list[SparkTopicCompactionService]:
         with self._lock:

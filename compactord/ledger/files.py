@@ -3,7 +3,6 @@ are ``storage/disk.py``'s, re-exported here)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import crc32c
 
 from compactord.errors import ObjectNotFound, StorageUnavailable
+from compactord.ledger.layout import CURRENT, LEDGER_RE, ledger_dir_name
 from compactord.storage import ObjectInfo, ObjectStore
 from compactord.storage.disk import (
     DISK_FULL,
@@ -26,15 +26,8 @@ from compactord.storage.disk import (
 __all__ = ["CURRENT", "DISK_FULL", "LEDGER_RE", "MANIFEST", "TMP_SUFFIX", "check_object", "disk_errors", "file_crc32c",
            "fsync_path", "ledger_dir_name", "list_names", "remove_path", "write_atomic", "write_durable"]
 
-CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
-LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")
 _CHUNK = 1 << 20
-
-
-def ledger_dir_name(ledger_id: int) -> str:
-    """The directory name of a ledger, also the content of ``CURRENT`` (without the newline)."""
-    return f"ledger-{ledger_id}"
 
 
 def file_crc32c(path: Path) -> int:

@@ -42,6 +42,7 @@ from compactord.errors import (
     PreconditionFailed,
     StorageUnavailable,
 )
+from compactord.ledger import layout
 from compactord.ledger.pointer import raise_epoch
 from compactord.storage import ObjectInfo, ObjectStore
 
@@ -49,7 +50,7 @@ __all__ = ["LEASE_KEY", "Holder", "Lease", "acquire", "check_free"]
 
 log = logging.getLogger(__name__)
 
-LEASE_KEY = "@compactord/lease"
+LEASE_KEY = layout.lease_key()
 Clock = Callable[[], float]
 # A switch is allowed until this share of the lease after the start of the last renewal that succeeded: a
 # contender waits the whole lease from when it first saw that renewal, which leaves a third as margin.

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from compactord.config_values import s3_location
 from compactord.errors import InvalidArgument, LedgerCorrupt, ObjectNotFound
-from compactord.ledger.files import CURRENT, MANIFEST, check_object, file_crc32c
+from compactord.ledger import layout
+from compactord.ledger.files import MANIFEST, check_object, file_crc32c
 from compactord.ledger.lock import RootLock
 from compactord.ledger.manifests import load_manifest
 from compactord.ledger.pointer import Pointer, last_id, raise_last_id, read_pointer, write_pointer
@@ -47,13 +48,10 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class TopicState:
-    """Where the daemon keeps a topic's state besides its ledgers (``compactord/daemon``'s names, which this
-    layer does not import): files in the topic's folder (its policies) and the run history's objects,
-    ``<history_prefix>/<topic><history_suffix>`` and those under ``<history_prefix>/<topic>/``."""
+    """What the daemon keeps of a topic besides its ledgers and run history (``layout.history_prefix``): the
+    files in the topic's folder to copy (its policies)."""
 
     files: tuple[str, ...]
-    history_prefix: str
-    history_suffix: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +188,12 @@ def _plan(src: LedgerStore, dst: LedgerStore, topic: str, state: TopicState) -> 
     pointer = src.pointer(topic)
     plan = _Plan(topic, pointer.ledger, pointer)
     objects = src.objects
-    plan.history = [info.key for info in objects.list(f"{state.history_prefix}/{topic}/")]
-    if objects.head(f"{state.history_prefix}/{topic}{state.history_suffix}") is not None:
-        plan.history.append(f"{state.history_prefix}/{topic}{state.history_suffix}")
-    plan.extras = [f"{topic}/{name}" for name in state.files if objects.head(f"{topic}/{name}") is not None]
-    ours = {*plan.history, *plan.extras}
+    plan.history = [info.key for info in objects.list(layout.history_prefix(topic))]
+    if objects.head(layout.legacy_history_key(topic)) is not None:  # SRC written by the older layout
+        plan.history.append(layout.legacy_history_key(topic))
+    plan.extras = [layout.topic_prefix(topic) + name for name in state.files
+                   if objects.head(layout.topic_prefix(topic) + name) is not None]
+    ours = {*map(_history_target, plan.history), *plan.extras}
     if pointer.ledger is not None:
         prefix = plan.prefix = src.ledger_key(topic, pointer.ledger) + "/"
         plan.files = load_manifest(objects, prefix, topic, pointer.ledger).files
@@ -208,11 +207,9 @@ def _compare(dst: ObjectStore, plan: _Plan, ours: set[str], state: TopicState) -
     """Set ``plan.conflict`` if DST has the topic as something else than SRC's (or an interrupted copy of
     it), ``plan.note`` if it has it complete, byte for byte."""
     topic = plan.topic
-    if dst.head(f"{topic}/{CURRENT}") is None:
-        theirs = [info.key for prefix in (f"{topic}/", f"{state.history_prefix}/{topic}/")
+    if dst.head(layout.pointer_key(topic)) is None:
+        theirs = [info.key for prefix in (layout.topic_prefix(topic), layout.history_prefix(topic))
                   for info in dst.list(prefix)]
-        history_file = f"{state.history_prefix}/{topic}{state.history_suffix}"
-        theirs += [history_file] if dst.head(history_file) is not None else []
         foreign = sorted(set(theirs) - ours)
         if foreign:
             plan.conflict = f"{dst.location(foreign[0])} is not SRC's"
@@ -242,7 +239,9 @@ def _copy_topic(src: LedgerStore, dst: LedgerStore, plan: _Plan, state: TopicSta
             _copy_part(src.objects, dst.objects, prefix, entry, f"ledger {plan.ledger_id} of topic {topic!r}")
             size += int(entry["bytes"])
         dst.objects.put(prefix + MANIFEST, plan.manifest or b"")  # after the parts: a ledger with a manifest is whole
-    for key in [*(plan.history or []), *(plan.extras or [])]:
+    for key in plan.history or []:
+        dst.objects.put(_history_target(key), src.objects.get(key))
+    for key in plan.extras or []:
         dst.objects.put(key, src.objects.get(key))
     if plan.ledger_id is None:
         return TopicMoved(topic, None, seconds=time.monotonic() - started,
@@ -274,6 +273,14 @@ def _copy_part(src: ObjectStore, dst: ObjectStore, prefix: str, entry: dict[str,
     if problem is not None:
         raise LedgerCorrupt(f"{where}: part {entry['name']} as written to DST ({dst.location(key)}) {problem}; "
                             "the topic's pointer is not written on DST (run the migration again)")
+
+
+def _history_target(key: str) -> str:
+    """Where a history object of SRC goes on DST: an older layout's ``history/<topic>.jsonl`` to its place in
+    this one (``upgrade.py``), any other where it is."""
+    if key.startswith(layout.history_root()) and "/" not in key[len(layout.history_root()):]:
+        return layout.history_file_key(key[len(layout.history_root()):].removesuffix(layout.LEGACY_HISTORY_SUFFIX))
+    return key
 
 
 def _get(objects: ObjectStore, key: str) -> bytes | None:

@@ -30,15 +30,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from compactord.errors import Fenced, LedgerCorrupt, ObjectNotFound, PreconditionFailed
-from compactord.ledger.files import CURRENT, LEDGER_RE
+from compactord.ledger import layout
+from compactord.ledger.files import LEDGER_RE
 from compactord.storage import ObjectStore
 
 __all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
            "last_id", "raise_epoch", "raise_last_id", "read_pointer", "write_pointer"]
 
-LAST_IDS = "@compactord/ledger-ids"
-EPOCH_KEY = "@compactord/epoch"
-LEGACY_SEQ_KEY = "@compactord/ledger-seq"
+LAST_IDS = layout.last_ids_root().rstrip("/")
+EPOCH_KEY = layout.epoch_key()
+LEGACY_SEQ_KEY = layout.legacy_seq_key()
 # Conditional writes that lose to another writer are retried from a fresh read; each loss means another
 # writer advanced, so this bound is only reached by a store that fails every condition (a broken store).
 _CAS_ATTEMPTS = 100
@@ -100,16 +101,12 @@ class Pointer:
         return json.dumps(body, separators=(", ", ": ")).encode() + b"\n"
 
 
-def _key(topic: str, name: str) -> str:
-    return f"{topic}/{name}"
-
-
 def read_pointer(objects: ObjectStore, topic: str) -> Pointer:
     """The topic's pointer (``Pointer(None)`` if it has none).
 
     :raises LedgerCorrupt: ``CURRENT`` holds neither form.
     """
-    key = _key(topic, CURRENT)
+    key = layout.pointer_key(topic)
     info = objects.head(key)
     if info is None:
         return Pointer(None)
@@ -172,7 +169,7 @@ def parse_pointer(data: bytes, topic: str, version: str | None) -> Pointer:
         return Pointer(_positive(ledger), epoch, retired, version)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerCorrupt(
-            f"pointer {topic}/{CURRENT} of topic {topic!r} holds {text[:120]!r}: {exc}; expected "
+            f"pointer {layout.pointer_key(topic)} of topic {topic!r} holds {text[:120]!r}: {exc}; expected "
             '{"ledger": <id>, "epoch": <n>, "retired": [...]} or one line \'ledger-<id>\'', topic=topic) from None
 
 
@@ -181,7 +178,7 @@ def write_pointer(objects: ObjectStore, topic: str, new: Pointer, base: Pointer)
 
     :raises Fenced: the pointer is no longer ``base``: another writer switched since.
     """
-    key = _key(topic, CURRENT)
+    key = layout.pointer_key(topic)
     try:
         if base.version is None:
             version = objects.put_if_absent(key, new.to_bytes())
@@ -201,7 +198,7 @@ def allocate_id(objects: ObjectStore, topic: str, used: list[int]) -> int:
     :raises LedgerCorrupt: the last id or the legacy counter does not hold an integer.
     """
     legacy = _read_int(objects, LEGACY_SEQ_KEY) or 0
-    return _advance(objects, f"{LAST_IDS}/{topic}", lambda last: max([last or 0, legacy, *used]) + 1,
+    return _advance(objects, layout.last_id_key(topic), lambda last: max([last or 0, legacy, *used]) + 1,
                     "advanced", topic)
 
 
@@ -211,7 +208,7 @@ def last_id(objects: ObjectStore, topic: str) -> int | None:
 
     :raises LedgerCorrupt: either does not hold an integer.
     """
-    found = [n for n in (_read_int(objects, f"{LAST_IDS}/{topic}"), _read_int(objects, LEGACY_SEQ_KEY)) if n]
+    found = [n for n in (_read_int(objects, layout.last_id_key(topic)), _read_int(objects, LEGACY_SEQ_KEY)) if n]
     return max(found, default=None)
 
 
@@ -221,7 +218,7 @@ def raise_last_id(objects: ObjectStore, topic: str, at_least: int) -> int:
 
     :raises LedgerCorrupt: the last id does not hold an integer.
     """
-    return _advance(objects, f"{LAST_IDS}/{topic}", lambda last: max(last or 0, at_least), "raised", topic)
+    return _advance(objects, layout.last_id_key(topic), lambda last: max(last or 0, at_least), "raised", topic)
 
 
 def raise_epoch(objects: ObjectStore) -> int:

@@ -11,20 +11,19 @@ import logging
 from dataclasses import dataclass, field
 
 from compactord.errors import InsufficientDiskSpace
-from compactord.ledger.files import LEDGER_RE, MANIFEST, TMP_SUFFIX, ledger_dir_name
+from compactord.ledger import layout
+from compactord.ledger.files import LEDGER_RE, MANIFEST, TMP_SUFFIX
+from compactord.ledger.layout import DELETING
 from compactord.storage import ObjectInfo, ObjectStore
 
 __all__ = ["DELETING", "Swept", "delete_topic", "mark_deleting", "remove_orphans", "sweep_orphans"]
 
 log = logging.getLogger("compactord.ledger.store")  # one logger for what open() finds
 
-DELETING = "DELETING"
-
-
 def mark_deleting(objects: ObjectStore, topic: str) -> bool:
     """Write the topic's deletion mark durably; False if the disk is too full to hold it (logged)."""
     try:
-        objects.put(f"{topic}/{DELETING}", b"deletion asked; completed at the next start if interrupted\n")
+        objects.put(layout.deleting_key(topic), b"deletion asked; completed at the next start if interrupted\n")
     except InsufficientDiskSpace as exc:
         log.warning("topic %r is deleted without a durable mark (a restart before the end leaves its "
                     "files): %s", topic, exc)
@@ -34,9 +33,9 @@ def mark_deleting(objects: ObjectStore, topic: str) -> bool:
 
 def delete_topic(objects: ObjectStore, topic: str) -> None:
     """Remove every object of the topic, its deletion mark last (missing is fine)."""
-    mark = f"{topic}/{DELETING}"
-    objects.delete_many(info.key for info in objects.list(f"{topic}/") if info.key != mark)
-    objects.delete_prefix(f"{topic}/")  # the mark, and on a local disk the folders with them
+    mark, prefix = layout.deleting_key(topic), layout.topic_prefix(topic)
+    objects.delete_many(info.key for info in objects.list(prefix) if info.key != mark)
+    objects.delete_prefix(prefix)  # the mark, and on a local disk the folders with them
 
 
 def remove_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer: bool) -> list[str]:
@@ -44,17 +43,18 @@ def remove_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer
     (a ledger as its prefix). Without a pointer, a finalized ledger (with a manifest) is kept (``open()``
     quarantines it)."""
     doomed: list[str] = []
-    for child in objects.children(f"{topic}/"):
+    prefix = layout.topic_prefix(topic)
+    for child in objects.children(prefix):
         name = child.rstrip("/")
         match = LEDGER_RE.fullmatch(name) if child.endswith("/") else None
         if match is not None and int(match.group(1)) not in keep:
-            if not has_pointer and objects.head(f"{topic}/{name}/{MANIFEST}") is not None:
+            if not has_pointer and objects.head(f"{prefix}{name}/{MANIFEST}") is not None:
                 continue
-            doomed.append(f"{topic}/{name}/")
+            doomed.append(f"{prefix}{name}/")
         elif match is None and name.endswith(TMP_SUFFIX):  # an older version's CURRENT.tmp
-            doomed.append(f"{topic}/{name}")
+            doomed.append(f"{prefix}{name}")
     for ledger_id in sorted(keep):
-        doomed += [info.key for info in objects.list(f"{topic}/{ledger_dir_name(ledger_id)}/")
+        doomed += [info.key for info in objects.list(layout.ledger_prefix(topic, ledger_id))
                    if info.key.endswith(TMP_SUFFIX)]
     for key in sorted(doomed):
         log.warning("removing orphan %s of topic %r (kept: %s)", key, topic, sorted(keep) or "none")
@@ -84,21 +84,22 @@ def sweep_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer:
     written before ``older_than`` (UTC seconds), and temporary files that old."""
     swept = Swept()
     doomed: list[tuple[str, list[ObjectInfo]]] = []
-    for child in objects.children(f"{topic}/"):
+    prefix = layout.topic_prefix(topic)
+    for child in objects.children(prefix):
         name = child.rstrip("/")
         match = LEDGER_RE.fullmatch(name) if child.endswith("/") else None
         if match is not None and int(match.group(1)) not in keep and int(match.group(1)) <= ceiling:
-            found = objects.list(f"{topic}/{name}/")
+            found = objects.list(f"{prefix}{name}/")
             if not has_pointer and any(info.key.endswith(f"/{MANIFEST}") for info in found):
                 continue  # a finalized ledger without CURRENT: the next start quarantines it
             if all(info.modified < older_than for info in found):
-                doomed.append((f"{topic}/{name}/", found))
+                doomed.append((f"{prefix}{name}/", found))
         elif match is None and name.endswith(TMP_SUFFIX):  # an older version's CURRENT.tmp
-            info = objects.head(f"{topic}/{name}")
+            info = objects.head(f"{prefix}{name}")
             if info is not None and info.modified < older_than:
                 doomed.append((info.key, [info]))
     for ledger_id in sorted(keep):
-        doomed += [(info.key, [info]) for info in objects.list(f"{topic}/{ledger_dir_name(ledger_id)}/")
+        doomed += [(info.key, [info]) for info in objects.list(layout.ledger_prefix(topic, ledger_id))
                    if info.key.endswith(TMP_SUFFIX) and info.modified < older_than]
     for key, infos in sorted(doomed, key=lambda item: item[0]):
         log.warning("sweeping orphan %s of topic %r (%d objects, %d bytes; kept: %s)", key, topic, len(infos),

@@ -1,7 +1,8 @@
 """The ledger root: the root's lock, ledger ids, finalising and verifying ledgers, the compare-and-swap
 ``CURRENT`` pointer, and the removal of orphans. The layout is docs/design.md's ("The compacted ledger"):
 ``<topic>/CURRENT``, ``<topic>/ledger-<id>/`` (parts and ``manifest.json``), ``<topic>/DELETING``, and the
-daemon's own objects under ``@compactord/`` (``@`` is illegal in Kafka topic names: no collision).
+daemon's own objects under ``@compactord/``, every key built by ``layout.py``; ``upgrade.py`` moves what an
+older layout wrote when the root is opened.
 
 Every object goes through the root's ``ObjectStore`` (``compactord/storage``), which maps the store's
 errors; the pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and verifying a ledger's
@@ -15,16 +16,16 @@ import logging
 import shutil
 from pathlib import Path
 
-from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt
-from compactord.ledger import manifests, removal
+from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt, LedgerRootUnwritable
+from compactord.ledger import layout, manifests, removal, upgrade
 from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, file_crc32c, fsync_path, ledger_dir_name
 from compactord.ledger.files import list_names, remove_path
 from compactord.ledger.lease import Lease, acquire
 from compactord.ledger.lock import RootLock, unwritable
 from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
-from compactord.ledger.quarantine import lost_pointer, quarantine
+from compactord.ledger.layout import DAEMON_DIR, DELETING
+from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
 from compactord.ledger.reader import LedgerReader
-from compactord.ledger.removal import DELETING
 from compactord.model import LedgerManifest, validate_topic_name
 from compactord.storage import LocalStore, ObjectStore, open_store
 
@@ -32,9 +33,7 @@ __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "Poin
 
 log = logging.getLogger(__name__)
 
-DAEMON_DIR = "@compactord"
-_LOCK, _SEQ, _PROGRESS, _QUARANTINE = "lock", "ledger-seq", "progress", "quarantine"
-_WRITE_PROBE = "write-probe"
+_LOCK, _SEQ, _PROGRESS = layout.lock_name(), layout.legacy_seq_key().rpartition("/")[2], layout.progress_name()
 
 
 class LedgerStore:
@@ -93,9 +92,11 @@ class LedgerStore:
                     self.lease = acquire(self.objects, self.lease_seconds)
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
-                probe = f"{DAEMON_DIR}/{_WRITE_PROBE}"
+                probe = layout.write_probe_key()
                 self.objects.put(probe, b"compactord checks that the ledger root can be written\n")
                 self.objects.delete(probe)
+                if self.local:
+                    _refuse_folded_case(self.root, self._daemon_dir)
                 self.objects.recover()
                 self.epoch = raise_epoch(self.objects) if self.lease is None else self.lease.epoch
             with contextlib.suppress(FileNotFoundError):
@@ -105,6 +106,7 @@ class LedgerStore:
             for task in list_names(self._daemon_dir / _PROGRESS) if self.local else []:
                 log.warning("removing the progress files an older version left for task %s", task)
                 remove_path(self._daemon_dir / _PROGRESS / task)
+            upgrade.upgrade_root(self.objects)
             for topic in self.topics():
                 self.recover_topic(topic)
         except BaseException:
@@ -124,7 +126,7 @@ class LedgerStore:
         try:
             self.topic_dir(topic)
             if lost_pointer(self.objects, topic):
-                quarantine(self.objects, topic, f"{DAEMON_DIR}/{_QUARANTINE}")
+                quarantine(self.objects, topic)
             self.sweep_retired(topic)
             self.remove_orphans(topic)
         except LedgerCorrupt as exc:
@@ -228,7 +230,7 @@ class LedgerStore:
         try:
             return self.pointer(topic)
         except LedgerCorrupt:
-            info = self.objects.head(f"{topic}/{CURRENT}")
+            info = self.objects.head(layout.pointer_key(topic))
             return Pointer(None, version=None if info is None else info.version)
 
     def current_ledger_id(self, topic: str) -> int | None:
@@ -240,7 +242,7 @@ class LedgerStore:
 
     def ledger_ids(self, topic: str) -> list[int]:
         """The ids of the ledger folders under the topic, sorted (finished or not)."""
-        names = self.objects.children(f"{validate_topic_name(topic)}/")
+        names = self.objects.children(layout.topic_prefix(topic))
         found = (LEDGER_RE.fullmatch(name.rstrip("/")) for name in names)
         return sorted(int(m.group(1)) for m in found if m)
 
@@ -303,7 +305,7 @@ class LedgerStore:
         :raises InsufficientDiskSpace: the disk is full.
         """
         self.ledger_path(topic, ledger_id)  # checks the name and the id
-        key = f"{topic}/{ledger_dir_name(ledger_id)}/{MANIFEST}"
+        key = layout.ledger_prefix(topic, ledger_id) + MANIFEST
         if self.objects.head(key) is None:
             raise InvalidArgument(
                 f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} in {self.objects.describe()}: "
@@ -387,7 +389,7 @@ class LedgerStore:
                 f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
                 "before deleting it, or delete the topic"
             )
-        self.objects.delete_prefix(f"{topic}/{ledger_dir_name(ledger_id)}/")
+        self.objects.delete_prefix(layout.ledger_prefix(topic, ledger_id))
 
     def discard(self, path: Path) -> None:
         """Remove a partial ledger directory (missing is fine).
@@ -416,11 +418,11 @@ class LedgerStore:
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
-        self.objects.delete(f"{validate_topic_name(topic)}/{DELETING}")
+        self.objects.delete(layout.deleting_key(topic))
 
     def deletion_pending(self, topic: str) -> bool:
         """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
-        return self.objects.head(f"{validate_topic_name(topic)}/{DELETING}") is not None
+        return self.objects.head(layout.deleting_key(topic)) is not None
 
     def delete_topic(self, topic: str) -> None:
         """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
@@ -435,8 +437,8 @@ class LedgerStore:
             self._known.wrote(topic, None)
 
     def quarantined(self) -> list[str]:
-        """The folders under ``@compactord/quarantine`` (``<topic>-<time>``), sorted."""
-        return sorted(name.rstrip("/") for name in self.objects.children(f"{DAEMON_DIR}/{_QUARANTINE}/"))
+        """The folders under ``@compactord/quarantine`` (``<topic>/<time>``), sorted."""
+        return quarantined(self.objects)
 
     def remove_orphans(self, topic: str) -> list[str]:
         """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;
@@ -467,7 +469,7 @@ class LedgerStore:
         pointer = self.pointer(topic)
         keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
         swept = removal.sweep_orphans(self.objects, topic, keep, pointer.ledger is not None, ceiling, older_than)
-        swept.uploads = self.objects.abort_uploads(f"{topic}/", older_than)
+        swept.uploads = self.objects.abort_uploads(layout.topic_prefix(topic), older_than)
         return swept
 
     def ledger_key(self, topic: str, ledger_id: int) -> str:
@@ -478,13 +480,23 @@ class LedgerStore:
     def _prefix(self, topic: str, ledger_id: int) -> str:
         """The key prefix of a ledger's objects, ``<topic>/ledger-<id>/`` (name and id checked)."""
         self.ledger_path(topic, ledger_id)
-        return f"{topic}/{ledger_dir_name(ledger_id)}/"
+        return layout.ledger_prefix(topic, ledger_id)
 
     def _is_current(self, topic: str, path: Path) -> bool:
         current = self.current_ledger_id(topic)
         if current is None:
             return False
         return path.resolve() == (self.topic_dir(topic) / ledger_dir_name(current)).resolve()
+
+
+def _refuse_folded_case(root: Path, daemon_dir: Path) -> None:
+    """:raises LedgerRootUnwritable: the root's file system folds case (topics ``A`` and ``a`` would share a
+    folder)."""
+    if layout.case_folds(daemon_dir):
+        raise LedgerRootUnwritable(
+            f"ledger root {root} is on a case-insensitive file system (a name and its other case are one file "
+            "there), where topics whose names differ only in case would share their files; compactedLedgerRoot "
+            "must be a directory on a case-sensitive file system", root=str(root))
 
 
 def _is_topic_name(name: str) -> bool:

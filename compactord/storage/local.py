@@ -27,6 +27,7 @@ import pyarrow as pa
 from compactord.errors import (
     InsufficientDiskSpace,
     InvalidArgument,
+    ObjectConflict,
     ObjectNotFound,
     PreconditionFailed,
     StorageUnavailable,
@@ -39,6 +40,9 @@ __all__ = ["LocalStore"]
 PRIVATE = ".~"
 _LOCK = PRIVATE + "cas.lock"
 _COUNTER = itertools.count()
+# What a key's own place causes (a folder where its file goes, a file where its folder goes, a name too long):
+# that object's fault, not the disk's.
+_KEY_CONFLICTS = (errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG)
 
 
 class LocalStore(ObjectStore):
@@ -125,7 +129,7 @@ class LocalStore(ObjectStore):
 
     def put(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        with self._errors(f"writing {key!r}"):
+        with self._errors(f"writing {key!r}", key):
             tmp = self._temporary(path)
             try:
                 write_durable(tmp, data)
@@ -137,7 +141,7 @@ class LocalStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        with self._errors(f"creating {key!r}"):
+        with self._errors(f"creating {key!r}", key):
             tmp = self._temporary(path)
             try:
                 write_durable(tmp, data)
@@ -155,7 +159,7 @@ class LocalStore(ObjectStore):
 
     def put_if_match(self, key: str, data: bytes, version: str) -> str:
         path = self._path(key)
-        with self._errors(f"replacing {key!r}"):
+        with self._errors(f"replacing {key!r}", key):
             tmp = self._temporary(path)
             try:
                 write_durable(tmp, data)
@@ -177,7 +181,7 @@ class LocalStore(ObjectStore):
         source = Path(path)
         if not source.is_file():
             raise FileNotFoundError(errno.ENOENT, "no file to store", str(source))
-        with self._errors(f"writing {key!r}"):
+        with self._errors(f"writing {key!r}", key):
             if source.resolve() == target.resolve():  # written in place (a task's part): only made durable
                 fsync_path(target)
                 fsync_path(target.parent)
@@ -194,7 +198,7 @@ class LocalStore(ObjectStore):
 
     def copy(self, source: str, target: str) -> str:
         src, dst = self._path(source), self._path(target)
-        with self._errors(f"copying {source!r} to {target!r}"), self._found(source):
+        with self._errors(f"copying {source!r} to {target!r}", target), self._found(source):
             if os.path.isdir(src):
                 raise FileNotFoundError(errno.ENOENT, "a folder, not an object", str(src))
             tmp = self._temporary(dst)
@@ -282,12 +286,15 @@ class LocalStore(ObjectStore):
             raise ObjectNotFound(f"{self.describe()} has no object {key!r}", key=key) from exc
 
     @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        """The boundary: a full disk is ``InsufficientDiskSpace``, any other OS error ``StorageUnavailable``."""
+    def _errors(self, what: str, key: str | None = None) -> Iterator[None]:
+        """The boundary: a full disk is ``InsufficientDiskSpace``, a key whose place is taken (``key``'s,
+        when one is named) ``ObjectConflict``, any other OS error ``StorageUnavailable``."""
         try:
             yield
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            if key is not None and exc.errno in _KEY_CONFLICTS:
+                raise ObjectConflict(f"{self.describe()}: {what}: {reason} ({exc})", key=key) from exc
             if exc.errno in DISK_FULL:
                 raise InsufficientDiskSpace(f"{self.describe()}: {what}: no space left on the device ({exc})") \
                     from exc

@@ -152,7 +152,7 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     assert list((root / "@compactord" / "progress").glob("*")) == []
     assert len(ledger_dirs(root, state["topic"])) == 1
     # the cancel is in the history the next start reads (the file as the daemon wrote it before exiting)
-    [run] = RunHistory(LocalStore(root), "@compactord/history", 1000, 30).runs(topic)
+    [run] = RunHistory(LocalStore(root), 1000, 30).runs(topic)
     assert (run.task_id, run.state, run.error) == (response.json()["task_id"], "Cancelled",
                                                    "the daemon is shutting down")
 

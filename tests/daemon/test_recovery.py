@@ -1,7 +1,7 @@
 """What a restart finds on the ledger root after a kill -9: a topic deletion that was pending is
 completed before anything serves the topic; ledgers found without their ``CURRENT`` are quarantined
 (moved aside, counted in ``compactord_quarantined_topics``), not wiped; the run history is kept (and a
-deleted topic's is gone)."""
+deleted topic's is gone), also of topics whose names differ by a suffix (``coll``, ``coll.jsonl``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import wait_state
+from tests.support.daemon import compact, wait_state
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
 
@@ -44,7 +44,6 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     gone = daemon.http.delete(f"/v1/topics/{dropped}")
     assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
     assert daemon.http.get(f"/v1/topics/{dropped}/history").json() == {"topic": dropped, "runs": [], "next": None}
-    assert not (root / "@compactord" / "history" / f"{dropped}.jsonl").exists()
     assert not (root / "@compactord" / "history" / dropped).exists()
     deleted = daemon.http.delete(f"/v1/topics/{topic}")
     assert deleted.status_code == 202, deleted.text
@@ -62,8 +61,8 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     listed = {t["topic"]: t for t in restarted.http.get("/v1/topics").json()["topics"]}
     assert listed[topic]["last_compaction"]["status"] == "NOT_RUN"  # still on the broker, nothing kept
     quarantine = root / "@compactord" / "quarantine"
-    [folder] = list(quarantine.iterdir())
-    assert folder.name.startswith("lost-pointer-") and (folder / written.name / "manifest.json").is_file()
+    [folder] = [stamp for topic in quarantine.iterdir() for stamp in topic.iterdir()]
+    assert folder.parent.name == "lost-pointer" and (folder / written.name / "manifest.json").is_file()
     assert metric(restarted, "compactord_quarantined_topics") == 1
     assert "quarantine" in restarted.log_text()
     # the cancelled run survived the kill -9, and is what the status reports
@@ -73,3 +72,40 @@ def test_a_deletion_pending_at_kill_9_completes_at_restart(
     last = restarted.http.get(f"/v1/topics/{kept}/compaction").json()
     assert (last["status"], last["state"], last["task_id"]) == ("ERROR", "Cancelled", run["task_id"])
     assert restarted.http.get(f"/v1/topics/{dropped}/history").json()["runs"] == []
+
+
+def test_topics_named_x_and_x_jsonl_keep_every_topic_s_history_across_a_kill_9(
+    launch: Launcher, kafka: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from kafka.admin import NewTopic
+
+    root = tmp_path_factory.mktemp("names") / "ledgers"
+    # 3 runs kept: a topic's history is compacted into its file at its 5th run (a tenth over, at least one)
+    daemon = launch("names", root=root, compactionHistoryMaxRuns=3)
+    coll, other = kafka.topic(prefix="coll"), kafka.topic(prefix="other")
+    suffixed = f"{coll}.jsonl"
+    kafka.admin.create_topics([NewTopic(suffixed, 1, 1)])
+    for topic in (coll, suffixed, other):
+        kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(9)])
+    runs = {suffixed: [compact(daemon, suffixed)["task_id"]]}
+    runs[coll] = [compact(daemon, coll)["task_id"] for _ in range(7)]  # its history compacted at the 5th
+    runs[other] = [compact(daemon, other)["task_id"]]
+
+    def histories(d: Any) -> dict[str, list[str]]:
+        return {topic: [r["task_id"] for r in d.http.get(f"/v1/topics/{topic}/history").json()["runs"]]
+                for topic in runs}
+
+    expected = {topic: list(reversed(ids[-3:])) for topic, ids in runs.items()}
+    assert histories(daemon) == expected
+    assert "recorded in the run history once the store answers" not in daemon.log_text()
+    assert "the ledger root's store does not answer" not in daemon.log_text()  # never marked down
+    assert daemon.http.get("/readyz").json()["reads"] is True
+    folder = root / "@compactord" / "history"
+    assert (folder / coll / "compacted.jsonl").is_file() and (folder / suffixed).is_dir()
+    daemon.kill_group()
+    assert daemon.wait_exit(30) is not None
+
+    restarted = launch("names-restarted", root=root, compactionHistoryMaxRuns=3)
+    assert histories(restarted) == expected
+    for topic in runs:  # each current ledger came from its last run, a success
+        assert restarted.http.get(f"/v1/topics/{topic}/compaction").json()["status"] == "SUCCESS"

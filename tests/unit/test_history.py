@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
-from compactord.errors import InvalidArgument, InvalidTopicName, StorageUnavailable
+from compactord.errors import InvalidArgument, InvalidTopicName, ObjectConflict, StorageUnavailable
 from compactord.storage import LocalStore
 from compactord.task import CompactionTaskCtx, Reason, TaskState
 
@@ -56,7 +56,7 @@ def clock() -> Clock:
 
 
 def history(tmp_path: Path, clock: Clock, max_runs: int = 1000, max_age_days: float = 30) -> RunHistory:
-    return RunHistory(LocalStore(tmp_path), "@compactord/history", max_runs, max_age_days, clock=clock)
+    return RunHistory(LocalStore(tmp_path), max_runs, max_age_days, clock=clock)
 
 
 def test_a_record_holds_what_the_task_did(tmp_path: Path, clock: Clock) -> None:
@@ -90,7 +90,7 @@ def test_appended_runs_are_read_back_newest_first_after_a_new_start(tmp_path: Pa
     assert again.last("orders") == second
     assert again.append(ended()).seq == 3  # numbering goes on
     assert again.runs("other") == [] and again.last("other") is None
-    assert store.key("orders") == "@compactord/history/orders.jsonl"
+    assert store.key("orders") == "@compactord/history/orders/compacted.jsonl"
 
 
 def test_pages_go_from_newest_to_oldest(tmp_path: Path, clock: Clock) -> None:
@@ -142,7 +142,7 @@ def test_runs_older_than_max_age_are_dropped(tmp_path: Path, clock: Clock) -> No
 
 def test_a_torn_last_line_of_an_older_versions_file_is_skipped(tmp_path: Path, clock: Clock) -> None:
     kept = ended()
-    path = tmp_path / "@compactord" / "history" / "orders.jsonl"
+    path = tmp_path / "@compactord" / "history" / "orders" / "compacted.jsonl"
     path.parent.mkdir(parents=True)
     # An older version appended lines; a crash half-way through the second append tore it.
     path.write_bytes(json.dumps({**kept.to_json(), "seq": 1}).encode() + b"\n"
@@ -162,7 +162,7 @@ def test_each_run_is_an_object_until_the_runs_are_compacted_into_the_file(tmp_pa
     assert [r.task_id for r in history(tmp_path, clock).runs("orders")] == [first.task_id]
     ids = [first.task_id] + [store.append(ended()).task_id for _ in range(40)]
     runs = tmp_path / "@compactord" / "history" / "orders"
-    pending = sorted(os.listdir(runs)) if runs.exists() else []
+    pending = sorted(set(os.listdir(runs)) - {"compacted.jsonl"})
     in_file = (tmp_path / store.key("orders")).read_bytes().splitlines()
     assert len(in_file) == 32 and len(pending) == 9  # compacted once 32 waited
     assert [r.task_id for r in history(tmp_path, clock).runs("orders")] == list(reversed(ids))
@@ -223,3 +223,25 @@ def test_runs_that_ended_while_the_store_was_down_are_recorded_oldest_first_and_
     waiting.give_up("the store does not answer")
     assert len(waiting) == 0
     assert f"lacks 1 runs that ended while the store was down (orders/{runs[0].task_id}): the store" in caplog.text
+
+
+def test_a_topic_whose_history_objects_are_unusable_fails_alone_and_never_as_the_store(
+        tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    store = history(tmp_path, clock, max_runs=2)  # compacted once the objects hold 4 runs
+    folder = tmp_path / "@compactord" / "history"
+    # a folder where the compacted file goes: every run is still recorded, once, as an object of its own
+    (folder / "coll" / "compacted.jsonl").mkdir(parents=True)
+    ids = [store.append(ended("coll")).task_id for _ in range(6)]
+    assert [r.task_id for r in history(tmp_path, clock, max_runs=1000).runs("coll")] == list(reversed(ids))
+    assert "run history" in caplog.text and "not compacted" in caplog.text
+    # a folder where the next run's object goes: that topic's error, not StorageUnavailable
+    (folder / "coll" / "000000000007.json").mkdir()
+    with pytest.raises(ObjectConflict):
+        store.append(ended("coll"))
+    # and among runs waiting for the store, it is let go of (logged); the other topic's runs are recorded
+    waiting = UnrecordedRuns()
+    waiting.add(ended("coll"))
+    waiting.add(ended("prices"))
+    waiting.record(store.append)
+    assert len(waiting) == 0 and len(store.runs("prices")) == 1
+    assert "topic coll: run" in caplog.text and "not recorded in the run history" in caplog.text

@@ -141,7 +141,7 @@ def test_finalized_ledgers_without_current_are_quarantined_not_wiped(kafka, make
     assert store.current_ledger_id(topic) is None
     assert keys(factory, f"{topic}/") == [f"{topic}/policies.json"]  # policies stay
     [folder] = store.quarantined()
-    assert folder.startswith(f"{topic}-")
+    assert folder.startswith(f"{topic}/")
     moved = [k.removeprefix(f"{QUARANTINE}/{folder}/") for k in keys(factory, f"{QUARANTINE}/{folder}/")]
     assert moved == ledgers  # every object of both ledgers, manifests included
     assert f"ledger-{second}/manifest.json" in moved

@@ -14,28 +14,27 @@ from typing import Any
 import pytest
 
 from compactord.config import Settings
-from compactord.daemon.core import HISTORY_DIR
-from compactord.daemon.history import SUFFIX, RunHistory
+from compactord.daemon.history import RunHistory
 from compactord.daemon.policies import POLICIES, PolicyStore, TopicPolicies
 from compactord.engine.strategies import allowed_strategies
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRootLocked
 from compactord.ledger import lease
 from compactord.ledger.files import CURRENT
 from compactord.ledger.migrate import Root, TopicMoved, TopicState, migrate_root, open_root
-from compactord.ledger.store import DAEMON_DIR, LedgerStore
+from compactord.ledger.store import LedgerStore
 from compactord.model import Entry
-from compactord.storage import ObjectStore
+from compactord.storage import LocalStore, ObjectStore
 from tests.daemon.test_doc_examples import code_block_after, command_words
 from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
 from tests.unit.ledger.test_store import REPO, make_ledger, rows
 from tests.unit.test_history import S, ended
 
-STATE = TopicState((POLICIES,), f"{DAEMON_DIR}/{HISTORY_DIR}", SUFFIX)
+STATE = TopicState((POLICIES,))
 LEASE_S = 5.0
 
 
 def _history(objects: ObjectStore) -> RunHistory:
-    return RunHistory(objects, STATE.history_prefix, 1000, 30)
+    return RunHistory(objects, 1000, 30)
 
 
 @pytest.fixture
@@ -235,6 +234,22 @@ def test_a_topic_without_a_ledger_moves_its_policies_and_history(tmp_path: Path)
     assert dst.objects.get(f"fresh/{POLICIES}") == src.objects.get(f"fresh/{POLICIES}")
     assert [r.state for r in _history(dst.objects).runs("fresh")] == ["Failed"]
     assert dst.objects.head(f"fresh/{CURRENT}") is None
+
+
+def test_the_history_of_a_source_of_the_older_layout_lands_where_this_layout_reads_it(tmp_path: Path) -> None:
+    with LedgerStore(tmp_path / "src") as store:
+        _history(store.objects).append(ended("coll", final=S.FAILED))
+    objects = LocalStore(tmp_path / "src")
+    # what the older layout wrote: coll's compacted file, where topic coll.jsonl's runs would go
+    objects.put("@compactord/history/coll.jsonl", objects.get("@compactord/history/coll/000000000001.json"))
+    objects.delete("@compactord/history/coll/000000000001.json")
+    for topic in ("coll", "coll.jsonl"):  # topics of the root, each with a folder
+        objects.put(f"{topic}/{POLICIES}", b"{}")
+    src, dst = _root(tmp_path / "src", role="SRC"), _root(tmp_path / "dst")
+    assert sorted(m.topic for m in _migrate(src, dst)) == ["coll", "coll.jsonl"]
+    assert [r.state for r in _history(dst.objects).runs("coll")] == ["Failed"]
+    assert _history(dst.objects).runs("coll.jsonl") == []
+    assert dst.objects.head("@compactord/history/coll/compacted.jsonl") is not None
 
 
 def test_bad_roots_are_refused(source: Path, tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def test_finalized_ledgers_without_current_are_quarantined_not_wiped(
         assert s.current_ledger_id("t") is None
         assert sorted(p.name for p in s.topic_dir("t").iterdir()) == ["policies.json"]  # policies stay
         [folder] = s.quarantined()
-        assert folder.startswith("t-")
+        assert folder.startswith("t/")
         kept = root / "@compactord" / "quarantine" / folder
         assert sorted(p.name for p in kept.iterdir()) == [f"ledger-{first}", f"ledger-{second}"]
         assert (kept / f"ledger-{second}" / "manifest.json").is_file()
