@@ -42,6 +42,18 @@ def stand_in(registry: Any) -> Any:
                            broker_problem=lambda: None, store_problem=lambda: None, lease_problem=lambda: None)
 
 
+def get_tasks(daemon: Any) -> httpx.Response:
+    """``GET /v1/tasks`` of the app built for ``daemon``, in this process."""
+    app = create_app(daemon)
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.get("/v1/tasks")
+
+    return asyncio.run(get())
+
+
 class _ExitingRegistry:
     def tasks(self) -> list[Any]:
         raise SystemExit(3)
@@ -49,14 +61,7 @@ class _ExitingRegistry:
 
 def test_the_app_answers_500_when_a_route_raises_system_exit() -> None:
     # The daemon is a stand-in whose registry raises SystemExit (no I/O of its own is involved).
-    app = create_app(stand_in(_ExitingRegistry()))
-
-    async def get() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            return await client.get("/v1/tasks")
-
-    response = asyncio.run(get())
+    response = get_tasks(stand_in(_ExitingRegistry()))
     assert response.status_code == 500, response.text
     # a fixed text: what went wrong (the SystemExit) is in the log, not in the answer
     assert response.json()["error"] == "internal_error" and "SystemExit" not in response.json()["message"]
@@ -81,13 +86,6 @@ class _RefusingRegistry:
     (CompactionAlreadyRunning("t"), True),
 ])
 def test_only_a_task_in_the_way_is_answered_with_its_task(error: Exception, carries: bool) -> None:
-    app = create_app(stand_in(_RefusingRegistry(error)))
-
-    async def get() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            return await client.get("/v1/tasks")
-
-    response = asyncio.run(get())
+    response = get_tasks(stand_in(_RefusingRegistry(error)))
     assert response.status_code == 409, response.text
     assert ("task" in response.json()) is carries, response.text
