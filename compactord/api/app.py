@@ -2,8 +2,10 @@
 
 This module builds the app: the error handlers, the middleware that checks the Host, the tokens and
 the content type (``auth.py``), the bounds on requests (``limits.py``) and one router per resource
-(``routers/``); ``views.py`` builds the JSON. Routes are plain ``def`` functions: FastAPI runs them in
-its thread pool, so a slow broker or a cancel that waits never blocks the event loop. The probes are
+(``routers/``); ``views.py`` builds the JSON, typed by ``models.py`` (the OpenAPI document is
+generated from the models and the routes; ``schema.py`` adds each route's errors). Routes are plain
+``def`` functions: FastAPI runs them in its thread pool, so a slow broker or a cancel that waits never
+blocks the event loop. The probes are
 ``async def`` on the event loop, out of that pool; the routes that call the broker take one of
 ``BROKER_SLOTS`` first (``limits.broker_slots``), the ledger reads one of ``READ_SLOTS`` (``limits.read_slots``),
 and render their JSON in their own thread.

@@ -1,4 +1,5 @@
-"""The JSON shapes of the API: every dict an endpoint answers with is built here.
+"""The JSON bodies of the API: every dict an endpoint answers with is built here (their models, which the
+OpenAPI document is made of, are in ``models.py``).
 
 Every error is ``{"error": code, "message": text}`` (and, for a 409, the task in the way). A server
 error (5xx) answers a fixed text for its code, never its details: those name ledger paths, broker
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi.responses import JSONResponse
 
 from compactord import __version__
+from compactord.api.schema import error_classes
 from compactord.errors import CompactordError, InvalidArgument
 from compactord.model import Entry, LedgerManifest, iso_utc
 from compactord.task import CompactionTaskCtx, TaskState
@@ -81,12 +83,8 @@ _PLAIN_SERVER_ERRORS = frozenset({"not_ready", "unhealthy", "server_busy"})
 def _error_status(code: str) -> int:
     """The HTTP status of an error code of the tree (500 for a code it does not have, e.g. an exception's
     class name)."""
-    found = [cls.status for cls in _error_classes(CompactordError) if cls.code == code]
+    found = [cls.status for cls in error_classes() if cls.code == code]
     return found[0] if found else 500
-
-
-def _error_classes(root: type[CompactordError]) -> list[type[CompactordError]]:
-    return [root, *(cls for sub in root.__subclasses__() for cls in _error_classes(sub))]
 
 
 def task_error(code: str | None, message: str | None) -> str | None:

@@ -7,14 +7,14 @@ requests waiting on the broker can fill, and they read only what the daemon keep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from compactord.api.schema import describe
+from compactord.api.models import Error, Health, Readiness, Unready
 from compactord.api.views import error_response, readiness_json
 from compactord.errors import NotReady, RouteNotFound, Unhealthy
 
@@ -33,13 +33,9 @@ _ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/cs
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
 
-    schema: dict[str, Any] = {}
-
     @api.get("/openapi.json", include_in_schema=False)
     def openapi(request: Request) -> JSONResponse:
-        if not schema:
-            schema.update(describe(request.app.openapi()))
-        return JSONResponse(schema)
+        return JSONResponse(request.app.openapi())  # generated once, from the routes and their models
 
     @api.get("/docs", include_in_schema=False)
     def docs() -> Response:
@@ -74,8 +70,11 @@ def router(daemon: Daemon) -> APIRouter:
                                 status_code=refused.status)
         return JSONResponse(readiness_json(readiness))
 
-    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
-        api.add_api_route(path, probe, methods=["GET"], tags=["health"])
+    probes = (("/healthz", healthz, Health, Error, "unhealthy"),
+              ("/readyz", readyz, Readiness, Unready, "ledger reads cannot be served"))
+    for path, probe, body, refused, why in probes:
+        api.add_api_route(path, probe, methods=["GET"], tags=["health"], response_model=body,
+                          responses={503: {"model": refused, "description": why}})
         # HEAD too (load balancers), as a route of its own outside the schema: one operation id per route.
         api.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query
 
+from compactord.api.models import History
+from compactord.api.schema import V1, TopicName, errors
 from compactord.api.views import history_json
 from compactord.model import validate_topic_name
 
@@ -19,8 +21,8 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
     """``store_answers``: the dependency that answers 503 at once while the store is known to be down."""
     api = APIRouter(dependencies=[store_answers])
 
-    @api.get("/v1/topics/{topic}/history", tags=["compaction"])
-    def history(topic: str, limit: int = Query(50, description="runs per page, 1 to 1000"),
+    @api.get("/v1/topics/{topic}/history", tags=["compaction"], response_model=History, responses=errors(*V1))
+    def history(topic: TopicName, limit: int = Query(50, description="runs per page, 1 to 1000"),
                 cursor: str | None = Query(None, description="the 'next' of the previous page")) -> dict[str, Any]:
         """The topic's runs, newest first: ``{"runs": [...], "next": cursor or null}``. A run says why it
         ran, who asked (a manual trigger), when, how it ended, what it read and wrote, and the ledgers

@@ -8,6 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
+from compactord.api.models import Lifecycle
+from compactord.api.schema import CONFLICT, V1, TopicName, errors
 from compactord.api.views import deleted_json, error_response, unloaded_json
 from compactord.errors import InvalidTopicName, MethodNotAllowed, RouteNotFound
 from compactord.model import validate_topic_name
@@ -24,8 +26,9 @@ def router(daemon: Daemon) -> APIRouter:
 
     # No broker slot: the hook answers within compactionCancelTimeoutSeconds whatever the broker does
     # (a topic held here needs no broker; for another one a broker known to be down answers 503 at once).
-    @api.post("/v1/topics/{topic}/unload", tags=["lifecycle"])
-    def unload(topic: str) -> JSONResponse:
+    @api.post("/v1/topics/{topic}/unload", tags=["lifecycle"], response_model=Lifecycle,
+              responses={202: {"model": Lifecycle, "description": "its task still stopping"}, **errors(*V1)})
+    def unload(topic: TopicName) -> JSONResponse:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
         daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
@@ -35,16 +38,19 @@ def router(daemon: Daemon) -> APIRouter:
         body = unloaded_json(topic, True, outcome.task if outcome else None)
         return JSONResponse(body, status_code=202 if outcome and not outcome.stopped else 200)
 
-    @api.post("/v1/topics/{topic}/load", tags=["lifecycle"])
-    def load(topic: str) -> dict[str, Any]:
+    # exclude_unset: a load answers the topic and ``unloaded`` only.
+    @api.post("/v1/topics/{topic}/load", tags=["lifecycle"], response_model=Lifecycle,
+              response_model_exclude_unset=True, responses=errors(*V1))
+    def load(topic: TopicName) -> dict[str, Any]:
         """The topic is back on this broker: the monitor considers it again."""
         validate_topic_name(topic)
         daemon.require_known_topic(topic)
         daemon.policies.set_unloaded(topic, False)
         return unloaded_json(topic, False)
 
-    @api.delete("/v1/topics/{topic}", tags=["lifecycle"])
-    def delete_topic(topic: str) -> JSONResponse:
+    @api.delete("/v1/topics/{topic}", tags=["lifecycle"], response_model=Lifecycle, responses={
+        202: {"model": Lifecycle, "description": "its task still stopping"}, **errors(*CONFLICT)})
+    def delete_topic(topic: TopicName) -> JSONResponse:
         """The topic was deleted: stop its task, then remove its ledgers, horizon and policies (404 for a
         name that has no state here and that the broker lacks: nothing was deleted)."""
         validate_topic_name(topic)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
+from compactord.api.models import Info
+from compactord.api.schema import V1, errors
 from compactord.api.views import info_json
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ __all__ = ["router"]
 def router(daemon: Daemon) -> APIRouter:
     api = APIRouter()
 
-    @api.get("/v1/info", tags=["info"])
+    @api.get("/v1/info", tags=["info"], response_model=Info, responses=errors(*V1))
     def info() -> dict[str, Any]:
         """The version, the broker's bootstrap servers (and whether it is the embedded one), the ledger
         root and the Spark master. ``compactord demo --url`` learns the broker here."""

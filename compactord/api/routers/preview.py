@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query
 
+from compactord.api.models import Preview
+from compactord.api.schema import CONFLICT, LEDGER, TopicName, errors
 from compactord.errors import InvalidArgument
 from compactord.model import validate_topic_name
 
@@ -22,8 +24,10 @@ __all__ = ["router"]
 def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
     api = APIRouter()
 
-    @api.get("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot])
-    def preview(topic: str, exact: bool = Query(False, description=(
+    # exclude_unset: the keys only the exact preview has are absent from an estimate, not null.
+    @api.get("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot],
+             response_model=Preview, response_model_exclude_unset=True, responses=errors(*LEDGER))
+    def preview(topic: TopicName, exact: bool = Query(False, description=(
             "refused: the exact preview starts a task, so it is POST .../compaction/preview"))
                 ) -> dict[str, Any]:
         """What the next compaction would keep and remove: records, bytes of keys and values, the dirty
@@ -36,8 +40,9 @@ def router(daemon: Daemon, broker_slot: Any) -> APIRouter:
                                   f"so it is POST /v1/topics/{topic}/compaction/preview; GET only estimates")
         return run_preview(daemon, topic, exact=False)
 
-    @api.post("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot])
-    def exact_preview(topic: str) -> dict[str, Any]:
+    @api.post("/v1/topics/{topic}/compaction/preview", tags=["compaction"], dependencies=[broker_slot],
+              response_model=Preview, response_model_exclude_unset=True, responses=errors(*CONFLICT))
+    def exact_preview(topic: TopicName) -> dict[str, Any]:
         """Run the job's read and choose steps exactly as the next compaction would and count the result
         instead of writing a ledger (a preview task: takes a slot, DELETE .../compaction cancels it)."""
         from compactord.daemon.preview import preview as run_preview

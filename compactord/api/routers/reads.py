@@ -12,6 +12,8 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 
 from compactord.api.limits import read_slots
+from compactord.api.models import Entry, Horizon, Page
+from compactord.api.schema import LEDGER, TopicName, errors
 from compactord.api.views import entry_json, horizon_json, page_json
 from compactord.errors import EntryNotFound, InvalidArgument, NotCompacted
 from compactord.model import LedgerManifest, Position
@@ -37,8 +39,8 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
     # slot is given back before the answer is sent (scope="function"): a slow client holds none.
     read_slot = [Depends(read_slots(), scope="function")]
 
-    @api.get("/v1/topics/{topic}/horizon", tags=["ledger"])
-    def horizon(response: Response, topic: str, ledger_id: int | None = _PIN) -> dict[str, Any]:
+    @api.get("/v1/topics/{topic}/horizon", tags=["ledger"], response_model=Horizon, responses=errors(*LEDGER))
+    def horizon(response: Response, topic: TopicName, ledger_id: int | None = _PIN) -> dict[str, Any]:
         """The compaction horizon: per partition, the last offset the ledger covers, the rules it was
         written under (strategy, event-time source, empty-value and null-key rules) and the identity of
         the log it was made of (topic id, log starts)."""
@@ -48,9 +50,12 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
         response.headers.update(_check_log(daemon, topic, manifest))
         return horizon_json(topic, manifest)
 
-    @api.get("/v1/topics/{topic}/compacted", tags=["ledger"], dependencies=read_slot)
+    # A page (up to httpReadMaxBytes of entries) is answered as the JSONResponse built here, not checked
+    # entry by entry against ``Page``: the model describes it in the OpenAPI document only.
+    @api.get("/v1/topics/{topic}/compacted", tags=["ledger"], dependencies=read_slot, response_model=None,
+             responses={200: {"model": Page, "description": "a page of entries"}, **errors(*LEDGER)})
     def compacted(
-        topic: str,
+        topic: TopicName,
         partition: int = Query(..., ge=0, le=2**31 - 1),
         start: int = Query(0, ge=0, le=2**63 - 1),
         limit: int = Query(100, ge=1, le=10000),
@@ -74,8 +79,9 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
         return JSONResponse(page_json(topic, manifest, entries, encoding, include_markers,
                                       next_start=entries[-1].offset + 1 if more else None), headers=checked)
 
-    @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"], dependencies=read_slot)
-    def compacted_last(topic: str, partition: int = Query(..., ge=0, le=2**31 - 1),
+    @api.get("/v1/topics/{topic}/compacted/last", tags=["ledger"], dependencies=read_slot,
+             response_model=Entry, responses=errors(*LEDGER))
+    def compacted_last(topic: TopicName, partition: int = Query(..., ge=0, le=2**31 - 1),
                        encoding: Encoding = Query("base64"), ledger_id: int | None = _PIN) -> JSONResponse:
         """The last live entry of a partition (404 for an empty partition, or one whose entries all
         lie below its log start)."""

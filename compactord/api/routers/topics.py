@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Body
 
+from compactord.api.models import Policies, TopicList
+from compactord.api.schema import V1, TopicName, errors
 from compactord.api.views import policies_json, topics_json
 from compactord.daemon.policies import TopicPolicies
 from compactord.model import validate_topic_name
@@ -24,16 +26,18 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
     def answer(topic: str) -> dict[str, Any]:
         return policies_json(topic, daemon.policies.get(topic), daemon.settings)
 
-    @api.get("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])
-    def get_policies(topic: str) -> dict[str, Any]:
+    @api.get("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers],
+             response_model=Policies, responses=errors(*V1))
+    def get_policies(topic: TopicName) -> dict[str, Any]:
         """Per-topic overrides of the thresholds and the strategy, and what is in force."""
         validate_topic_name(topic)
         daemon.require_known_topic(topic)  # 404 topic_not_found, as for every other topic route
         return answer(topic)
 
-    @api.put("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])  # no broker needed
-    def put_policies(topic: str, body: dict[str, Any] = Body(..., examples=[{"thresholdBytes": 1048576}])
-                     ) -> dict[str, Any]:
+    @api.put("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers],  # no broker
+             response_model=Policies, responses=errors(*V1))
+    def put_policies(topic: TopicName, body: dict[str, Any] = Body(
+            ..., examples=[{"thresholdBytes": 1048576}])) -> dict[str, Any]:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
         minDirtyRatio, strategy, maxReadBytesPerSecond, keyTtlMs; null or absent = the broker-wide setting). Each
         number has a range (docs/http-api.md, Policies), 422 outside it. ``strategy`` is a built-in
@@ -44,15 +48,18 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         daemon.set_policies(topic, policies)
         return answer(topic)
 
-    @api.delete("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers])
-    def delete_policies(topic: str) -> dict[str, Any]:
+    @api.delete("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers],
+                response_model=Policies, responses=errors(*V1))
+    def delete_policies(topic: TopicName) -> dict[str, Any]:
         """Drop the topic's overrides: the broker-wide settings are in force again."""
         validate_topic_name(topic)
         daemon.require_known_topic(topic)
         daemon.set_policies(topic, None)
         return answer(topic)
 
-    @api.get("/v1/topics", tags=["topics"], dependencies=[broker_slot])
+    # exclude_unset: a topic that cannot be read answers only its name, on_broker and the error.
+    @api.get("/v1/topics", tags=["topics"], dependencies=[broker_slot], response_model=TopicList,
+             response_model_exclude_unset=True, responses=errors(*V1))
     def topics() -> dict[str, Any]:
         """Every known topic with its backlog, last compaction and current task."""
         return topics_json(daemon)  # BrokerUnavailable: 503
