@@ -149,6 +149,9 @@ def _warnings(settings: Settings) -> None:
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
                     "executor and this daemon can reach (a shared mount at the same path)", master,
                     Path(settings.compacted_ledger_root).resolve())
+    if settings.compaction_reader_client == "kafka-python":
+        log.warning("compactionReaderClient=kafka-python is no longer available: the topic is read with librdkafka "
+                    "(remove the key from the config)")
 
 
 def serve(settings: Settings, embedded_broker: bool = False) -> int:
