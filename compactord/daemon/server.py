@@ -176,9 +176,8 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         signal.signal(signal.SIGTERM, lambda *_: None)
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         # What start-up made (the modules, the app, then Spark's gateway) lives as long as the process:
-        # frozen, it is left out of the cyclic collector's full passes. Those passes scanned it all
-        # during reads, and were the read API's slow tail: pages of 1,000 entries p99 114.8 ms with
-        # them, 27.3 ms with the collector off (bench/read_api.py, p50 ~22 ms either way).
+        # frozen, it is left out of the cyclic collector's full passes, which would otherwise scan it all
+        # during reads and make the read API's slow tail (docs/performance.md).
         gc.freeze()
         daemon.on_warm = gc.freeze
         daemon.start()
