@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 
 from compactord.engine.range_read import RangeReadTask
+from compactord.engine.readers import open_range_reader
+from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
 from tests.support.channel import LOOPBACK, run_channel
 
 
@@ -499,7 +501,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
     events: list[tuple[str, int]] = []
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        reader, partition = open_range_reader(*args, **kwargs), args[3]
+        reader, partition = open_range_reader(*args, **kwargs), args[2]
         events.append(("open", partition))
         close = reader.close
 
