@@ -12,8 +12,7 @@ Usage (from the repository root, with the project's venv)::
 It starts the bundled broker, builds the topic with several kafka-python producer processes, then
 measures, in one run and on one warm Spark session:
 
-- two **floors**: the data source's own consumers (same settings), kafka-python and librdkafka
-  (confluent-kafka), each reading the whole topic once outside Spark: as many processes as the machine
+- two **floors**: the data source's own consumer (librdkafka, same settings) and kafka-python's, each reading the whole topic once outside Spark: as many processes as the machine
   has cores (whatever ``--slots`` gives Spark), over the offset ranges ``plan_ranges`` gives the
   compaction, only iterating the records;
 - a **full** compaction (``rebuild=True``) through the service, after untimed warm-up compactions (a full
@@ -27,8 +26,7 @@ The floors and the full compaction alternate; each figure is the median of ``--r
 compaction's ledger is checked against the number of live keys the generator implies. The last three
 lines are ``full/floor_fastest=<ratio>`` (against the faster floor), ``full/floor=<ratio>`` (against
 kafka-python's) and ``incremental/full=<ratio>`` (ratios of medians); ``--concurrent`` adds
-``concurrent/sequential=<ratio>`` before them. ``--reader-client`` sets the
-compaction's ``compactionReaderClient`` (default auto: librdkafka).
+``concurrent/sequential=<ratio>`` before them.
 """
 
 from __future__ import annotations
@@ -93,8 +91,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "spark.driver.memory=1g")
     ap.add_argument("--distinct-keys-check", action="store_true",
                     help="every record has its own key; default 1,000,000 records and Spark's default driver memory")
-    ap.add_argument("--reader-client", choices=("auto", "librdkafka", "kafka-python"), default="auto",
-                    help="compactionReaderClient of the compaction (default auto: librdkafka when installed)")
     ap.add_argument("--compare-grouping", action="store_true",
                     help="also time each full run with final reads off (the grouping job), back to back")
     ap.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's own, 1g)")
@@ -204,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.driver_memory:
             spark_conf["spark.driver.memory"] = args.driver_memory
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap, compacted_ledger_root=str(tmp / "ledgers"),
-                            spark_conf=spark_conf, compaction_reader_client=args.reader_client,
+                            spark_conf=spark_conf,
                             spark_master=f"local[{args.slots}]" if args.slots else "local[*]")
         started = time.monotonic()
         manager = SparkSessionManager(settings)
@@ -373,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for c in FLOOR_CLIENTS:
             print(f"floor ({c}, {readers} processes): {_fmt(floors_by[c])}")
-        print(f"compaction reader: {args.reader_client}; Spark {cores} slots on {os.cpu_count()} cores")
+        print(f"Spark {cores} slots on {os.cpu_count()} cores")
         print(f"full compaction (warm session):        {_fmt(fulls)}")
         if groupings:
             print(f"full compaction, final reads off:      {_fmt(groupings)}; "

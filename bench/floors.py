@@ -1,5 +1,6 @@
-"""The floor of a compaction: the data source's own consumers reading the topic's offset ranges outside
-Spark, only counting the records, one process per Spark core."""
+"""The floor of a compaction: the topic's offset ranges read outside Spark, only counting the records, one
+process per Spark core: by the data source's own consumer (librdkafka) and, for comparison, by kafka-python
+(the driver's consumer, ``kafka.client.consumer``, with no offset reset)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ FLOOR_CLIENTS = ("kafka-python", "librdkafka")
 
 
 def floor_range(args: tuple[str, dict[str, Any], str, int, int, int, int]) -> int:
-    """Read one offset range with the data source's consumer of ``client``, only counting the records."""
+    """Read one offset range with the consumer of ``client_name``, only counting the records."""
     client_name, client, topic, partition, start, end, batch_records = args
     if client_name == "librdkafka":
         return _floor_range_librdkafka(client, topic, partition, start, end, batch_records)
     from kafka import TopicPartition
 
-    from compactord.engine.readers.kafka_python import range_consumer
+    from compactord.kafka.client import consumer
 
-    cons = range_consumer(client, batch_records)
+    cons = consumer(client, max_poll_records=batch_records, auto_offset_reset="none")
     try:
         tp = TopicPartition(topic, partition)
         cons.assign([tp])

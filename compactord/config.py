@@ -203,9 +203,9 @@ class Settings:
     compaction_history_max_age_days: int = _key("compactionHistoryMaxAgeDays", int_range(1, 36500), "30",
         "compaction", "Days a run stays in its topic's run history.")
     compaction_reader_client: str = _key("compactionReaderClient", choice("auto", "librdkafka", "kafka-python"),
-        "auto", "compaction", "The Kafka client that reads the topic inside Spark: librdkafka (confluent-kafka, "
-        "C: a topic read 6x faster here), kafka-python, or auto (librdkafka when confluent-kafka is "
-        "installed, otherwise kafka-python). The driver's own broker calls always use kafka-python.")
+        "auto", "compaction", "Chooses nothing: the topic is read inside Spark with librdkafka (confluent-kafka, "
+        "a dependency). Kept so that config files that set it still load: auto and librdkafka as they are, "
+        "kafka-python with a warning at start that it is no longer available and librdkafka reads.")
     # Spark
     spark_master: str = _key("sparkMaster", spark_master, "local[*]", "spark",
         "Spark master: local[*] (one thread per core), spark://HOST:PORT, yarn, k8s://... (spark.* keys are "

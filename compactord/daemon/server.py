@@ -149,6 +149,9 @@ def _warnings(settings: Settings) -> None:
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
                     "executor and this daemon can reach (a shared mount at the same path)", master,
                     Path(settings.compacted_ledger_root).resolve())
+    if settings.compaction_reader_client == "kafka-python":
+        log.warning("compactionReaderClient=kafka-python is no longer available: the topic is read with librdkafka "
+                    "(remove the key from the config)")
 
 
 def serve(settings: Settings, embedded_broker: bool = False) -> int:
@@ -173,9 +176,8 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         signal.signal(signal.SIGTERM, lambda *_: None)
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         # What start-up made (the modules, the app, then Spark's gateway) lives as long as the process:
-        # frozen, it is left out of the cyclic collector's full passes. Those passes scanned it all
-        # during reads, and were the read API's slow tail: pages of 1,000 entries p99 114.8 ms with
-        # them, 27.3 ms with the collector off (bench/read_api.py, p50 ~22 ms either way).
+        # frozen, it is left out of the cyclic collector's full passes, which would otherwise scan it all
+        # during reads and make the read API's slow tail (docs/performance.md).
         gc.freeze()
         daemon.on_warm = gc.freeze
         daemon.start()

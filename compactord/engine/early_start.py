@@ -28,7 +28,7 @@ from typing import Any
 from compactord.config import Settings
 from compactord.engine.channel import RunChannel, TaskChannel, client_config
 from compactord.engine.kafka_source import Range, pack_ranges, task_groups_rdd, write_ranges
-from compactord.engine.readers import RangeReader, open_range_reader, resolve_client
+from compactord.engine.readers import RangeReader, open_range_reader
 
 __all__ = ["PLAN_WAIT_S", "EarlyStart"]
 
@@ -86,7 +86,6 @@ class EarlyStart:
         """What the tasks are shipped with before their run is planned: where to open their readers (the Kafka
         client's settings without its secrets, which they get over the run's channel at ``endpoint``)."""
         return {"client": settings.kafka_client_config(secrets=False), "topic": topic,
-                "reader_client": resolve_client(settings.compaction_reader_client),
                 "batch_records": settings.compaction_reader_batch_records, "channel": dict(endpoint)}
 
     def _run(self, group_id: str, description: str) -> None:
@@ -144,8 +143,8 @@ def _early_task(stub: dict[str, Any], openings: list[Opening]) -> None:
     opened: dict[Opening, RangeReader] = {}
     try:
         for partition, start in openings[:2]:
-            opened[(partition, start)] = open_range_reader(stub["reader_client"], config, stub["topic"],
-                                                           partition, start, int(stub["batch_records"]))
+            opened[(partition, start)] = open_range_reader(config, stub["topic"], partition, start,
+                                                           int(stub["batch_records"]))
         spec = channel.wait_plan(float(stub["plan_wait_s"]))
         if spec is None:
             return

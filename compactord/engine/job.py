@@ -38,7 +38,6 @@ from compactord.engine import windows
 from compactord.engine.deletions import DeletionRules, deleted_sql
 from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_writing_tasks
 from compactord.engine.ledger_io import ledger_rows, write_sorted
-from compactord.engine.readers import resolve_client
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.task_store import describe, new_output
@@ -112,8 +111,6 @@ class CompactionJobSpec:
     # spark.sql.shuffle.partitions); see ``shuffle_partitions_for``.
     shuffle_partitions: int = 0
     output_files: int = 0
-    # The Kafka client of the reading tasks (``readers.resolve_client``: never ``auto`` once built).
-    reader_client: str = "kafka-python"
     # Each reading task keeps exactly its partition's winners: no shuffle, no grouping (``reads_are_final``).
     final_reads: bool = False
     key_ttl_ms: int = 0  # 0: keys never expire
@@ -179,7 +176,6 @@ def job_spec(
         channel=channel,
         shuffle_partitions=widths.shuffle_partitions,
         output_files=widths.output_files,
-        reader_client=resolve_client(settings.compaction_reader_client),
         final_reads=final,
         key_ttl_ms=key_ttl_ms,
         ttl_by_event_time=isinstance(strategy.strategy, EventTimeOrder),
@@ -260,7 +256,6 @@ def _reader_spec(spec: CompactionJobSpec, write: DeletionRules | None = None) ->
             "empty_value_is_tombstone": spec.empty_value_is_tombstone,
             "batch_records": spec.batch_records,
             "channel": dict(spec.channel) if spec.channel is not None else None,
-            "reader_client": spec.reader_client,
             "read_bytes_per_second": spec.read_bytes_per_second,
             "write_to": spec.output_path if write is not None else None,
             "deletion_rules": write.to_json() if write is not None else None,

@@ -1,7 +1,7 @@
 """The raw reader: a PySpark Python data source over Kafka offset ranges (format ``compactord_kafka``).
 
 The Spark Kafka connector jar is not available (no Maven), so Kafka is read inside Spark's Python
-workers, with librdkafka (confluent-kafka) or kafka-python (``readers/``, ``compactionReaderClient``).
+workers, with librdkafka (confluent-kafka, ``readers/``).
 The driver fixes every range's end before the job (``kafka/admin.py``); records produced during the run
 are left for the next one.
 
@@ -30,11 +30,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import RangeReader
-from compactord.engine.readers.kafka_python import range_consumer
 from compactord.model import RECORD_DDL
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges", "plan_ranges",
-           "range_consumer", "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd", "write_ranges"]
+           "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd", "write_ranges"]
 
 FORMAT = "compactord_kafka"
 # Records a Spark task reads, at the least, before a job's ranges get a task each (``read_tasks``): a

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactord.engine.job import CompactionJobSpec, build_winners
-from compactord.engine.kafka_source import range_consumer
 from compactord.engine.strategies import ResolvedStrategy, fold
 from compactord.interfaces import CompactionStrategy
 from compactord.model import Entry, LedgerManifest, PartitionOffsets
@@ -151,8 +150,10 @@ def _read_tail(client_config: Mapping[str, Any], topic: str, partition: int, sta
     from kafka import TopicPartition
 
     from compactord.event_time import event_time_extractor
+    from compactord.kafka.client import consumer
 
-    cons = range_consumer(dict(client_config), 10_000)
+    # No offset reset: a tail the log no longer holds is an error, never other offsets read instead.
+    cons = consumer(client_config, max_poll_records=10_000, auto_offset_reset="none")
     out: list[Entry] = []
     extractor = event_time_extractor(strategy.settings.event_time_source)
     empty_deletes = strategy.settings.empty_value_is_tombstone

@@ -32,7 +32,7 @@ from compactord.engine.channel import TaskChannel, client_config
 from compactord.engine.deletions import DeletionRules
 from compactord.engine.latest_records import LatestRecords
 from compactord.engine.merge import merge_into_ledger
-from compactord.engine.readers import AUTO, Polled, RangeReader, open_range_reader
+from compactord.engine.readers import Polled, RangeReader, open_range_reader
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.task_store import locate, spec_store
@@ -76,7 +76,6 @@ class RangeReadTask:
         self.batch_records = int(spec["batch_records"])
         self.columns = RecordColumns(partition, spec["event_time_source"],
                                      bool(spec.get("empty_value_is_tombstone", False)), self.batch_records)
-        self.client = spec.get("reader_client", AUTO)
         self.final = bool(spec.get("final", False))
         # Final reads of an incremental run: the previous ledger's files and row groups that may hold this
         # partition's rows (the driver read the footers), merged into its winners at the end
@@ -135,8 +134,8 @@ class RangeReadTask:
         return reader
 
     def _open(self) -> RangeReader:
-        return open_range_reader(self.client, client_config(self.spec, self.channel), self.spec["topic"],
-                                 self.partition, self.start, self.batch_records, self.rate)
+        return open_range_reader(client_config(self.spec, self.channel), self.spec["topic"], self.partition,
+                                 self.start, self.batch_records, self.rate)
 
     def run(self, reader: RangeReader | None = None) -> Iterator[pa.RecordBatch]:
         """Read the range and yield what it hands to Spark. ``reader``: its reader, opened ahead
@@ -232,7 +231,7 @@ class RangeReadTask:
         return self._latest.keys + len(nulls) >= REDUCE_WINDOW
 
     def _add(self, polled: Polled, keyed: list[tuple[Any, ...]], nulls: list[tuple[Any, ...]]) -> None:
-        """Take one poll's records: the one record path of both backends.
+        """Take one poll's records.
 
         Per-record work here is what a compaction costs beyond the client's own decoding, so it runs in
         C (``map``, ``zip``, ``dict.update``) rather than as a Python loop over the records.

@@ -161,7 +161,7 @@ class SparkSessionManager:
                 return self._spark
             if self._stopped:
                 raise SparkError("the Spark session was stopped (the daemon is shutting down)")
-            # Executors must run this interpreter (it has pyarrow, kafka-python and compactord).
+            # Executors must run this interpreter (it has pyarrow, confluent-kafka and compactord).
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             master = self._settings.spark_master

@@ -10,7 +10,7 @@ sizes end at different times), the driver hands the ended tasks' share to those 
 checks), so that the job reads at its budget to the end. The client's prefetch is sized to the budget too
 (``fetch_bytes``), so that the cap is on what is fetched from the brokers, not only on what is consumed.
 
-Both reader backends call ``consume`` with the bytes of each batch they read.
+The reading task calls ``consume`` with the bytes of each batch it reads.
 """
 
 from __future__ import annotations

@@ -26,13 +26,11 @@ from compactord.errors import BrokerUnavailable, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
 from compactord.kafka.librdkafka import (
-    LIBRDKAFKA,
     close_in_background,
     end_reader,
     first_records,
     librdkafka_available,
     read_ends,
-    resolve_client,
 )
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
@@ -56,9 +54,9 @@ class KafkaAdmin(BrokerMetadata):
         self._client_config = settings.kafka_client_config()
         self._lock = threading.Lock()
         self._admin: Any = None
-        # The log-identity probe reads with librdkafka when the reading tasks do (``first_records``), and
-        # with kafka-python where confluent-kafka is not installed (the reading tasks then fail, saying so).
-        self._librdkafka = resolve_client(settings.compaction_reader_client) == LIBRDKAFKA and librdkafka_available()
+        # The log-identity probe and the end reads use librdkafka, as the reading tasks do; kafka-python
+        # where confluent-kafka is not installed (the reading tasks then fail, saying so).
+        self._librdkafka = librdkafka_available()
         self._closing: set[threading.Thread] = set()  # end readers being closed (``close_in_background``)
         self._closing_lock = threading.Lock()
 

@@ -13,8 +13,8 @@ from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 
 __all__ = ["admin_client", "consumer", "describe", "translate_kafka_errors"]
 
-# Fetch sizes for whole-topic reads: bigger fetches cost memory (measured: 64 MB buffers added ~80 MB
-# of RSS per reader and were not faster than 4-8 MB).
+# Fetch sizes for whole-topic reads: bigger fetches cost each reader memory without reading faster
+# (docs/performance.md).
 READ_FETCH_BYTES = 8 * 1024 * 1024
 
 

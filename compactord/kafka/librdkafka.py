@@ -1,7 +1,7 @@
-"""librdkafka (confluent-kafka) where both sides of the daemon use it: which client reads
-(``compactionReaderClient``), the broker settings in librdkafka's names, a consumer's base settings, and
-the driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``).
-confluent-kafka is optional: nothing here imports it until a function needs it.
+"""librdkafka (confluent-kafka) where both sides of the daemon use it: the broker settings in librdkafka's
+names, a consumer's base settings (the reading tasks' too: ``engine/readers/librdkafka.py``), and the
+driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``). Nothing
+here imports confluent-kafka until a function needs it.
 """
 
 from __future__ import annotations
@@ -15,14 +15,9 @@ from typing import Any
 
 from compactord.model import RecordFingerprint
 
-__all__ = ["AUTO", "CLIENTS", "KAFKA_PYTHON", "LIBRDKAFKA", "close_in_background", "consumer_config", "end_reader",
-           "first_records", "librdkafka_available", "librdkafka_config", "out_of_range_errors", "read_ends",
-           "resolve_client", "transient_errors"]
+__all__ = ["close_in_background", "consumer_config", "end_reader", "first_records", "librdkafka_available",
+           "librdkafka_config", "out_of_range_errors", "read_ends", "transient_errors"]
 
-AUTO = "auto"
-KAFKA_PYTHON = "kafka-python"
-LIBRDKAFKA = "librdkafka"
-CLIENTS = (AUTO, LIBRDKAFKA, KAFKA_PYTHON)
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
 # The log-identity probe wants one record per partition, at the previous horizon: a fetch there of 1 MB
 # also brought the new tail's first ~1 MB of every partition, which librdkafka checked and decoded (an
@@ -38,19 +33,6 @@ _QUIET_S = 0.4
 
 def librdkafka_available() -> bool:
     return importlib.util.find_spec("confluent_kafka") is not None
-
-
-def resolve_client(name: str) -> str:
-    """The client ``name`` (a ``compactionReaderClient`` value) stands for: ``auto`` is librdkafka when
-    confluent-kafka is installed, kafka-python otherwise.
-
-    :raises ValueError: ``name`` is not one of ``CLIENTS``.
-    """
-    if name == AUTO:
-        return LIBRDKAFKA if librdkafka_available() else KAFKA_PYTHON
-    if name not in (LIBRDKAFKA, KAFKA_PYTHON):
-        raise ValueError(f"reader client must be one of {', '.join(CLIENTS)}, got: {name!r}")
-    return name
 
 
 # kafka-python's names (``Settings.kafka_client_config``) -> librdkafka's. Values pass as they are, but
@@ -85,8 +67,7 @@ def librdkafka_config(client_config: Mapping[str, Any]) -> dict[str, Any]:
             out[_NAMES[name]] = value
         else:
             raise ValueError(f"the Kafka client setting {name!r} has no librdkafka equivalent here; "
-                             "map it in compactord/kafka/librdkafka.py or use "
-                             "compactionReaderClient=kafka-python")
+                             "map it in compactord/kafka/librdkafka.py")
     return out
 
 

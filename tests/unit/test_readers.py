@@ -1,8 +1,10 @@
-"""The reader backends' settings: compactionReaderClient, and the broker's security settings mapped from
-kafka-python's names to librdkafka's (checked by librdkafka itself: a consumer is built from them)."""
+"""The reader's settings: compactionReaderClient (kept for older config files), and the broker's security
+settings mapped from kafka-python's names to librdkafka's (checked by librdkafka itself: a consumer is built
+from them)."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from operator import attrgetter
@@ -13,7 +15,6 @@ import pytest
 
 from compactord.config import Settings, settings_from_properties
 from compactord.engine.merge import columns_to_batch
-from compactord.engine.readers import CLIENTS, resolve_client
 from compactord.engine.readers.base import Polled, RecordFields
 from compactord.engine.readers.librdkafka import librdkafka_config, range_consumer
 from compactord.errors import ConfigError
@@ -23,31 +24,40 @@ def settings(**props: str) -> Settings:
     return settings_from_properties(props, env={})
 
 
-def test_the_reader_client_key_defaults_to_auto_and_refuses_other_values() -> None:
+def _start_warnings(caplog: pytest.LogCaptureFixture, **props: str) -> list[str]:
+    from compactord.daemon.server import _warnings
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="compactord"):
+        _warnings(settings(**props))
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_reader_client_key_still_loads_and_refuses_what_it_never_accepted() -> None:
     assert settings().compaction_reader_client == "auto"
-    assert settings(compactionReaderClient="kafka-python").compaction_reader_client == "kafka-python"
+    for value in ("auto", "librdkafka", "kafka-python"):
+        assert settings(compactionReaderClient=value).compaction_reader_client == value
     with pytest.raises(ConfigError, match="compactionReaderClient.*auto, librdkafka, kafka-python"):
         settings(compactionReaderClient="java")
 
 
-def test_auto_is_librdkafka_when_confluent_kafka_imports() -> None:
-    # confluent-kafka is a dependency: installed, ``auto`` must pick it.
-    assert resolve_client("auto") == "librdkafka"
-    assert [resolve_client(c) for c in CLIENTS[1:]] == ["librdkafka", "kafka-python"]
-    with pytest.raises(ValueError, match="one of auto, librdkafka, kafka-python"):
-        resolve_client("rdkafka")
+def test_kafka_python_as_the_reader_client_is_one_warning_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    (warning,) = _start_warnings(caplog, compactionReaderClient="kafka-python")
+    assert "compactionReaderClient=kafka-python is no longer available" in warning
+    assert "librdkafka" in warning
+    assert _start_warnings(caplog, compactionReaderClient="auto") == []
+    assert _start_warnings(caplog, compactionReaderClient="librdkafka") == []
 
 
-def test_the_job_spec_carries_the_resolved_client() -> None:
+def test_the_reading_tasks_are_shipped_no_reader_choice() -> None:
     from compactord.engine.job import JobWidths, _reader_spec, job_spec
     from compactord.engine.strategies import ResolvedStrategy
 
     strategy = ResolvedStrategy.resolve("publishing-order", "timestamp", False)
-    for value, want in (("auto", "librdkafka"), ("kafka-python", "kafka-python"), ("librdkafka", "librdkafka")):
+    for value in ("auto", "kafka-python", "librdkafka"):
         spec = job_spec(settings(compactionReaderClient=value), strategy, topic="t", ranges=[], ledger_files=[],
                         output_path="/x", log_start={}, widths=JobWidths(0, 0))
-        assert spec.reader_client == want
-        assert f'"reader_client": "{want}"' in _reader_spec(spec)
+        assert "reader_client" not in _reader_spec(spec)
 
 
 _SECURITY = dict(kafkaBootstrapServers="b1:9093,b2:9093", kafkaClientId="me", kafkaRequestTimeoutMs="5000",
@@ -102,7 +112,7 @@ def test_librdkafka_accepts_the_mapped_sasl_ssl_settings(tmp_path: Path) -> None
 
 
 def _polled(offsets: list[int], counted: list[int]) -> Polled:
-    """kafka-python's record objects (its reader's fields), whose offset getter counts its calls."""
+    """Record objects with attribute fields (kafka-python's), whose offset getter counts its calls."""
     from kafka.consumer.fetcher import ConsumerRecord
 
     def offset_of(record: ConsumerRecord) -> int:

@@ -1,8 +1,7 @@
 """The librdkafka range reader (confluent-kafka; its wheels bundle librdkafka).
 
-Measured on this project's machine (1,000,000 records, 4 processes): one pass over a topic in 2.68 s,
-against 4.58 s with kafka-python; librdkafka decodes and checks batches in C on its own threads, so the
-Python side of a poll is only the columns.
+librdkafka decodes and checks batches in C on its own threads, so the Python side of a poll is only the
+columns (its speed against a pure-Python client: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -26,10 +25,9 @@ _FIELDS = RecordFields(Message.offset, Message.timestamp, Message.key, Message.v
                        timestamp_ms=itemgetter(1), value_size=len)
 # What one fetch brings: librdkafka's own default for a partition (max.partition.fetch.bytes), and the whole
 # request's bound too (fetch.max.bytes), as a reading consumer fetches one partition. A record reaches the
-# reader only once librdkafka has the whole response that carries it and has parsed it: a new consumer's
-# first record came 11-24 ms after it was made with 8 MiB fetches (3 to 8 MB answers), 4-5 ms with 1 MiB.
-# A pass over a whole partition takes as long (prefetching goes on while the reader works: _QUEUED_KBYTES):
-# the floor's pass over 1,000,000 records, 0.556 s against 0.566 s (medians of 10, alternating).
+# reader only once librdkafka has the whole response that carries it and has parsed it, so that smaller
+# fetches bring a new consumer's first record sooner; a pass over a whole partition is not slower for them,
+# as prefetching goes on while the reader works (_QUEUED_KBYTES). Figures: docs/performance.md.
 _FETCH_BYTES = 1024 * 1024
 # Prefetched data a consumer may hold: 16 MiB, sixteen fetches (librdkafka's default is 64 MiB).
 _QUEUED_KBYTES = 16 * 1024
@@ -50,9 +48,8 @@ def range_consumer(client_config: Mapping[str, Any], rate: float = 0) -> Consume
         "fetch.max.bytes": max(size, _MESSAGE_MAX_BYTES),
         # The prefetch queue is bounded by its bytes alone (queued.min.messages stays at librdkafka's
         # 100,000): once past a bound, librdkafka waits ``fetch.queue.backoff.ms`` (1 s by default)
-        # before it looks again. With a bound of 10,000 records (~1 MB here) and that wait, a reader
-        # that drained its queue waited for the next fetch: one pass over 1,000,000 records took
-        # 11.7 s against kafka-python's 6.4 s.
+        # before it looks again, and a queue bounded by records (a few MB) left a reader that drained
+        # it waiting for the next fetch (docs/performance.md).
         "queued.max.messages.kbytes": max(64, 2 * size // 1024) if rate > 0 else _QUEUED_KBYTES,
         "fetch.queue.backoff.ms": _QUEUE_BACKOFF_MS,
     })

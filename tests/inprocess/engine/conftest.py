@@ -1,7 +1,4 @@
-"""The reader backends (``compactionReaderClient``): the engine suite runs on the default one (``auto``:
-librdkafka, confluent-kafka being a dependency); the tests that take ``reader_client`` run on kafka-python
-too (codecs, transactions, cancel, reads out of the log's range), so that neither backend rots while CI
-pays for only a few more runs."""
+"""Fixtures of the engine suite."""
 
 from __future__ import annotations
 
@@ -10,13 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-READER_CLIENTS = ("auto", "kafka-python")
-
-
-@pytest.fixture(params=READER_CLIENTS)
-def reader_client(request: pytest.FixtureRequest) -> str:
-    return request.param
 
 
 @pytest.fixture

@@ -274,7 +274,7 @@ def test_cancel_of_an_ended_task_is_refused(kafka, make_factory):
         failed.cancel()
 
 
-def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, reader_client):
+def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka):
     """A range read that Spark starts after the cancel (pushed before the task connected) reads nothing."""
     from compactord.engine.kafka_source import RangeReadTask
 
@@ -283,7 +283,7 @@ def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, reader_clie
     with run_channel() as channel:
         spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
                 "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 1000,
-                "channel": channel.endpoint(LOOPBACK), "reader_client": reader_client}
+                "channel": channel.endpoint(LOOPBACK)}
         assert sum(b.num_rows for b in RangeReadTask(spec, 0, 0, 50).run()) == 50  # not cancelled: reads
         assert channel.progress().records == 50
         channel.cancel()
@@ -293,7 +293,7 @@ def test_a_reader_of_a_cancelled_task_stops_before_it_fetches(kafka, reader_clie
         assert task.records == 0
 
 
-def test_a_reader_that_loses_its_channel_stops_reading_and_fails(kafka, reader_client):
+def test_a_reader_that_loses_its_channel_stops_reading_and_fails(kafka):
     """The run's channel closes while a (throttled, so slow) range is read: the task stops at its next check
     and fails its attempt, rather than reading on for a driver that is gone."""
     from compactord.engine.channel import ChannelLost
@@ -304,7 +304,7 @@ def test_a_reader_that_loses_its_channel_stops_reading_and_fails(kafka, reader_c
     with run_channel() as channel:
         spec = {"client": {"bootstrap_servers": [kafka.bootstrap]}, "topic": topic, "strategy": "publishing-order",
                 "event_time_source": "timestamp", "retain_null_key": False, "batch_records": 100,
-                "channel": channel.endpoint(LOOPBACK), "reader_client": reader_client,
+                "channel": channel.endpoint(LOOPBACK),
                 "read_bytes_per_second": 200_000}
         task = RangeReadTask(spec, 0, 0, 2000)
         failed: list[BaseException] = []

@@ -166,11 +166,11 @@ def test_strategy_change_forces_a_full_rebuild(kafka, make_factory, tmp_path):
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-def test_compressed_topics(kafka, make_factory, codec, reader_client):
+def test_compressed_topics(kafka, make_factory, codec):
     topic = kafka.topic()
     records = [(f"k{i % 5}", f"value-{i}" * 10 if i % 7 else None) for i in range(100)]
     kafka.produce(topic, records, compression=codec)
-    service = make_factory(compaction_reader_client=reader_client).new_topic_compaction_service(topic)
+    service = make_factory().new_topic_compaction_service(topic)
     compact(service)
     assert view(service) == last_value_model(records)
 

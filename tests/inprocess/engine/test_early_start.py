@@ -96,13 +96,11 @@ def _model(records: list[tuple[Any, ...]]) -> dict[bytes, bytes]:
     return {k.encode(): v.encode() for k, v in last.items() if v is not None}
 
 
-@pytest.mark.parametrize("reader_client", ["auto", "kafka-python"])
-def test_the_reading_tasks_run_while_the_run_is_planned(kafka: Any, held: Any, spark_manager: Any,
-                                                        reader_client: str) -> None:
+def test_the_reading_tasks_run_while_the_run_is_planned(kafka: Any, held: Any, spark_manager: Any) -> None:
     """The ledger's horizon gives every partition's start: the run's job is running (Spark's status tracker says
     so) before the broker has answered the run's planning, and its tasks write what the plan then says."""
     topic = kafka.topic(partitions=4)
-    factory, planning = held(compaction_reader_client=reader_client)
+    factory, planning = held()
     service = factory.new_topic_compaction_service(topic)
     first = _records(0, 400, 60, 4)
     kafka.produce(topic, first)

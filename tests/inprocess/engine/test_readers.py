@@ -1,6 +1,6 @@
-"""The range read of one offset range (``range_read.RangeReadTask``) on each reader backend, against
-the real broker, without Spark: the same rows from both clients, the end reached by position past a
-transaction marker, no offset reset, event times from headers when some records have none."""
+"""The range read of one offset range (``range_read.RangeReadTask``) against the real broker, without Spark:
+every record's fields in its row, the end reached by position past a transaction marker, no offset reset,
+event times from headers when some records have none."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ import pytest
 
 from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import open_range_reader
-from compactord.engine.readers.kafka_python import KafkaPythonRangeReader
 from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
 from tests.support.channel import LOOPBACK, run_channel
 
 
-def spec(kafka: Any, topic: str, client: str, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+def spec(kafka: Any, topic: str, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     base = {"client": {"bootstrap_servers": [kafka.bootstrap], "request_timeout_ms": 10000}, "topic": topic,
             "strategy": "publishing-order", "event_time_source": "timestamp", "retain_null_key": True,
-            "batch_records": 1000, "reader_client": client}
+            "batch_records": 1000}
     base.update(overrides)
     return base
 
@@ -31,68 +30,56 @@ def read_rows(task: RangeReadTask) -> list[dict[str, Any]]:
     return sorted(table.to_pylist(), key=lambda r: r["offset"])
 
 
-def test_each_client_name_opens_its_backend(kafka):
-    topic = kafka.topic()
-    for client, cls in (("auto", LibrdkafkaRangeReader), ("librdkafka", LibrdkafkaRangeReader),
-                        ("kafka-python", KafkaPythonRangeReader)):
-        reader = open_range_reader(client, {"bootstrap_servers": [kafka.bootstrap]}, topic, 0, 0, 100)
-        try:
-            assert type(reader) is cls
-        finally:
-            reader.close()
-
-
-def test_both_backends_give_the_same_rows(kafka, tmp_path):
-    """Keys, null and empty values, null keys, headers (none, or a name twice), timestamps, two partitions'
-    several fetches' worth of offsets: the Arrow rows are equal, column for column."""
+def test_each_record_s_fields_reach_its_row(kafka, tmp_path):
+    """Keys, null and empty values, null keys, headers (none, or a name twice), timestamps, several fetches'
+    worth of offsets: each record's row holds its fields, column for column."""
     topic = kafka.topic()
     # Distinct keys (the readers drop a key's losers): every record reaches the rows.
     records = [(f"k{i}" if i % 11 else None, None if i % 13 == 0 and i % 11 else ("" if i % 17 == 0 else f"v{i}"),
                 0, 1_700_000_000_000 + i, [("h", b"x%d" % i), ("h", b"\x00")] if i % 3 == 0 else None)
                for i in range(3000)]
     kafka.produce(topic, records)
-    rows = {}
-    for client in ("librdkafka", "kafka-python"):
-        task = RangeReadTask(spec(kafka, topic, client, tmp_path / client), 0, 0, 3000)
-        rows[client] = read_rows(task)
-        assert task.records == 3000
-    assert len(rows["librdkafka"]) == 3000
-    assert rows["librdkafka"] == rows["kafka-python"]
-    with_headers = next(r for r in rows["librdkafka"] if r["offset"] == 3)
-    assert with_headers["headers"] == [{"key": "h", "value": b"x3"}, {"key": "h", "value": b"\x00"}]
-    assert with_headers["timestamp"] == with_headers["event_time"] == 1_700_000_000_003
+    task = RangeReadTask(spec(kafka, topic, tmp_path), 0, 0, 3000)
+    rows = read_rows(task)
+    assert task.records == 3000
+    assert [r["offset"] for r in rows] == list(range(3000))
+    for row, (key, value, _p, ts, headers) in zip(rows, records):
+        assert row["partition"] == 0
+        assert (row["key"], row["value"]) == (None if key is None else key.encode(),
+                                              None if value is None else value.encode())
+        assert row["timestamp"] == row["event_time"] == ts
+        assert row["headers"] == [{"key": k, "value": v} for k, v in headers or ()]
 
 
-def test_event_times_from_a_header_when_some_records_have_none(kafka, tmp_path, reader_client):
+def test_event_times_from_a_header_when_some_records_have_none(kafka, tmp_path):
     topic = kafka.topic()
     kafka.produce(topic, [("a", "1", 0, None, [("et", (42).to_bytes(8, "big"))]), ("b", "2", 0, None, None)])
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, event_time_source="header:et"), 0, 0, 2)
+    task = RangeReadTask(spec(kafka, topic, tmp_path, event_time_source="header:et"), 0, 0, 2)
     assert [r["event_time"] for r in read_rows(task)] == [42, None]
 
 
-def test_the_read_ends_on_the_position_past_a_commit_marker(kafka, tmp_path, tx_producer, reader_client):
+def test_the_read_ends_on_the_position_past_a_commit_marker(kafka, tmp_path, tx_producer):
     topic = kafka.topic()
     tx_producer.begin_transaction()
     for key, value in (("a", "1"), ("b", "1"), ("a", "2")):
         tx_producer.send(topic, key=key.encode(), value=value.encode(), partition=0)
     tx_producer.commit_transaction()
     # Offsets 0-2 are the records, 3 the commit marker: the range's end is 4, which no record reaches.
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path), 0, 0, 4)
+    task = RangeReadTask(spec(kafka, topic, tmp_path), 0, 0, 4)
     assert [(r["key"], r["value"]) for r in read_rows(task)] == [(b"b", b"1"), (b"a", b"2")]
     assert task.records == 3
 
 
-def test_a_start_the_log_does_not_hold_fails_instead_of_reading_other_offsets(kafka, tmp_path, reader_client):
+def test_a_start_the_log_does_not_hold_fails_instead_of_reading_other_offsets(kafka, tmp_path):
     topic = kafka.topic()
     kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(10)])
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path), 0, 20, 30)
+    task = RangeReadTask(spec(kafka, topic, tmp_path), 0, 20, 30)
     with pytest.raises(Exception, match=r"(?i)out of range|offset|ends at"):
         list(task.run())
     assert task.records == 0
 
 
-def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_keys(kafka, tmp_path, monkeypatch,
-                                                                                   reader_client):
+def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_keys(kafka, tmp_path, monkeypatch):
     """Under publishing-order a window is bounded by the keys it holds, not the records read: 40 records of
     4 keys (and 4 null-key records), polled 5 at a time, in windows of 9 leave the task as each key's last record only, with the retained null-key
     records; an empty value turned into a tombstone on the record that won. Every record still counts in
@@ -103,7 +90,7 @@ def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_k
     topic = kafka.topic()
     records = [(None if i % 10 == 3 else f"k{i % 4}", "" if i == 38 else f"v{i}", 0) for i in range(40)]
     kafka.produce(topic, records)
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, empty_value_is_tombstone=True, batch_records=5),
+    task = RangeReadTask(spec(kafka, topic, tmp_path, empty_value_is_tombstone=True, batch_records=5),
                          0, 0, 40)
     rows = read_rows(task)
     last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
@@ -125,7 +112,7 @@ def test_a_reading_task_takes_what_the_worker_held_before_it_out_of_the_collecto
     gc.unfreeze()
     held = len(gc.get_objects())
     try:
-        assert len(read_rows(RangeReadTask(spec(kafka, topic, "auto", tmp_path), 0, 0, 30))) == 3
+        assert len(read_rows(RangeReadTask(spec(kafka, topic, tmp_path), 0, 0, 30))) == 3
         assert gc.get_freeze_count() >= held
         assert len(gc.get_objects()) < held // 10
     finally:
@@ -152,18 +139,18 @@ def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, mo
         want = {f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(4)}
     else:
         want = {b"k0": 0, **{f"k{k}".encode(): max(i for i in range(40) if i % 4 == k) for k in range(1, 4)}}
-    final = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy, event_time_source=source,
+    final = RangeReadTask(spec(kafka, topic, tmp_path / "f", strategy=strategy, event_time_source=source,
                                final=True, batch_records=5), 0, 0, 40)
     assert {r["key"]: r["offset"] for r in read_rows(final)} == want
-    assert len(read_rows(RangeReadTask(spec(kafka, topic, "auto", tmp_path / "f", strategy=strategy,
+    assert len(read_rows(RangeReadTask(spec(kafka, topic, tmp_path / "f", strategy=strategy,
                                             event_time_source=source, final=True, batch_records=5), 0, 0, 40))) == 4
-    windowed = RangeReadTask(spec(kafka, topic, "auto", tmp_path / "w", strategy=strategy,
+    windowed = RangeReadTask(spec(kafka, topic, tmp_path / "w", strategy=strategy,
                                   event_time_source=source, batch_records=5), 0, 0, 40)
     assert len(read_rows(windowed)) > 4
 
 
 def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_last_across_windows(
-        kafka, tmp_path, monkeypatch, reader_client):
+        kafka, tmp_path, monkeypatch):
     """Under publishing-order a final read turns its records into Arrow rows every few keys (a partition of
     distinct keys is not held as the client's record objects); the windows' rows are reduced to each key's
     last at the end. Windows of 7 keys over 300 records: keys that come back in later windows (hot keys,
@@ -176,7 +163,7 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
     records = [(None if i % 23 == 0 else (f"hot{i % 3}" if i % 2 else f"once{i}"),
                 None if i % 29 == 1 else f"v{i}", 0) for i in range(300)]
     kafka.produce(topic, records)
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / "a", final=True, batch_records=5), 0, 0, 300)
+    task = RangeReadTask(spec(kafka, topic, tmp_path / "a", final=True, batch_records=5), 0, 0, 300)
     offsets = [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()]
     last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
     assert offsets == sorted([*last.values(), *(i for i in range(0, 300, 23))])
@@ -184,12 +171,12 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
 
     distinct = kafka.topic()
     kafka.produce(distinct, [(f"k{i}", None if i % 10 == 0 else f"v{i}", 0) for i in range(100)])
-    task = RangeReadTask(spec(kafka, distinct, reader_client, tmp_path / "b", final=True, batch_records=5), 0, 0, 100)
+    task = RangeReadTask(spec(kafka, distinct, tmp_path / "b", final=True, batch_records=5), 0, 0, 100)
     assert [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()] == list(range(100))
 
 
 def test_a_final_read_of_new_keys_that_meets_a_key_again_in_the_same_window_keeps_each_key_s_last(
-        kafka, tmp_path, reader_client):
+        kafka, tmp_path):
     """A final read under publishing-order makes the rows of a window's records poll by poll while every key is
     new to the partition; once a key comes again (here in the window's second poll of 5), the window goes on
     as each key's last record, the rows made so far included: every key leaves once, as its last record."""
@@ -197,7 +184,7 @@ def test_a_final_read_of_new_keys_that_meets_a_key_again_in_the_same_window_keep
     records = [(f"k{i}", f"v{i}", 0) for i in range(7)] + [("k3", "again", 0)] + [(f"k{i}", f"v{i}", 0)
                                                                                  for i in range(7, 12)]
     kafka.produce(topic, records)
-    task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path, final=True, batch_records=5), 0, 0, 13)
+    task = RangeReadTask(spec(kafka, topic, tmp_path, final=True, batch_records=5), 0, 0, 13)
     rows = pa.Table.from_batches(list(task.run())).to_pylist()
     last = {key: i for i, (key, _, _) in enumerate(records)}
     assert [r["offset"] for r in rows] == sorted(last.values())
@@ -227,7 +214,7 @@ def test_a_final_read_that_writes_its_part_keeps_each_key_s_last_across_windows(
         kafka.produce(topic, records)
         out = tmp_path / name.replace(" ", "-")
         out.mkdir()
-        task = RangeReadTask(spec(kafka, topic, "librdkafka", out, final=True, batch_records=5, write_to=str(out),
+        task = RangeReadTask(spec(kafka, topic, out, final=True, batch_records=5, write_to=str(out),
                                   deletion_rules=rules), 0, 0, len(records))
         assert list(task.run()) == []  # nothing handed to Spark
         last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
@@ -272,7 +259,7 @@ def test_a_final_read_past_its_memory_budget_keeps_its_windows_on_disk(kafka, tm
     def part(budget: int) -> tuple[pa.Table, int]:
         out = tmp_path / f"out-{budget}"
         out.mkdir()
-        task = RangeReadTask(spec(kafka, topic, "librdkafka", out, final=True, batch_records=5, write_to=str(out),
+        task = RangeReadTask(spec(kafka, topic, out, final=True, batch_records=5, write_to=str(out),
                                   deletion_rules=rules, retain_null_key=False, window_memory_bytes=budget),
                              0, 0, len(records))
         assert list(task.run()) == []
@@ -292,7 +279,7 @@ def test_a_final_read_past_its_memory_budget_keeps_its_windows_on_disk(kafka, tm
     assert list(local.iterdir()) == []
 
     # A preview's final read hands the same winners over, tombstones included, window by window.
-    preview = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path / "p", final=True, batch_records=5,
+    preview = RangeReadTask(spec(kafka, topic, tmp_path / "p", final=True, batch_records=5,
                                  retain_null_key=False, window_memory_bytes=1), 0, 0, len(records))
     handed = pa.Table.from_batches(list(preview.run()))
     assert preview.spilled_windows > 0 and handed["offset"].to_pylist() == sorted(last.values())
@@ -317,7 +304,7 @@ def test_a_full_disk_under_the_spilled_windows_fails_the_read_and_leaves_nothing
     rules = DeletionRules(now_ms=0, tombstone_retention_ms=0, keeps_markers=False).to_json()
     with tmpfs(tmp_path / "small-disk", "2m") as disk:
         monkeypatch.setenv("SPARK_LOCAL_DIRS", str(disk))
-        task = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path, final=True, write_to=str(out),
+        task = RangeReadTask(spec(kafka, topic, tmp_path, final=True, write_to=str(out),
                                   deletion_rules=rules, retain_null_key=False, window_memory_bytes=1),
                              0, 0, len(records))
         with pytest.raises(OSError, match="No space left on device"):
@@ -336,7 +323,7 @@ def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monke
     topic = kafka.topic()
     records = [(None if i % 7 == 0 else f"k{i % 40}", f"v{i}", 0) for i in range(3000)]
     kafka.produce(topic, records)
-    task = RangeReadTask(spec(kafka, topic, "librdkafka", tmp_path, final=True), 0, 0, 3000)
+    task = RangeReadTask(spec(kafka, topic, tmp_path, final=True), 0, 0, 3000)
     offsets = [r["offset"] for r in pa.Table.from_batches(list(task.run())).to_pylist()]
     last = {key: i for i, (key, _, _) in enumerate(records) if key is not None}
     assert offsets == sorted([*last.values(), *(i for i in range(0, 3000, 7))])
@@ -345,8 +332,7 @@ def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monke
 # -- the driver's log-identity probe (``KafkaAdmin.first_records``) reads like the reading tasks --------
 
 
-def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka, tmp_path, tx_producer,
-                                                                         reader_client):
+def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka, tmp_path, tx_producer):
     """The probe reads with the reading tasks' client (librdkafka decodes the batch holding the offset in
     C): at the offset of the last record a task read, it finds that record's fingerprint; where only a
     transaction marker is left, nothing; at an offset retention removed, nothing."""
@@ -359,12 +345,11 @@ def test_the_log_identity_probe_finds_what_the_reading_task_fingerprinted(kafka,
     for i in range(3):
         tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
     tx_producer.commit_transaction()  # offsets 0-2 the records, 3 the commit marker
-    tasks = {p: RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, end)
+    tasks = {p: RangeReadTask(spec(kafka, topic, tmp_path / str(p)), p, 0, end)
              for p, end in ((0, 3000), (1, 4))}
     for task in tasks.values():
         read_rows(task)
-    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
-                                compacted_ledger_root=str(tmp_path / "l")))
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
     try:
         offsets = admin.offsets(topic)
         found = admin.first_records(topic, {0: 2999, 1: 2}, offsets)
@@ -451,8 +436,7 @@ def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed
         return listing(*args, **kwargs)
 
     monkeypatch.setattr(KafkaAdminClient, "list_partition_offsets", listed)
-    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client="librdkafka",
-                                compacted_ledger_root=str(tmp_path / "l")))
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
     try:
         assert admin.offsets(topic)[0].end == 50
         assert events == ["consumer", "ListOffsets", "ListOffsets"]  # the earliest and the latest offsets
@@ -465,8 +449,7 @@ def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed
     assert len(closed) == len(made)
 
 
-def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_them(kafka, tx_producer, tmp_path,
-                                                                                   reader_client):
+def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_them(kafka, tx_producer, tmp_path):
     """A run's planning asks for the offsets and the log-identity probe at once (``offsets_with_records``:
     with librdkafka the probe reads while the offsets are fixed, and its answer is held to them after).
     The answer is the one ``first_records`` gives after the offsets: the record at an offset, nothing where
@@ -481,8 +464,7 @@ def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_t
     for i in range(3):
         tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
     tx_producer.commit_transaction()  # partition 1: offsets 0-2 the records, 3 the commit marker
-    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
-                                compacted_ledger_root=str(tmp_path / "l")))
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
     try:
         at = {0: 2999, 1: 3}
         offsets, found = admin.offsets_with_records(topic, at)
@@ -519,7 +501,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
     events: list[tuple[str, int]] = []
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        reader, partition = open_range_reader(*args, **kwargs), args[3]
+        reader, partition = open_range_reader(*args, **kwargs), args[2]
         events.append(("open", partition))
         close = reader.close
 
@@ -532,7 +514,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
 
     monkeypatch.setattr(range_read, "open_range_reader", recording)
     with run_channel() as channel:
-        source = KafkaRangeReader(spec(kafka, topic, "librdkafka", tmp_path, read_tasks=1,
+        source = KafkaRangeReader(spec(kafka, topic, tmp_path, read_tasks=1,
                                        ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]],
                                        channel=channel.endpoint(LOOPBACK)))
         [task] = source.partitions()
@@ -548,7 +530,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
         assert events == [("open", 0), ("open", 1), ("close", 0), ("close", 1)]
 
 
-def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tmp_path, tx_producer, reader_client):
+def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tmp_path, tx_producer):
     """The driver fixes each partition's end by reading from its listed end - 1 with the reading tasks' client
     (librdkafka decodes the broker's batch in C): past a commit marker, at the last record, or the log start
     of an empty partition; the reading task then reads exactly to it."""
@@ -561,22 +543,20 @@ def test_the_end_of_each_partition_is_where_a_read_committed_read_ends(kafka, tm
     for i in range(3):
         tx_producer.send(topic, key=b"t%d" % i, value=b"x", partition=1)
     tx_producer.commit_transaction()  # offsets 0-2 the records, 3 the commit marker
-    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compaction_reader_client=reader_client,
-                                compacted_ledger_root=str(tmp_path / "l")))
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
     try:
         offsets = admin.offsets(topic)
     finally:
         admin.close()
     assert {p: (o.log_start, o.end) for p, o in offsets.items()} == {0: (0, 3000), 1: (0, 4), 2: (0, 0)}
-    if reader_client == "librdkafka":
-        from compactord.kafka.librdkafka import read_ends
+    from compactord.kafka.librdkafka import read_ends
 
-        # A listed end past what the log holds (given at the boundary: the log was truncated under the read):
-        # it stands, and the read ends once the broker's answers show that nothing more comes.
-        client = Settings(kafka_bootstrap_servers=kafka.bootstrap).kafka_client_config()
-        assert read_ends(client, topic, {0: 3000, 1: 9000}, 10) == ({0: 3000, 1: 9000}, set())
+    # A listed end past what the log holds (given at the boundary: the log was truncated under the read): it
+    # stands, and the read ends once the broker's answers show that nothing more comes.
+    client = Settings(kafka_bootstrap_servers=kafka.bootstrap).kafka_client_config()
+    assert read_ends(client, topic, {0: 3000, 1: 9000}, 10) == ({0: 3000, 1: 9000}, set())
     for p in (0, 1):
-        task = RangeReadTask(spec(kafka, topic, reader_client, tmp_path / str(p)), p, 0, offsets[p].end)
+        task = RangeReadTask(spec(kafka, topic, tmp_path / str(p)), p, 0, offsets[p].end)
         assert len(read_rows(task)) == {0: 50, 1: 3}[p]
 
 

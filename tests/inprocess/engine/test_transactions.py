@@ -33,13 +33,13 @@ def transaction(producer: Any, topic: str, records: list[tuple[str, str | None]]
 # -- transactions -----------------------------------------------------------------------------------
 
 
-def test_committed_transactions_compact_normally(kafka, make_factory, tx_producer, reader_client):
+def test_committed_transactions_compact_normally(kafka, make_factory, tx_producer):
     topic = kafka.topic()
     transaction(tx_producer, topic, [("a", "1"), ("b", "1")])
     kafka.produce(topic, [("c", "plain")])  # a non-transactional record in between
     transaction(tx_producer, topic, [("a", "2"), ("b", None)])
     kafka.produce(topic, [("d", "plain")])
-    service = make_factory(compaction_reader_client=reader_client).new_topic_compaction_service(topic)
+    service = make_factory().new_topic_compaction_service(topic)
     ctx = compact(service)
     assert view(service) == {b"a": b"2", b"c": b"plain", b"d": b"plain"}
     assert ctx.stats.records_read == 6  # the commit markers are not records
@@ -47,12 +47,12 @@ def test_committed_transactions_compact_normally(kafka, make_factory, tx_produce
     assert [e.offset for e in entries(service)][-1] == service.get_last_compacted_position()[0] > 5
 
 
-def test_transaction_markers_do_not_stall_the_read_loop(kafka, make_factory, tx_producer, reader_client):
+def test_transaction_markers_do_not_stall_the_read_loop(kafka, make_factory, tx_producer):
     """A topic that ends with a commit marker: the read ends on the consumer's position, which moves
     past the marker, not on the last record's offset + 1 (which would never reach the end)."""
     topic = kafka.topic()
     transaction(tx_producer, topic, [("a", "1"), ("b", "1"), ("a", "2")])
-    service = make_factory(compaction_reader_client=reader_client).new_topic_compaction_service(topic)
+    service = make_factory().new_topic_compaction_service(topic)
     started = time.monotonic()
     first = compact(service)
     elapsed = time.monotonic() - started
