@@ -9,6 +9,16 @@
 - ``TaskProbe`` (in ``compactord.task``): sees every task's states and checkpoints; a no-op in
   production, the seam through which tests hold a task at a chosen point.
 
+What the daemon asks of a factory or a service beyond these bases, each a protocol that an
+implementation may have (the daemon checks with ``isinstance``; without it, the daemon does without):
+
+- ``RuntimeOwner`` / ``EngineRuntime``: a process-wide runtime the runs need (the Spark factory's session
+  and JVM), which the daemon starts and warms in the background, watches and stops.
+- ``StrategyCatalog``: the strategies a topic's policy may choose.
+- ``SampledPreviews``: the sampled estimate of ``GET .../compaction/preview`` (from the topic's current
+  ledger and its strategy in force).
+- ``IdleGuarded``: a service whose topic's folder the periodic sweep may clean, under its guard.
+
 This module imports only leaf modules (``model``, ``errors``, ``task``; ``config`` for types).
 
 Implementations do not repeat these docstrings.
@@ -17,8 +27,10 @@ Implementations do not repeat these docstrings.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from compactord.task import TaskProbe
 
@@ -41,8 +53,13 @@ __all__ = [
     "BrokerMetadata",
     "CompactionServiceFactory",
     "CompactionStrategy",
+    "EngineRuntime",
+    "IdleGuarded",
     "OrderedCompactionStrategy",
+    "RuntimeOwner",
+    "SampledPreviews",
     "ServiceContext",
+    "StrategyCatalog",
     "TopicCompactionService",
 ]
 
@@ -116,10 +133,12 @@ class BrokerMetadata(ABC):
 class ServiceContext:
     """What a factory is initialised with: the settings and the process-wide resources.
 
-    ``spark`` is the one long-lived ``SparkSessionManager``; ``store`` the ``LedgerStore`` of the
-    ledger root (it holds the root's lock); ``broker`` the daemon's ``BrokerMetadata``; ``probe`` sees
-    every task's states and checkpoints (a no-op unless a test passes one). A factory builds what is
-    None itself, and then closes it.
+    ``spark``: a ``SparkSessionManager`` to share (tests, the demo): a factory that uses Spark runs on it
+    and never stops it; None: such a factory builds its own, and stops it when the daemon stops its
+    runtime (``RuntimeOwner``); a factory that does not use Spark ignores it. ``store``: the
+    ``LedgerStore`` of the ledger root (it holds the root's lock); ``broker``: the daemon's
+    ``BrokerMetadata``; ``probe`` sees every task's states and checkpoints (a no-op unless a test passes
+    one). A factory builds what is None itself, and then closes it.
     """
 
     def __init__(self, settings: Settings, *, spark: Any = None, store: Any = None,
@@ -255,7 +274,84 @@ class CompactionServiceFactory(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Release the factory's resources (it does not stop the shared Spark session)."""
+        """Release the factory's resources (not its runtime: the daemon stops that, ``RuntimeOwner``)."""
+
+
+@runtime_checkable
+class EngineRuntime(Protocol):
+    """A process-wide runtime that a factory's runs need (the Spark factory's: its session and JVM). The
+    daemon starts it in the background while it serves reads, and runs compactions once it is warm."""
+
+    @property
+    def warmed(self) -> bool:
+        """Started and warmed up: compactions may run on it (``/readyz`` waits for it)."""
+        ...
+
+    def start(self, scratch: Path | None) -> None:
+        """Start it and warm it up, on a thread of the daemon's. ``scratch``: a local folder for the
+        warm-up's files (None: the host's temporary folder).
+
+        :raises Exception: it cannot start; the daemon then exits (2 for a ``ConfigError``, else 70).
+        """
+        ...
+
+    def alive(self, timeout: float) -> bool:
+        """False once it has died, or when it does not answer within ``timeout`` seconds (hung); the
+        daemon then exits so that its supervisor restarts it."""
+        ...
+
+    def stop(self) -> None:
+        """Stop it, if the factory made it (one given in the ``ServiceContext`` is left running)."""
+        ...
+
+
+@runtime_checkable
+class RuntimeOwner(Protocol):
+    """A factory that has an ``EngineRuntime``. A factory that is not one runs no runtime of its own:
+    compactions can run as soon as the broker answers."""
+
+    def runtime(self) -> EngineRuntime:
+        """The factory's runtime (the same object each time); not started yet when ``initialize`` returns."""
+        ...
+
+
+@runtime_checkable
+class StrategyCatalog(Protocol):
+    """A factory that says which strategies a topic's policy may choose. For a factory that does not,
+    the daemon allows ``compactionStrategy`` and the ``compactionStrategyPlugins`` references."""
+
+    def allowed_strategies(self) -> tuple[str, ...]:
+        """The strategy references ``set_topic_strategy`` accepts from a policy, each spelled exactly so;
+        choosing one imports nothing new."""
+        ...
+
+
+@runtime_checkable
+class SampledPreviews(Protocol):
+    """A factory that estimates the next compaction of a topic from a sample (the preview's default; a
+    factory that cannot answers only ``?exact=true``)."""
+
+    def sampled_preview(self, topic: str, offsets: Mapping[int, PartitionOffsets],
+                        check: Callable[[LedgerManifest], None]) -> dict[str, Any]:
+        """The estimate for ``topic`` at the broker's ``offsets``, from its current ledger (``check`` is
+        called with that ledger's manifest before it is read, and may raise) and its strategy in force:
+        ``records_kept``, ``records_removed``, ``bytes_kept``, ``bytes_removed``, ``sample_records`` (the
+        records read) and ``tail_records`` (the records past the ledger's horizon).
+
+        :raises LedgerCorrupt: the current ledger fails verification.
+        """
+        ...
+
+
+@runtime_checkable
+class IdleGuarded(Protocol):
+    """A service whose topic's folder under the ledger root the periodic sweep may clean: what no pointer
+    names, below the highest ledger id read under its guard. A service that is not one is never swept."""
+
+    def idle_guard(self) -> AbstractContextManager[bool]:
+        """Hold the topic's guard (no task of it starts meanwhile); give whether no task of the topic runs
+        nor is still stopping."""
+        ...
 
 
 class CompactionStrategy(ABC):

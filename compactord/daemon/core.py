@@ -1,19 +1,20 @@
-"""``compactord run``: one process holding the Spark session, the task registry, the backlog monitor
-and the HTTP server.
+"""``compactord run``: one process holding the compaction service factory (and its runtime: the Spark
+session of the default factory), the task registry, the backlog monitor and the HTTP server.
 
 Start-up: lock (or lease) the ledger root (a second daemon on the same root refuses to start), resolve the
 factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with ``"reads": true`` and
-``"compactions": false``), then start and warm the Spark session in the background. Compactions can
-run once Spark is warm and the broker answers; reads need neither.
+``"compactions": false``), then start and warm the factory's runtime in the background
+(``interfaces.RuntimeOwner``; a factory without one has nothing to start). Compactions can run once the
+runtime is warm and the broker answers; reads need neither.
 
 The probes never wait on the broker: a thread of its own pings it, with a client of its own
 (``broker_watch.BrokerWatch``). Nor on the ledger root's store: once one of its requests fails, a thread
 probes it until it answers again, and the ledger reads answer 503 at once meanwhile
 (``store_watch.StoreWatch``).
 
-If the Spark JVM dies or hangs (a liveness check that does not answer within ``jvm_check_timeout_s``),
-the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
-cancellable tasks are cancelled, a switching task finishes, Spark stops, exit code 0.
+If the runtime (the Spark JVM) dies or hangs (a liveness check that does not answer within
+``jvm_check_timeout_s``), the daemon exits non-zero so that its supervisor restarts it. SIGTERM:
+cancellable tasks are cancelled, a switching task finishes, the runtime stops, exit code 0.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.registry import TaskRegistry
 from compactord.daemon.store_watch import StoreWatch
-from compactord.engine.spark_session import SparkSessionManager
-from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
 from compactord.errors import (
     BrokerUnavailable,
     CompactionAlreadyRunning,
@@ -46,7 +45,14 @@ from compactord.errors import (
     PluginLoadError,
     StorageUnavailable,
 )
-from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
+from compactord.interfaces import (
+    BrokerMetadata,
+    CompactionServiceFactory,
+    EngineRuntime,
+    RuntimeOwner,
+    ServiceContext,
+    StrategyCatalog,
+)
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger import footer_cache
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
@@ -83,6 +89,14 @@ def load_factory(settings: Settings) -> CompactionServiceFactory:
     return cls()
 
 
+def allowed_strategies(settings: Settings, factory: CompactionServiceFactory) -> tuple[str, ...]:
+    """What a topic's policy may choose: the factory's catalog (``interfaces.StrategyCatalog``), else
+    ``compactionStrategy`` and the ``compactionStrategyPlugins`` references."""
+    if isinstance(factory, StrategyCatalog):
+        return factory.allowed_strategies()
+    return tuple(dict.fromkeys([settings.compaction_strategy, *settings.strategy_plugins]))
+
+
 def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list[str]]:
     """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it). An
     object store is checked first (its bucket, credentials, endpoint, and that it enforces conditional
@@ -109,9 +123,10 @@ def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list
 
 
 class Daemon:
-    def __init__(self, settings: Settings, spark: SparkSessionManager | None = None,
+    def __init__(self, settings: Settings, spark: Any = None,
                  broker: BrokerMetadata | None = None, jvm_check_timeout_s: float = JVM_CHECK_TIMEOUT_S) -> None:
-        """``spark``: a session manager to share (tests, the demo); the daemon then does not stop it.
+        """``spark``: a Spark session manager to share (tests), given to the factory in its ``ServiceContext``
+        (which then does not stop it); None: a factory that uses Spark builds its own.
         ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers).
         ``jvm_check_timeout_s``: how long the watchdog waits for the JVM to answer before it calls it hung."""
         if not jvm_check_timeout_s > 0:
@@ -125,21 +140,21 @@ class Daemon:
                                   settings.compaction_history_max_age_days)
         for topic in deleted:  # the rest of the topic went in open()
             self._delete_history(topic)
-        self._owns_spark = spark is None
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
         # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
         self._identity_broker: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
-            load_strategy_plugins(settings)
-            self.spark = spark or SparkSessionManager(settings)
             self.factory = load_factory(settings)
-            self.factory.initialize(ServiceContext(settings, spark=self.spark, store=self.store, broker=self.admin))
+            self.factory.initialize(ServiceContext(settings, spark=spark, store=self.store, broker=self.admin))
         except BaseException:
             self._close_broker_clients()
             self.store.close()
             raise
-        self.policies = PolicyStore(self.store, allowed_strategies(settings))
+        # What the factory runs on (Spark's session and JVM), started in the background; None: nothing to start.
+        self.runtime: EngineRuntime | None = self.factory.runtime() if isinstance(self.factory, RuntimeOwner) \
+            else None
+        self.policies = PolicyStore(self.store, allowed_strategies(settings, self.factory))
         self._apply_stored_strategies()
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
@@ -152,7 +167,7 @@ class Daemon:
         self.fatal_cause: BaseException | None = None  # what made it fatal, if an exception did
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
         self.on_fatal: Any = None  # set by the server runner: ask the HTTP server to stop
-        self.on_warm: Any = None  # set by the server runner: called once Spark is warm
+        self.on_warm: Any = None  # set by the server runner: called once the runtime is warm
         self._broker = BrokerWatch(self._broker_probe, settings.kafka_request_timeout_ms / 1000)
         self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
         self._unrecorded = UnrecordedRuns()  # runs that ended while the store was down
@@ -167,28 +182,27 @@ class Daemon:
     # -- start-up and watchdogs -----------------------------------------------------------------
 
     def start(self) -> None:
-        for name, target, args in (("spark-start", self._start_spark, ()), ("watchdog", self._watch, ()),
+        for name, target, args in (("runtime-start", self._start_runtime, ()), ("watchdog", self._watch, ()),
                                    ("broker-probe", self._broker.run, (self._stop,)),
                                    ("store-probe", self._store_watch.run, (self._stop,))):
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _start_spark(self) -> None:
-        try:
-            self.spark.start()
-            scratch = self.store.root / DAEMON_DIR / "tmp" if self.store.local else None  # None: the host's
-            if scratch is not None:
-                scratch.mkdir(parents=True, exist_ok=True)
-            self.spark.warm_up(scratch)
-        except Exception as exc:
-            if not self._stop.is_set():
-                self._die("the Spark session could not start", exc)
-            return
+    def _start_runtime(self) -> None:
+        if self.runtime is not None:
+            try:
+                scratch = self.store.root / DAEMON_DIR / "tmp" if self.store.local else None  # None: the host's
+                self.runtime.start(scratch)
+            except Exception as exc:
+                if not self._stop.is_set():
+                    self._die("the Spark session could not start", exc)
+                return
         if self.on_warm is not None:
             self.on_warm()
         self.monitor.start()
-        log.info("compactord is ready" if not self.readiness_problems() else "Spark is warm; waiting for the broker")
+        waiting = "Spark is warm; waiting for the broker" if self.runtime is not None else "waiting for the broker"
+        log.info("compactord is ready" if not self.readiness_problems() else waiting)
 
     def broker_problem(self) -> str | None:
         """Why the broker counts as unreachable now, or None; from memory only (``BrokerWatch.problem``)."""
@@ -228,7 +242,8 @@ class Daemon:
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_EVERY_S):
             # Bounded: a hung JVM never answers the py4j call, and waiting for it would hide the hang.
-            if self.spark.warmed and not self.spark.alive(timeout=self._jvm_check_timeout_s):
+            runtime = self.runtime
+            if runtime is not None and runtime.warmed and not runtime.alive(timeout=self._jvm_check_timeout_s):
                 self._die("the Spark JVM died or does not answer")
                 return
             self._root_problem = self._check_root()
@@ -281,7 +296,7 @@ class Daemon:
             problems.append("another daemon took the ledger root's lease over")
         if self.lease_problem():
             problems.append("the ledger root's lease is not renewed yet (the store failed its renewals)")
-        if not self.spark.warmed:
+        if self.runtime is not None and not self.runtime.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():
             problems.append("the broker does not answer")
@@ -303,7 +318,7 @@ class Daemon:
                 client.close()
 
     def shutdown(self) -> None:
-        """Cancel what can be cancelled, let a switching task finish, stop Spark."""
+        """Cancel what can be cancelled, let a switching task finish, stop the runtime (Spark)."""
         log.info("shutting down")
         started = time.monotonic()
         self._stop.set()
@@ -314,8 +329,8 @@ class Daemon:
             self.factory.close()
         finally:
             self._close_broker_clients()
-            if self.fatal is None and self._owns_spark:
-                self.spark.stop()
+            if self.fatal is None and self.runtime is not None:
+                self.runtime.stop()
             self.store.close()
             log.info("stopped in %.1fs", time.monotonic() - started)
 

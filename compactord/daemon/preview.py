@@ -1,6 +1,7 @@
 """``GET /v1/topics/{topic}/compaction/preview``: what the next compaction of a topic would do.
 
-Sampled (the default): ``engine/preview.py``'s estimate, on the request's thread, in seconds.
+Sampled (the default): the factory's estimate (``interfaces.SampledPreviews``), on the request's thread, in
+seconds.
 Exact (``exact=True``): a preview task through the registry, so that it waits for a slot of
 ``compactionMaxConcurrentTasks``, is the topic's live task (``DELETE .../compaction`` cancels it) and
 never runs beside a compaction of the same topic.
@@ -12,6 +13,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from compactord.errors import CompactionCancelled, CompactionFailed, InvalidArgument
+from compactord.interfaces import SampledPreviews
 from compactord.task import TaskState
 
 if TYPE_CHECKING:
@@ -55,28 +57,12 @@ def _exact(daemon: Daemon, topic: str) -> dict[str, Any]:
 
 
 def _sampled(daemon: Daemon, topic: str) -> dict[str, Any]:
-    from compactord.engine.preview import sampled_preview
-
     factory = daemon.factory
-    strategy_for = getattr(factory, "strategy_for", None)
-    if strategy_for is None:
+    if not isinstance(factory, SampledPreviews):
         raise InvalidArgument("this compaction service factory cannot estimate a preview; ask for ?exact=true")
-    handle = daemon.registry.service(topic).current()  # type: ignore[attr-defined]
-    offsets = daemon.admin.offsets(topic)
-    if handle is None:
-        found = sampled_preview(daemon.settings.kafka_client_config(), topic, offsets, None, [], strategy_for(topic))
-        return {**found, "exact": False}
     # A ledger of an earlier incarnation of the topic is no base for an estimate (410 topic_recreated).
-    daemon.identities.check(topic, handle.manifest)
-    reader = handle.acquire()  # the ledger's files stay while they are read, whatever a switch does
-    try:
-        store = factory.store  # type: ignore[attr-defined]
-        folder = store.ledger_key(topic, handle.manifest.ledger_id)
-        files = [f"{folder}/{f['name']}" for f in handle.manifest.files]
-        found = sampled_preview(daemon.settings.kafka_client_config(), topic, offsets, handle.manifest, files,
-                                strategy_for(topic), store=store.objects)
-    finally:
-        handle.release()
+    found = factory.sampled_preview(topic, daemon.admin.offsets(topic),
+                                    lambda manifest: daemon.identities.check(topic, manifest))
     return {**found, "exact": False}
 
 

@@ -2,7 +2,8 @@
 no pointer names (the ledgers of runs that crashed or were cancelled, temporary files) and its unfinished
 uploads, once older than ``storageSweepMinAgeSeconds`` (docs/design.md, "The sweep").
 
-A topic is swept only under its service's guard (the one a compaction and a deletion take), and only when no
+A topic is swept only under its service's guard (``interfaces.IdleGuarded``: the one a compaction and a
+deletion take), and only when no
 task of it runs or is still stopping; the highest ledger id under the topic is read under that guard, and no
 ledger above it is touched: a task that starts once the guard is let go allocates a higher id. The age
 margin is for what this daemon cannot see: executors of a driver that died may still upload, and an object
@@ -18,8 +19,8 @@ import time
 from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.registry import TaskRegistry
-from compactord.engine.service import SparkTopicCompactionService
 from compactord.errors import CompactordError
+from compactord.interfaces import IdleGuarded
 from compactord.ledger.removal import Swept
 from compactord.ledger.store import LedgerStore
 
@@ -87,10 +88,10 @@ class StorageSweeper:
 
     def sweep_topic(self, topic: str, older_than: float) -> Swept | None:
         """Sweep one topic of what is older than ``older_than`` (UTC seconds); None when it was not swept
-        (a task of it runs or is stopping, it is being deleted, or its service is not the engine's)."""
+        (a task of it runs or is stopping, it is being deleted, or its service has no idle guard)."""
         service = self._registry.service(topic)
-        if not isinstance(service, SparkTopicCompactionService):
-            return None  # a plugin's services: no guard to take, so their ledgers are left alone
+        if not isinstance(service, IdleGuarded):
+            return None  # no guard to take, so its ledgers are left alone
         with service.idle_guard() as idle:
             if not idle or self._store.deletion_pending(topic):
                 log.debug("topic %s not swept: a task of it runs, or it is being deleted", topic)

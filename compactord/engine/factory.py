@@ -1,32 +1,64 @@
-"""The default ``CompactionServiceFactory``: Spark jobs, Parquet ledgers, per-topic strategies."""
+"""The default ``CompactionServiceFactory``: Spark jobs, Parquet ledgers, per-topic strategies. It owns the
+Spark session (its ``runtime``), unless one is given to share."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 from compactord.config import Settings
+from compactord.engine.preview import sampled_preview
 from compactord.engine.service import SparkTopicCompactionService
 from compactord.engine.spark_session import SparkSessionManager
-from compactord.engine.strategies import ResolvedStrategy
+from compactord.engine.strategies import ResolvedStrategy, allowed_strategies, load_strategy_plugins
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, ServiceContext
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger import layout
 from compactord.ledger.store import LedgerStore
 from compactord.storage import open_store
-from compactord.model import validate_topic_name
+from compactord.model import LedgerManifest, PartitionOffsets, validate_topic_name
 from compactord.task import TaskProbe
 
-__all__ = ["SparkCompactionServiceFactory"]
+__all__ = ["SparkCompactionServiceFactory", "SparkRuntime"]
+
+
+class SparkRuntime:
+    """The factory's Spark session as the daemon starts, watches and stops it (an ``EngineRuntime``)."""
+
+    def __init__(self, spark: SparkSessionManager, owned: bool) -> None:
+        self.spark = spark
+        self._owned = owned  # False: a session given to share, which its giver stops
+
+    @property
+    def warmed(self) -> bool:
+        return self.spark.warmed
+
+    def start(self, scratch: Path | None) -> None:
+        self.spark.start()
+        if scratch is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
+        self.spark.warm_up(scratch)
+
+    def alive(self, timeout: float) -> bool:
+        return self.spark.alive(timeout=timeout)
+
+    def stop(self) -> None:
+        if self._owned:
+            self.spark.stop()
 
 
 class SparkCompactionServiceFactory(CompactionServiceFactory):
     def initialize(self, context: ServiceContext) -> None:
         settings = context.settings
         self.settings: Settings = settings
+        load_strategy_plugins(settings)
         self.strategy = self._resolve(settings.compaction_strategy, "compactionStrategy")
         self._topic_strategies: dict[str, ResolvedStrategy] = {}
         self._topic_limits: dict[str, tuple[int | None, int | None]] = {}
         self.spark: SparkSessionManager = context.spark or SparkSessionManager(settings)
+        self._runtime = SparkRuntime(self.spark, owned=context.spark is None)
         self._owns_store = context.store is None
         root = settings.compacted_ledger_root
         self.store: LedgerStore = context.store or LedgerStore(root, open_store(root, settings)).open()
@@ -40,6 +72,12 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         return ResolvedStrategy.resolve(ref, self.settings.compaction_event_time_source,
                                         self.settings.topic_compaction_retain_null_key, key,
                                         self.settings.compaction_empty_value_is_tombstone)
+
+    def runtime(self) -> SparkRuntime:
+        return self._runtime
+
+    def allowed_strategies(self) -> tuple[str, ...]:
+        return allowed_strategies(self.settings)
 
     def set_topic_strategy(self, topic: str, ref: str | None) -> None:
         validate_topic_name(topic)
@@ -94,6 +132,22 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         if self.store.local:
             return self.store.topic_dir(topic).is_dir()
         return bool(self.store.objects.children(layout.topic_prefix(topic)))
+
+    def sampled_preview(self, topic: str, offsets: Mapping[int, PartitionOffsets],
+                        check: Callable[[LedgerManifest], None]) -> dict[str, Any]:
+        client_config = self.settings.kafka_client_config()
+        handle = self.new_topic_compaction_service(topic).current()
+        if handle is None:
+            return sampled_preview(client_config, topic, offsets, None, [], self.strategy_for(topic))
+        check(handle.manifest)
+        handle.acquire()  # the ledger's files stay while they are read, whatever a switch does
+        try:
+            folder = self.store.ledger_key(topic, handle.manifest.ledger_id)
+            files = [f"{folder}/{f['name']}" for f in handle.manifest.files]
+            return sampled_preview(client_config, topic, offsets, handle.manifest, files, self.strategy_for(topic),
+                                   store=self.store.objects)
+        finally:
+            handle.release()
 
     def services(self) -> list[SparkTopicCompactionService]:
         with self._lock:

@@ -2,7 +2,7 @@
 last run from the run history (and the ledger it finds) and keeps the policies and the unload mark, and
 SIGTERM during a compaction cancels the task, records it in the history, leaves no partial ledger and
 exits with code 0. The daemon exits once its Spark JVM is gone; SIGTERM to its whole process group (the JVM's
-too) stops it as quietly as SIGTERM to it alone.
+too) stops it as quietly as SIGTERM to it alone. A daemon whose factory uses no Spark starts no JVM.
 
 The tests run in order: the first daemon compacts and is stopped, the second (with a task held
 after its ledger is written) is the one that gets SIGTERM during a compaction.
@@ -169,3 +169,19 @@ def test_sigterm_to_the_whole_process_group_stops_as_quietly_as_to_the_daemon(la
     log = daemon.log_text()[mark:]
     for noise in ("ERROR", "Traceback", "EOFError", "py4j", "Exception"):
         assert noise not in log, log
+
+
+SPARKLESS_FACTORY = "tests.support.plugins.sparkless:SparklessFactory"
+
+
+def test_a_factory_without_spark_starts_no_jvm(launch: Launcher) -> None:
+    """The factory builds and owns the Spark session: a daemon whose factory has no runtime is ready for
+    compactions once the broker answers, with no JVM among its descendants, and stops with code 0."""
+    daemon = launch("sparkless", compactionServiceFactoryClassName=SPARKLESS_FACTORY)
+    ready = daemon.http.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["compactions"] is True and not ready.json().get("problems"), ready.json()
+    jvms = [pid for pid in descendants(daemon.pid) if (executable(pid) or "").endswith("/java")]
+    assert jvms == [], f"a daemon without Spark started JVMs: {jvms}\n{daemon.log_tail()}"
+    assert "Spark session" not in daemon.log_text(), daemon.log_tail()
+    assert daemon.stop() == 0, daemon.log_tail()

@@ -168,6 +168,29 @@ def test_the_engine_and_below_import_nothing_above_them() -> None:
     assert not found, "imports against the layering of STYLE.md:\n" + "\n".join(found)
 
 
+def engine_imports_of_the_daemon(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of an engine module by a daemon module: the daemon reaches the engine only through what
+    ``compactord.interfaces`` declares (the factory, its services, their protocols), so that a factory
+    named in the config replaces the whole engine."""
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items())
+            if module.startswith(f"{PACKAGE}.daemon.") or module == f"{PACKAGE}.daemon"
+            for target in sorted(targets) if target.startswith(f"{PACKAGE}.engine.") or target == f"{PACKAGE}.engine"]
+
+
+def test_the_daemon_imports_no_engine_module() -> None:
+    found = engine_imports_of_the_daemon(import_graph())
+    assert not found, "the daemon imports the engine (declare what it needs in compactord.interfaces):\n" + \
+        "\n".join(found)
+
+
+def test_an_engine_import_of_the_daemon_is_named() -> None:
+    graph = {"compactord.daemon.core": {"compactord.engine.spark_session", "compactord.interfaces"},
+             "compactord.daemon": {"compactord.engine"}, "compactord.api.app": {"compactord.engine.factory"},
+             "compactord.daemonic": {"compactord.engine.job"}}
+    assert engine_imports_of_the_daemon(graph) == ["compactord.daemon -> compactord.engine",
+                                                   "compactord.daemon.core -> compactord.engine.spark_session"]
+
+
 def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:
     """The walk itself, on a package made for it: an import under ``TYPE_CHECKING``, one inside a
     function, a relative one and a ``from pkg import submodule`` each make an edge, and the cycle they

@@ -23,6 +23,18 @@ def test_allowed_strategies_are_the_built_ins_the_configured_one_and_the_plugins
     assert allowed_strategies(Settings()) == ("publishing-order", "event-time", "first-value")
 
 
+def test_a_factory_without_a_strategy_catalog_allows_the_configured_strategy_and_the_plugins() -> None:
+    from compactord.daemon.core import allowed_strategies as allowed_for
+    from compactord.engine.factory import SparkCompactionServiceFactory
+    from tests.support.plugins.sparkless import SparklessFactory
+
+    settings = Settings(compaction_strategy="my.module:Mine", compaction_strategy_plugins=LISTED)
+    assert allowed_for(settings, SparklessFactory()) == ("my.module:Mine", LISTED)
+    spark = SparkCompactionServiceFactory()
+    spark.settings = settings  # what initialize sets; the catalog needs nothing else
+    assert allowed_for(settings, spark) == allowed_strategies(settings)
+
+
 @pytest.mark.parametrize("strategy", [UNLISTED, "unittest.__main__:X", "compactord.__main__:main", "os:system"])
 def test_a_strategy_that_is_not_allowed_is_refused_and_not_imported(strategy: str) -> None:
     module = strategy.partition(":")[0]
