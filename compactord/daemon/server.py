@@ -17,7 +17,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from compactord.config import Settings
+from compactord.config import Settings, start_warnings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
@@ -149,6 +149,8 @@ def _warnings(settings: Settings) -> None:
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "
                     "executor and this daemon can reach (a shared mount at the same path)", master,
                     Path(settings.compacted_ledger_root).resolve())
+    for line in start_warnings(settings):
+        log.warning("%s", line)
 
 
 def serve(settings: Settings, embedded_broker: bool = False) -> int:
