@@ -25,7 +25,8 @@ from tests.support.waiting import wait_for
 S3_PREFIX = f"daemon-sweep-{uuid.uuid4().hex[:12]}"  # the S3 daemon's root, in the session's bucket
 SWEEP_INTERVAL_S = 2
 SWEEP_MIN_AGE_S = 3
-SWEPT_ORPHAN_BOUND_S = 120  # a pass is due every 2 s, the orphan past its margin 3 s after its put: a loaded machine
+# A pass is due every 2 s, the orphan past its margin 3 s after its put: the bound is for a loaded machine only.
+SWEPT_ORPHAN_BOUND_S = 120
 # Long enough for two compactions of a small topic on a loaded machine to retire two ledgers within one grace.
 GRACE_S = 20
 # After the last until: the sweep is due at once; the bound is for a loaded machine only.
