@@ -20,9 +20,9 @@ from tests.support.daemon import DaemonProcess, compact
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
+S3_PREFIX = f"daemon-sweep-{uuid.uuid4().hex[:12]}"  # the S3 daemon's root, in the session's bucket
 # The sweep of the S3 daemon: a pass every 2 s, of what is older than 3 s; keys below their recommended minimum
 # (60 s), set as an operator would, each logged as a warning at start.
-S3_PREFIX = f"daemon-sweep-{uuid.uuid4().hex[:12]}"  # the S3 daemon's root, in the session's bucket
 SWEEP_INTERVAL_S = 2
 SWEEP_MIN_AGE_S = 3
 # A pass is due every 2 s, the orphan past its margin 3 s after its put: the bound is for a loaded machine only.
