@@ -43,7 +43,7 @@ from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
 __all__ = ["ENV_PREFIX", "GROUPS", "KAFKA_SECRET_ARGS", "KEYS", "Key", "Settings", "load_settings",
-           "settings_from_properties"]
+           "settings_from_properties", "start_warnings"]
 
 ENV_PREFIX = "COMPACTORD_CONF_"
 DEFAULT_FACTORY = "compactord.engine.factory:SparkCompactionServiceFactory"
@@ -144,10 +144,12 @@ class Settings:
         "Lease of an object-store root (s3://), in seconds: its daemon renews it every third of this; a second "
         "daemon refuses to start while it is renewed, and takes over one not renewed for this long. A local "
         "root is locked instead.")
-    storage_sweep_interval_seconds: int = _key("storageSweepIntervalSeconds", int_range(60, 86400, or_zero=True),
+    storage_sweep_interval_seconds: int = _key("storageSweepIntervalSeconds",
+        int_range(1, 86400, or_zero=True, recommended=60),
         "600", "storage", "How often each topic's folder is swept of what no pointer names (ledgers of runs that "
         "crashed or were cancelled, unfinished uploads); 0 = only at the start.")
-    storage_sweep_min_age_seconds: int = _key("storageSweepMinAgeSeconds", int_range(60, 604800), "3600",
+    storage_sweep_min_age_seconds: int = _key("storageSweepMinAgeSeconds", int_range(1, 604800, recommended=60),
+        "3600",
         "storage", "The sweep removes only objects and uploads older than this: on a cluster, executors may still "
         "write after their driver died.")
     storage_metadata_cache_bytes: int = _key("storageMetadataCacheBytes", int_range(0, 4 * 1024 ** 3), "67108864",
@@ -473,6 +475,17 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
     _check_s3(values)
     values["spark_conf"] = spark_conf
     return Settings(**values)
+
+
+def start_warnings(settings: Settings) -> list[str]:
+    """One line for each value accepted below its key's recommended minimum (the daemon logs them at start)."""
+    found = []
+    for key in KEYS:
+        value = getattr(settings, key.attr)
+        advice = key.parse.warning(value) if value != "" else None
+        if advice:
+            found.append(f"{key.name}={value} is {advice}")
+    return found
 
 
 def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Settings:

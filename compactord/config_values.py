@@ -48,10 +48,12 @@ class Rejected(ValueError):
 @dataclass(frozen=True, slots=True)
 class Parser(Generic[T]):
     """A key's parser and the text of what it allows: the configuration reference shows ``allowed`` and
-    the error for a bad value says it, so the two cannot tell different stories."""
+    the error for a bad value says it, so the two cannot tell different stories. ``advice``: for a value
+    accepted but not recommended (below a production minimum), the warning the daemon logs at start."""
 
     allowed: str
     convert: Callable[[str], T]  # raw text -> value; raises Rejected
+    advice: Callable[[T], str | None] | None = None
 
     def __call__(self, key: str, raw: str) -> T:
         try:
@@ -59,6 +61,10 @@ class Parser(Generic[T]):
         except Rejected as exc:
             problem = f"{exc.what}: expected" if exc.what else "expected"
             raise ConfigError(key, raw, f"{problem} {self.allowed}") from None
+
+    def warning(self, value: T) -> str | None:
+        """What is wrong with an accepted ``value`` (None: nothing)."""
+        return self.advice(value) if self.advice is not None else None
 
 
 def _text(raw: str) -> str:
@@ -68,8 +74,10 @@ def _text(raw: str) -> str:
 text = Parser("any text", _text)
 
 
-def int_range(lo: int, hi: int | None = None, *, or_zero: bool = False) -> Parser[int]:
-    """``or_zero``: 0 is allowed too (an "off" below the range)."""
+def int_range(lo: int, hi: int | None = None, *, or_zero: bool = False,
+              recommended: int | None = None) -> Parser[int]:
+    """``or_zero``: 0 is allowed too (an "off" below the range). ``recommended``: the production minimum; a
+    value from ``lo`` up to it is accepted with a warning (tests run a daemon with shorter timings)."""
     def convert(raw: str) -> int:
         try:
             value = int(raw.strip())
@@ -79,8 +87,14 @@ def int_range(lo: int, hi: int | None = None, *, or_zero: bool = False) -> Parse
             raise Rejected()
         return value
 
+    def advice(value: int) -> str | None:
+        if recommended is None or value >= recommended or (or_zero and value == 0):
+            return None
+        return f"below the recommended minimum {recommended}: accepted, but meant for tests, not production"
+
     bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
-    return Parser(f"{'0 or ' if or_zero else ''}a whole number {bound}", convert)
+    hint = f" ({recommended} or more recommended; less is accepted with a warning)" if recommended else ""
+    return Parser(f"{'0 or ' if or_zero else ''}a whole number {bound}{hint}", convert, advice)
 
 
 def float_range(lo: float, hi: float) -> Parser[float]:

@@ -17,7 +17,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from compactord.config import Settings
+from compactord.config import Settings, start_warnings
 from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
 from compactord.daemon.logs import configure_logging
 from compactord.embedded import EmbeddedBroker
@@ -152,6 +152,8 @@ def _warnings(settings: Settings) -> None:
     if settings.compaction_reader_client == "kafka-python":
         log.warning("compactionReaderClient=kafka-python is no longer available: the topic is read with librdkafka "
                     "(remove the key from the config)")
+    for line in start_warnings(settings):
+        log.warning("%s", line)
 
 
 def serve(settings: Settings, embedded_broker: bool = False) -> int:

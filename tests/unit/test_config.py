@@ -74,8 +74,8 @@ def test_settings_are_frozen() -> None:
         ("kafkaBootstrapServers", "nohost", "host:port"),
         ("kafkaBootstrapServers", "a:1,b:99999", "host:port"),
         ("httpBindAddress", "example.com", "IP address"),
-        ("storageSweepIntervalSeconds", "30", "0 or a whole number from 60 to 86400"),
-        ("storageSweepMinAgeSeconds", "0", "a whole number from 60 to 604800"),
+        ("storageSweepIntervalSeconds", "-1", "0 or a whole number from 1 to 86400 (60 or more recommended"),
+        ("storageSweepMinAgeSeconds", "0", "a whole number from 1 to 604800 (60 or more recommended"),
         ("compactionEventTimeSource", "header:", "header:NAME"),
         ("compactionEventTimeSource", "offset", "header:NAME"),
     ],
@@ -94,6 +94,30 @@ def test_bad_value_names_key_value_and_what_is_allowed(key: str, value: str, all
 def test_a_sweep_interval_of_zero_turns_the_periodic_sweep_off() -> None:
     assert settings(storageSweepIntervalSeconds="0").storage_sweep_interval_seconds == 0
     assert settings(storageSweepIntervalSeconds="60").storage_sweep_interval_seconds == 60
+
+
+@pytest.mark.parametrize("key", ["storageSweepIntervalSeconds", "storageSweepMinAgeSeconds"])
+def test_a_sweep_timing_below_its_recommended_minimum_is_accepted_with_one_warning(key: str) -> None:
+    """Tests run a daemon with a short sweep through the key an operator sets; production is told it is short."""
+    attr = config.KEYS_BY_NAME[key].attr
+    assert getattr(settings(**{key: "1"}), attr) == 1
+    assert config.start_warnings(settings(**{key: "2"})) == [
+        f"{key}=2 is below the recommended minimum 60: accepted, but meant for tests, not production"]
+    assert config.start_warnings(settings(**{key: "60"})) == []
+    assert config.start_warnings(Settings()) == []  # no default is below its own recommendation
+    assert config.start_warnings(settings(storageSweepIntervalSeconds="0")) == []  # 0 = the start's sweep only
+
+
+def test_run_with_a_sweep_timing_below_its_floor_exits_2_naming_key_value_and_range(tmp_path: Path) -> None:
+    """The daemon refuses to start, before any broker or Spark, with the allowed range and the recommendation."""
+    (tmp_path / "broker.conf").write_text("storageSweepMinAgeSeconds=0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "compactord: cannot start: config key storageSweepMinAgeSeconds='0' is invalid: expected a whole number "
+        "from 1 to 604800 (60 or more recommended; less is accepted with a warning)")
 
 
 def test_no_key_exists_for_tests_only() -> None:
