@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactord import __version__
 from compactord.api.auth import ApiGuard
-from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, lease_held, store_up
+from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, refused_while
 from compactord.api.routers import compaction, health, history, hooks, info, preview, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
@@ -76,8 +76,8 @@ def create_app(daemon: Daemon) -> FastAPI:
                        loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
     broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
-    store_answers = Depends(store_up(daemon.store_problem))
-    lease = Depends(lease_held(daemon.lease_problem))
+    store_answers = Depends(refused_while(daemon.store_problem))
+    lease = Depends(refused_while(daemon.lease_problem, public=True, lease=True))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers, lease),
                reads.router(daemon, store_answers), hooks.router(daemon),
                topics.router(daemon, broker_slot, store_answers),

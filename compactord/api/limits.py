@@ -1,7 +1,7 @@
 """Bounds on what clients can make the HTTP server hold: requests in flight, the size of a request's
 body and the time to receive it, the bytes of large answers not yet taken by their clients
 (``RequestLimitsMiddleware``), and the requests that wait on the broker
-(``broker_slots``), and the requests that need a store known to be down (``store_up``). Each refusal is the
+(``broker_slots``), and the requests that need a store known to be down (``refused_while``). Each refusal is the
 API's JSON error (``{"error", "message"}``), not uvicorn's
 plain text.
 
@@ -29,7 +29,7 @@ from compactord.errors import (
 )
 
 __all__ = ["ABORT_KEY", "BROKER_SLOTS", "CHUNK_BYTES", "PROBE_PATHS", "READ_SLOTS", "RequestLimitsMiddleware",
-           "broker_slots", "lease_held", "read_slots", "store_up"]
+           "broker_slots", "read_slots", "refused_while"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -273,31 +273,20 @@ def broker_slots(size: int, wait_s: float, broker_problem: Callable[[], str | No
     return broker_slot
 
 
-def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
-    """A FastAPI dependency for the routes that need the ledger root's store (the ledger reads, the run
-    history, a trigger): one that finds the store known to be down is answered 503 storage_unavailable at once,
-    on the event loop, rather than waiting out the store's read budget in a thread of the pool."""
-
-    async def store_answers() -> None:
-        problem = store_problem()
-        if problem:
-            raise StorageUnavailable(problem)
-
-    return store_answers
-
-
-def lease_held(lease_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
-    """A FastAPI dependency for a trigger: while the ledger root's lease is not held (``Daemon.lease_problem``,
-    fixed phrases and numbers), it is answered 503 storage_unavailable with that problem, at once, rather than
-    starting a run that could not switch. The refusal (``lease=True``) is no failure of the store: the lease's
+def refused_while(problem: Callable[[], str | None], **error: bool) -> Callable[[], Awaitable[None]]:
+    """A FastAPI dependency that answers 503 storage_unavailable at once, on the event loop, while ``problem``
+    names one, rather than waiting out the store's read budget in a thread of the pool or starting a run that
+    could not switch. For the routes that need the ledger root's store (the ledger reads, the run history, a
+    trigger) ``problem`` is ``Daemon.store_problem``; for a trigger it is also ``Daemon.lease_problem`` (fixed
+    phrases and numbers), refused with ``public=True, lease=True``: no failure of the store, since the lease's
     renewals log theirs."""
 
-    async def lease_is_held() -> None:
-        problem = lease_problem()
-        if problem:
-            raise StorageUnavailable(problem, public=True, lease=True)
+    async def refuse_on_problem() -> None:
+        found = problem()
+        if found:
+            raise StorageUnavailable(found, **error)
 
-    return lease_is_held
+    return refuse_on_problem
 
 
 async def _acquire_within(slots: anyio.Semaphore, wait_s: float) -> bool:
