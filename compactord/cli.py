@@ -108,7 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     preview = client("preview", "what the next compaction would keep and remove (an estimate from a sample)")
     preview.add_argument("--exact", action="store_true",
                          help="run the read and choose steps (takes a task slot; default: an estimate)")
-    client("topics", "every known topic: on the broker or not, backlog, last compaction", topic=False)
+    topics = client("topics", "every known topic: on the broker or not, backlog, last compaction (all pages)",
+                    topic=False)
+    topics.add_argument("--state", choices=["running", "failed", "behind"],
+                        help="only topics with a task running, whose last compaction failed, or whose backlog is "
+                             "past a threshold")
+    topics.add_argument("--prefix", help="only topics whose name starts with this")
     tasks = client("tasks", "recent tasks, newest first", topic=False)
     tasks.add_argument("--topic", help="only this topic's (none: every topic's)")
     policies = client("policies", "show or change the topic's overrides of the thresholds and the strategy")
@@ -316,8 +321,10 @@ def _client(args: argparse.Namespace) -> int:
             raise UsageError(f"delete-topic removes every ledger and the policies of {printable(topic)}: add --yes "
                              "to do it")
         body = daemon.delete_topic(topic)
-    elif cmd in ("topics", "info"):
-        body = getattr(daemon, cmd)()
+    elif cmd == "topics":
+        body = daemon.topics(args.state, args.prefix)
+    elif cmd == "info":
+        body = daemon.info()
     else:  # status, cancel, horizon, unload, load: one call with the topic
         body = getattr(daemon, cmd)(topic)
     print_body(cmd, body, args.json)

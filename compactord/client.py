@@ -183,8 +183,19 @@ class DaemonClient:
             query["ledger_id"] = ledger_id
         return self.request("GET", f"{self.topic_path(topic)}/compacted", query)
 
-    def topics(self) -> Any:
-        return self.request("GET", "/v1/topics")
+    def topics(self, state: str | None = None, prefix: str | None = None, page: int = 1000) -> Any:
+        """Every known topic (``state``, ``prefix``: only those), a page of ``page`` at a time until the last."""
+        query: dict[str, Any] = {"limit": page}
+        if state:
+            query["state"] = state
+        if prefix:
+            query["prefix"] = prefix
+        body = self.request("GET", "/v1/topics", query)
+        topics = list(body["topics"])
+        while body.get("next_after"):
+            body = self.request("GET", "/v1/topics", {**query, "after": body["next_after"]})
+            topics.extend(body["topics"])
+        return {**body, "topics": topics}
 
     def history(self, topic: str, limit: int = 50, cursor: str | None = None) -> Any:
         query: dict[str, Any] = {"limit": limit}

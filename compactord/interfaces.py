@@ -27,11 +27,12 @@ Implementations do not repeat these docstrings.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from compactord.errors import BrokerUnavailable, CompactordError
 from compactord.task import TaskProbe
 
 if TYPE_CHECKING:
@@ -124,6 +125,32 @@ class BrokerMetadata(ABC):
 
         :raises TopicNotFound: the broker has no such topic.
         """
+
+    def describe_many(self, topics: Sequence[str], stopping: Callable[[], bool] = lambda: False
+                      ) -> dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError]:
+        """Per topic: its id, offsets and cleanup configs, or the error that kept them (``TopicNotFound``, ...),
+        in as few requests as the broker allows (a client may batch them: one metadata, one DescribeConfigs
+        and one ListOffsets per broker for every topic). This default asks topic by topic, and stops asking
+        once ``stopping()`` says so (the topics not asked are left out).
+
+        :raises BrokerUnavailable: no broker answers at all (a topic whose leader alone is unreachable is that
+            topic's error).
+        """
+        found: dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError] = {}
+        for topic in topics:
+            if stopping():
+                break
+            try:
+                offsets = self.offsets(topic)
+                found[topic] = (self.topic_id(topic), offsets, self.topic_configs(topic))
+            except CompactordError as exc:
+                if isinstance(exc, BrokerUnavailable):
+                    try:
+                        self.ping()
+                    except CompactordError:
+                        raise exc from None
+                found[topic] = exc
+        return found
 
     @abstractmethod
     def close(self) -> None:

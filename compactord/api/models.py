@@ -148,6 +148,9 @@ class Backlog(_Body):
     bytes: int
     age_seconds: Number
     dirty_ratio: Number
+    measured_at: DateTime | None = Field(None, description="when the broker's offsets it is computed from were asked "
+                                                           "(the monitor's pass, or the topic's last task's end)")
+    measure_age_ms: int | None = Field(None, description="how old the figure is, in milliseconds")
 
 
 class TopicConfigs(_Body):
@@ -177,6 +180,8 @@ class Topic(_Body):
     on_broker: bool = Field(description="whether the broker lists the topic now")
     unloaded: bool = False
     backlog: Backlog | None = None
+    behind: bool = Field(False, description="its last measured backlog is past a trigger's threshold (its max lag "
+                                            "in force included)")
     last_compaction: Task | None = None
     current_task: Task | None = None
     broker: BrokerView | None = None
@@ -186,6 +191,8 @@ class Topic(_Body):
 
 class TopicList(_Body):
     topics: list[Topic]
+    next_after: str | None = Field(None, description="the after of the next page; null: this is the last page")
+    monitor_pass_at: DateTime | None = Field(None, description="when the monitor's last pass asked the broker")
 
 
 class Run(_Body):

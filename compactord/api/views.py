@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from compactord import __version__
 from compactord.api.schema import error_classes
+from compactord.daemon.listing import DEFAULT_LIMIT, TopicRow, age_ms, behind, select
 from compactord.errors import CompactordError, InvalidArgument
 from compactord.model import Entry, LedgerManifest, iso_utc
 from compactord.task import CompactionTaskCtx, TaskState
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.daemon.core import Daemon, Readiness
     from compactord.daemon.history import RunPage, RunRecord
-    from compactord.daemon.monitor import Backlog
+    from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_PROGRESS = {"records_read": 0, "records_total": 0}
+FIRST_PASS_WAIT_S = 5.0  # a listing before the monitor's first pass ended waits this long for it
 #: True while answering a request of httpReadToken (set by ``api/auth.py``): a task's or a run's error is
 #: then its code's fixed text (``public_message``), since its message may hold the store's endpoint, bucket
 #: and keys or an exception's own text; the admin token, the log and the CLI of the operator see it whole.
@@ -227,6 +229,68 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     run = daemon.history.last(topic)
     if run is not None:
         return run_status(run)
+    return _status_of_ledger(topic, manifest)
+
+
+def topics_json(daemon: Daemon, limit: int = DEFAULT_LIMIT, after: str | None = None, state: str | None = None,
+                prefix: str | None = None) -> dict[str, Any]:
+    """A page of the known topics with their backlog, last compaction and current task, from memory
+    (``daemon/listing.py``): the monitor's last pass, the task registry and the broker's last answers."""
+    monitor, registry = daemon.monitor, daemon.registry
+    if monitor.last_run is None:  # the first pass runs at the start: wait for it a little
+        monitor.passed.wait(FIRST_PASS_WAIT_S)
+    page = select(monitor.rows, {t.topic for t in registry.tasks()}, registry.last, registry.live,
+                  monitor.backlogs, monitor.topics, limit=limit, after=after, state=state, prefix=prefix)
+    now = time.time()
+    out = []
+    for topic in page.topics:
+        row = page.rows.get(topic)
+        on_broker = topic in page.on_broker
+        if row is not None and row.error is not None and registry.last(topic) is None:
+            exc = row.error  # one broken topic does not hide the others
+            out.append({"topic": topic, "on_broker": on_broker,
+                        "error": {"error": exc.code, "message": public_message(exc.status, exc.code, exc.message)}})
+            continue
+        out.append(_topic_json(daemon, topic, on_broker, row, now))
+    return {"topics": out, "next_after": page.next_after, "monitor_pass_at": iso_utc(monitor.rows.pass_at)}
+
+
+def _topic_json(daemon: Daemon, topic: str, on_broker: bool, row: TopicRow | None, now: float) -> dict[str, Any]:
+    backlog = daemon.monitor.backlogs.get(topic)
+    known = daemon.monitor.known(topic)
+    return {
+        "topic": topic,
+        "on_broker": on_broker,
+        "unloaded": _unloaded(daemon, topic, row),
+        "backlog": None if backlog is None else {
+            "records": backlog.records, "bytes": backlog.bytes,
+            "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
+            "measured_at": iso_utc(backlog.measured_at), "measure_age_ms": age_ms(backlog.measured_at, now),
+        },
+        "behind": behind(backlog, row, known),
+        "last_compaction": _listed_status(daemon, topic, row),
+        "current_task": optional_task_status(daemon.registry.live(topic)),
+        **_view_json(known, row.manifest if row is not None else None,
+                     row.strategy if row is not None else daemon.settings.compaction_strategy),
+    }
+
+
+def _unloaded(daemon: Daemon, topic: str, row: TopicRow | None) -> bool:
+    known = daemon.policies.unloaded_as_known(topic)  # as this process last read or set it
+    return known if known is not None else row is not None and row.unloaded
+
+
+def _listed_status(daemon: Daemon, topic: str, row: TopicRow | None) -> dict[str, Any]:
+    """``topic_status`` from memory: the last task, else the row's last run, else its ledger, else NOT_RUN."""
+    last = daemon.registry.last(topic)
+    if last is not None:
+        return task_status(last)
+    if row is not None and row.run is not None:
+        return run_status(row.run)
+    return _status_of_ledger(topic, row.manifest if row is not None else None)
+
+
+def _status_of_ledger(topic: str, manifest: LedgerManifest | None) -> dict[str, Any]:
     none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
             "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
             "storage_requests": {}, "read_throttle": None, "kind": None, "warnings": []}
@@ -237,48 +301,10 @@ def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
             "kind": "compaction"}
 
 
-def topics_json(daemon: Daemon) -> dict[str, Any]:
-    """Every known topic with its backlog, last compaction and current task."""
-    out = []
-    known = daemon.known_topics()
-    backlogs = daemon.backlogs.backlogs(known)
-    for topic, on_broker in known.items():
-        try:
-            out.append(_topic_json(daemon, topic, on_broker, backlogs.get(topic)))
-        except CompactordError as exc:  # one broken topic does not hide the others
-            log.error("GET /v1/topics: topic %s: %s", topic, exc)
-            out.append({"topic": topic, "on_broker": on_broker,
-                        "error": {"error": exc.code, "message": public_message(exc.status, exc.code, exc.message)}})
-    return {"topics": out}
-
-
-def _topic_json(daemon: Daemon, topic: str, on_broker: bool, backlog: Backlog | None) -> dict[str, Any]:
-    return {
-        "topic": topic,
-        "on_broker": on_broker,
-        "unloaded": daemon.policies.unloaded(topic),
-        "backlog": None if backlog is None else {
-            "records": backlog.records, "bytes": backlog.bytes,
-            "age_seconds": round(backlog.age_seconds, 3), "dirty_ratio": round(backlog.dirty_ratio, 6),
-        },
-        "last_compaction": topic_status(daemon, topic),
-        "current_task": optional_task_status(daemon.registry.live(topic)),
-        **broker_view_json(daemon, topic),
-    }
-
-
-def broker_view_json(daemon: Daemon, topic: str) -> dict[str, Any]:
-    """What the monitor last heard from the broker of the topic (its cleanup configs; "unknown" as
-    nulls where the broker does not describe them) and the warnings about the view that follow."""
-    known = daemon.monitor.known(topic)
+def _view_json(known: BrokerTopic | None, manifest: LedgerManifest | None, strategy: str) -> dict[str, Any]:
     if known is None:
         return {"broker": None, "warnings": []}
-    warnings = known.warnings(daemon.strategy_name(topic))
-    try:
-        service = daemon.registry.existing_service(topic)
-        manifest = None if service is None else service.ledger_info()
-    except CompactordError:
-        manifest = None
+    warnings = known.warnings(strategy)
     recreated = known.new_log(manifest) if manifest is not None else None
     if recreated is not None:
         warnings.append(f"the topic was recreated ({recreated}); its view is served again after the next compaction")

@@ -140,7 +140,7 @@ class Daemon:
                                   settings.compaction_history_max_age_days)
         for topic in deleted:  # the rest of the topic went in open()
             self._delete_history(topic)
-        self.admin: BrokerMetadata = broker or KafkaAdmin(settings)
+        self.admin: BrokerMetadata = broker or KafkaAdmin(settings, observer=self.metrics.broker_request)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
         # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
         self._identity_broker: BrokerMetadata = broker or KafkaAdmin(settings)
@@ -160,7 +160,7 @@ class Daemon:
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self._record_run)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
-                                      store_problem=lambda: self.write_problem())
+                                      store_problem=lambda: self.write_problem(), history_last=self.history.last)
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.identities = TopicIdentities(self._identity_broker, self.broker_problem, self.monitor.last_identity)
         self.fatal: str | None = None

@@ -7,6 +7,7 @@ One ``CollectorRegistry`` per daemon (not the global one), served at ``/metrics`
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +26,9 @@ _RESULT = {TaskState.SUCCEED: "succeeded", TaskState.FAILED: "failed", TaskState
 _DURATION_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 # A store's request: a local disk's in microseconds, S3's in milliseconds, a retried one in seconds.
 _REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+_THREAD = threading.local()  # per thread: its broker requests (``thread_broker_requests``)
 
 
 class _LiveCollector(Collector):
@@ -161,6 +165,19 @@ class Metrics:
             "The topic's last compaction's reading tasks: CPU seconds per wall second, summed over the tasks "
             "(near 1: each had a core; far below: they waited for one, or for the broker)", ["topic"], registry=r)
         self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
+        self.broker_requests = Counter(
+            "compactord_broker_requests", "Requests of the daemon's broker client (the monitor, the API's topic checks, "
+            "the compactions' planning) by kind: metadata, describe_configs, list_offsets, fetch; one batched call "
+            "for many topics counts once", ["op"], registry=r)
+        self.monitor_pass_seconds = Gauge("compactord_monitor_pass_seconds", "Wall time of the backlog monitor's "
+                                          "last pass", registry=r)
+        self.monitor_pass_cpu_seconds = Gauge("compactord_monitor_pass_cpu_seconds", "CPU time of the backlog "
+                                              "monitor's last pass (its thread's)", registry=r)
+        self.monitor_pass_broker_requests = Gauge(
+            "compactord_monitor_pass_broker_requests", "Broker requests of the backlog monitor's last pass (bounded "
+            "whatever the number of topics, but for the tail samples of topics whose horizon moved)", registry=r)
+        self.monitor_pass_topics = Gauge("compactord_monitor_pass_topics", "Topics the backlog monitor's last pass "
+                                         "measured", registry=r)
         self.storage_requests = Counter(
             "compactord_storage_requests", "Requests to the ledger root's store by operation (list, head, get, "
             "put, put_if_absent, put_if_match, put_file, delete), each retry counted", ["op"], registry=r)
@@ -209,6 +226,16 @@ class Metrics:
                 self.recreated_rebuilds.labels(topic).inc()
             if stats.switch_warning:
                 self.switch_warnings.labels(topic).inc()
+
+    def broker_request(self, op: str) -> None:
+        """The daemon's broker client's observer (``KafkaAdmin(..., observer=metrics.broker_request)``)."""
+        self.broker_requests.labels(op).inc()
+        _THREAD.broker_requests = getattr(_THREAD, "broker_requests", 0) + 1
+
+    @staticmethod
+    def thread_broker_requests() -> int:
+        """The broker requests this thread made so far (a pass counts its own: the difference)."""
+        return int(getattr(_THREAD, "broker_requests", 0))
 
     def storage_request(self, op: str, seconds: float) -> None:
         """The store's observer (``open_store(..., observer=metrics.storage_request)``): one request done."""

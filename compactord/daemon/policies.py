@@ -103,6 +103,7 @@ class PolicyStore:
     def __init__(self, store: Any, allowed_strategies: Collection[str]) -> None:
         self._store = store
         self.allowed_strategies = tuple(allowed_strategies)
+        self._unloaded: dict[str, bool] = {}  # each topic's unload mark as last read or set (one writer per root)
 
     def _key(self, topic: str, name: str) -> str:
         self._store.topic_dir(topic)  # checks the name, and that the topic's folder is the root's
@@ -135,11 +136,25 @@ class PolicyStore:
         self._store.objects.delete(self._key(topic, POLICIES))
 
     def unloaded(self, topic: str) -> bool:
-        return self._store.objects.head(self._key(topic, UNLOADED)) is not None
+        """Whether the topic is unloaded (its mark is read once, then kept as this process sets it)."""
+        known = self._unloaded.get(topic)
+        if known is None:
+            known = self._unloaded[topic] = self._store.objects.head(self._key(topic, UNLOADED)) is not None
+        return known
+
+    def unloaded_as_known(self, topic: str) -> bool | None:
+        """``unloaded`` from memory only (None: the topic's mark was never read here)."""
+        return self._unloaded.get(topic)
+
+    def forget(self, topic: str) -> None:
+        """Drop what is kept of a deleted topic."""
+        self._unloaded.pop(topic, None)
 
     def set_unloaded(self, topic: str, unloaded: bool) -> None:
         key = self._key(topic, UNLOADED)
+        self._unloaded.pop(topic, None)  # read again if the write fails
         if unloaded:
             self._store.objects.put(key, b"")
         else:
             self._store.objects.delete(key)
+        self._unloaded[topic] = unloaded

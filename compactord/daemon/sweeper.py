@@ -13,11 +13,11 @@ store's clock may differ from this host's.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
+from compactord.daemon.periodic import PeriodicPass
 from compactord.daemon.registry import TaskRegistry
 from compactord.errors import CompactordError
 from compactord.interfaces import IdleGuarded
@@ -37,45 +37,30 @@ class StorageSweeper:
         self._store = store
         self._registry = registry
         self._metrics = metrics
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self.last_run: float | None = None
+        self._periodic: PeriodicPass[dict[str, Swept]] = PeriodicPass(
+            "storage-sweep-pass", "sweep of the ledger root",
+            lambda now=None: self._pass(time.time() if now is None else now), {},
+            lambda result: metrics.sweeps.labels(result).inc())
+        self.start_pass = self._periodic.start_pass
 
-    def start_pass(self) -> None:
-        """A pass in a daemon thread of its own (as the backlog monitor's: a stuck request never keeps a
-        stopped process alive)."""
-        if not self._stopping.is_set():
-            threading.Thread(target=self.run_once, name="storage-sweep-pass", daemon=True).start()
+    @property
+    def last_run(self) -> float | None:
+        return self._periodic.last_run
 
     def stop(self) -> None:
         """No new pass starts; a pass under way ends before its next topic."""
-        self._stopping.set()
+        self._periodic.stop()
 
     def run_once(self, now: float | None = None) -> dict[str, Swept]:
         """Sweep every topic now (``now``: the time the margin counts back from; default the clock's); return
         what was removed, by topic (topics where nothing was are left out). A pass already under way: nothing."""
-        if not self._lock.acquire(blocking=False):
-            return {}
-        try:
-            swept = self._pass(time.time() if now is None else now)
-            self._metrics.sweeps.labels("ok").inc()
-            return swept
-        except CompactordError as exc:
-            log.warning("sweep of the ledger root failed: %s", exc)
-            self._metrics.sweeps.labels("error").inc()
-        except Exception:
-            log.exception("sweep of the ledger root failed")
-            self._metrics.sweeps.labels("error").inc()
-        finally:
-            self.last_run = time.time()
-            self._lock.release()
-        return {}
+        return self._periodic.run_once(now)
 
     def _pass(self, now: float) -> dict[str, Swept]:
         older_than = now - self._settings.storage_sweep_min_age_seconds
         done: dict[str, Swept] = {}
         for topic in self._store.topics():
-            if self._stopping.is_set():
+            if self._periodic.stopping.is_set():
                 break
             try:
                 swept = self.sweep_topic(topic, older_than)

@@ -16,13 +16,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kafka import IsolationLevel, OffsetSpec, TopicPartition
 
 from compactord.config import Settings
-from compactord.errors import BrokerUnavailable, TopicNotFound
+from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
 from compactord.kafka.librdkafka import (
@@ -31,6 +31,7 @@ from compactord.kafka.librdkafka import (
     first_records,
     librdkafka_available,
     read_ends,
+    read_ends_many,
 )
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
@@ -48,8 +49,11 @@ class KafkaAdmin(BrokerMetadata):
     """Broker metadata and offsets for the driver, with kafka-python. Thread-safe (one lock around the
     clients)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, observer: Callable[[str], None] | None = None) -> None:
+        """``observer`` hears of every request to the broker by its kind (metadata, describe_configs,
+        list_offsets, fetch): one call of the client, which may cover many topics (``describe_many``)."""
         self._settings = settings
+        self._observer = observer
         self._bootstrap = settings.kafka_bootstrap_servers
         self._client_config = settings.kafka_client_config()
         self._lock = threading.Lock()
@@ -77,7 +81,12 @@ class KafkaAdmin(BrokerMetadata):
         admin, self._admin = self._admin, None
         _close_quietly(admin)
 
-    def _call(self, topic: str | None, fn: Any, *, reads: bool = False) -> Any:
+    def _count(self, op: str) -> None:
+        if self._observer is not None:
+            self._observer(op)
+
+    def _call(self, topic: str | None, fn: Any, *, reads: bool = False, op: str = "metadata") -> Any:
+        self._count("fetch" if reads else op)
         with self._lock:
             cons = None
             try:
@@ -127,10 +136,7 @@ class KafkaAdmin(BrokerMetadata):
                       for p in meta["partitions"])
 
     def topic_id(self, topic: str) -> str | None:
-        value = self._describe(topic).get("topic_id")
-        text = str(value) if value is not None else ""
-        # Brokers without topic ids answer the null UUID.
-        return None if not text or set(text.replace("-", "")) <= {"0"} else text
+        return _topic_id_of(self._describe(topic))
 
     def topic_configs(self, topic: str) -> TopicConfigs:
         from kafka.admin import ConfigResource, ConfigResourceType
@@ -149,7 +155,7 @@ class KafkaAdmin(BrokerMetadata):
 
         self.partitions(topic)  # TopicNotFound for a topic the broker does not have
         try:
-            found = self._call(topic, describe)
+            found = self._call(topic, describe, op="describe_configs")
         except TopicNotFound:
             raise
         except Exception as exc:  # an old broker, or one without DescribeConfigs: "unknown", not an error
@@ -162,6 +168,74 @@ class KafkaAdmin(BrokerMetadata):
             retention_ms=_int_or_none(found.get("retention.ms")),
         )
 
+    def describe_many(self, topics: Sequence[str], stopping: Callable[[], bool] = lambda: False
+                      ) -> dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError]:
+        """Batched: one metadata request, one DescribeConfigs, a ListOffsets per leader for the log starts and
+        one for the ends, and one read confirming the ends, whatever the number of topics. A batch the broker
+        refuses as a whole (a topic deleted between two requests) is asked again topic by topic."""
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        if not topics:
+            return {}
+        asked = list(topics)
+        metas = self._call(None, lambda admin, _c: admin.describe_topics(asked))
+        found: dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError] = {}
+        partitions: dict[str, list[int]] = {}
+        ids: dict[str, str | None] = {}
+        for meta in metas:
+            topic = meta.get("topic") or meta.get("name")
+            if topic not in asked:
+                continue
+            if meta.get("error_code") == _UNKNOWN_TOPIC or not meta.get("partitions"):
+                found[topic] = TopicNotFound(topic)
+                continue
+            partitions[topic] = sorted(p["partition_index"] if "partition_index" in p else p["partition"]
+                                       for p in meta["partitions"])
+            ids[topic] = _topic_id_of(meta)
+        for topic in asked:
+            if topic not in partitions and topic not in found:
+                found[topic] = TopicNotFound(topic)
+        if stopping() or not partitions:
+            return found
+        try:
+            answer = self._call(None, lambda admin, _c: admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, t) for t in partitions], config_filter="all"),
+                op="describe_configs")
+        except Exception as exc:  # an old broker, or one without DescribeConfigs: "unknown", not an error
+            log.debug("DescribeConfigs of %d topics failed: %s", len(partitions), exc)
+            answer = {}
+        try:
+            offsets = self._offsets_many(partitions)
+        except CompactordError as exc:
+            if isinstance(exc, BrokerUnavailable):
+                raise
+            log.debug("the offsets of %d topics in one batch failed (%s); asked topic by topic", len(partitions), exc)
+            return {**found, **super().describe_many(list(partitions), stopping)}
+        for topic in partitions:
+            found[topic] = (ids[topic], offsets[topic], _configs_of(answer, topic))
+        return found
+
+    def _offsets_many(self, partitions: dict[str, list[int]]) -> dict[str, dict[int, PartitionOffsets]]:
+        tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
+        starts, listed = self._call(None, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
+        if not self._librdkafka:
+            ends = self._call(None, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
+        else:
+            walk = {(tp.topic, tp.partition): listed[tp] for tp in tps if listed[tp] > starts[tp]}
+            self._count("fetch")
+            try:
+                read, pending = read_ends_many(self._client_config, walk, self._settings.kafka_request_timeout_ms / 1000)
+            except RuntimeError as exc:
+                raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read: {exc}") from exc
+            if pending:
+                log.warning("end offsets of %d partitions not confirmed by a read within the request timeout",
+                            len(pending))
+            ends = {tp: read.get((tp.topic, tp.partition), listed[tp]) for tp in tps}
+        out: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in partitions}
+        for tp in tps:
+            out[tp.topic][tp.partition] = PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp]))
+        return out
+
     # -- offsets ----------------------------------------------------------------------------------
 
     def first_records(self, topic: str, at: Mapping[int, int],
@@ -173,6 +247,7 @@ class KafkaAdmin(BrokerMetadata):
         if not wanted:
             return found
         if self._librdkafka:
+            self._count("fetch")
             try:
                 found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
                                            self._settings.kafka_request_timeout_ms / 1000))
@@ -224,6 +299,7 @@ class KafkaAdmin(BrokerMetadata):
             except Exception as exc:  # noqa: BLE001 (whatever it was, it is asked again below, after the offsets)
                 early["error"] = exc
 
+        self._count("fetch")
         reader = threading.Thread(target=probe, name=f"first-records-{topic}", daemon=True)
         reader.start()
         offsets = self._offsets(topic, partitions)  # a failure here leaves the probe to end on its own (daemon)
@@ -245,12 +321,12 @@ class KafkaAdmin(BrokerMetadata):
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         tps = [TopicPartition(topic, p) for p in partitions]
         if not self._librdkafka:  # each end is confirmed by a read_committed read, with kafka-python
-            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
+            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
             ends = self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
             return {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
         reader = end_reader(self._client_config)  # connects while the ends are listed
         try:
-            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps))
+            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
             found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp]))
                      for tp in tps}
             return self._read_ends(topic, found, reader)
@@ -278,6 +354,7 @@ class KafkaAdmin(BrokerMetadata):
         walk = {p: o.end for p, o in listed.items() if o.end > o.log_start}
         if not walk:
             return listed
+        self._count("fetch")
         try:
             ends, pending = read_ends(self._client_config, topic, walk, self._settings.kafka_request_timeout_ms / 1000,
                                       reader)
@@ -345,6 +422,30 @@ def reachable(bootstrap: str, timeout: float) -> None:
         except (OSError, ValueError) as exc:
             problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
     raise BrokerUnavailable(f"no broker address accepts a connection ({'; '.join(problems) or bootstrap})")
+
+
+def _topic_id_of(meta: Mapping[str, Any]) -> str | None:
+    value = meta.get("topic_id")
+    text = str(value) if value is not None else ""
+    # Brokers without topic ids answer the null UUID.
+    return None if not text or set(text.replace("-", "")) <= {"0"} else text
+
+
+def _configs_of(answer: Any, topic: str) -> TopicConfigs:
+    """A topic's cleanup configs in a DescribeConfigs answer (every field None where it says nothing)."""
+    configs = answer.get("topic", {}).get(topic, {}) if isinstance(answer, dict) else {}
+    found: dict[str, str] = {}
+    for name in _CLEANUP_CONFIGS:
+        config = configs.get(name)
+        value = config.get("value") if isinstance(config, dict) else config
+        if value is not None:
+            found[name] = str(value)
+    return TopicConfigs(
+        cleanup_policy=found.get("cleanup.policy"),
+        delete_retention_ms=_int_or_none(found.get("delete.retention.ms")),
+        min_compaction_lag_ms=_int_or_none(found.get("min.compaction.lag.ms")),
+        retention_ms=_int_or_none(found.get("retention.ms")),
+    )
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any
 from compactord.model import RecordFingerprint
 
 __all__ = ["close_in_background", "consumer_config", "end_reader", "first_records", "librdkafka_available",
-           "librdkafka_config", "out_of_range_errors", "read_ends", "transient_errors"]
+           "librdkafka_config", "out_of_range_errors", "read_ends", "read_ends_many", "transient_errors"]
 
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
 # The log-identity probe wants one record per partition, at the previous horizon: a fetch there of 1 MB
@@ -262,3 +262,53 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
     finally:
         if own:
             consumer.close()
+
+
+def read_ends_many(client_config: Mapping[str, Any], listed: Mapping[tuple[str, int], int],
+                   timeout_s: float) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
+    """``read_ends`` for the partitions of many topics at once, keyed by ``(topic, partition)``: one consumer,
+    whose fetches go to each leader for all its partitions together (the backlog monitor's pass).
+
+    :raises RuntimeError: the broker refused a read (unknown topic, auth).
+    """
+    from confluent_kafka import TopicPartition
+
+    ends = dict(listed)
+    if not listed:
+        return ends, set()
+    consumer = _probe_consumer(client_config, _FIRST_RECORD_FETCH_BYTES)
+    try:
+        consumer.assign([TopicPartition(t, p, end - 1) for (t, p), end in listed.items()])
+        pending = set(listed)
+        limit: dict[tuple[str, int], int] = {}
+        heard: dict[tuple[str, int], float] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            got = set()
+            for message in _arrived(consumer, 100_000):
+                err = message.error()
+                key = (message.topic(), message.partition())
+                if err is None:
+                    got.add(key)
+                elif err.code() in out_of_range_errors():
+                    pending.discard(key)
+                elif err.code() not in transient_errors():
+                    raise RuntimeError(f"reading {key[0]}[{key[1]}] from offset {listed.get(key, -1) - 1} "
+                                       f"failed: {err.str()}")
+            now = time.monotonic()
+            keys = sorted(pending)
+            positions = consumer.position([TopicPartition(t, p) for t, p in keys])
+            for key, at in zip(keys, positions):
+                _low, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                if high < 0:
+                    continue  # no fetch answered for it yet
+                limit.setdefault(key, high)
+                if at.offset >= 0:
+                    ends[key] = max(ends[key], min(at.offset, limit[key]))
+                if key in got or key not in heard:
+                    heard[key] = now
+                if at.offset >= limit[key] or now - heard[key] >= _QUIET_S:
+                    pending.discard(key)
+        return ends, pending
+    finally:
+        close_in_background(consumer)

@@ -264,3 +264,33 @@ def test_uncleanable_bytes_count_the_backlog_of_failing_topics(daemon: DaemonPro
     assert compact(daemon, topic)["status"] == "SUCCESS"
     wait_for(lambda: metric(daemon, "compactord_uncleanable_bytes") == 0, 30,
              "the uncleanable bytes to drop once the topic's compaction succeeds", daemon)
+
+
+def listed(daemon: DaemonProcess, topic: str) -> dict[str, Any]:
+    response = daemon.http.get("/v1/topics", params={"prefix": topic})
+    assert response.status_code == 200, response.text
+    [entry] = [t for t in response.json()["topics"] if t["topic"] == topic]
+    return entry  # type: ignore[no-any-return]
+
+
+def test_a_topic_changed_appears_changed_in_the_listing_within_one_pass(daemon: DaemonProcess, kafka: Any) -> None:
+    """The listing answers from the monitor's passes (not from requests of its own): a compaction's result and
+    records produced after it are in the listing once a pass that started after them has ended, each backlog with
+    the time it was measured."""
+    topic = kafka.topic(prefix="mon")
+    kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(12)])
+    wait_passes(daemon, 2)
+    first = listed(daemon, topic)
+    assert first["backlog"]["records"] == 12 and first["last_compaction"]["status"] == "NOT_RUN", first
+    assert first["behind"] is False and first["backlog"]["measure_age_ms"] >= 0, first
+    final = compact(daemon, topic)
+    assert listed(daemon, topic)["last_compaction"]["task_id"] == final["task_id"]  # the task is in memory
+    produced_at = time.time()
+    kafka.produce(topic, [(f"k{i}", f"w{i}") for i in range(5)])
+    wait_passes(daemon, 2)  # the second began after the records were produced
+    entry = listed(daemon, topic)
+    assert entry["backlog"]["records"] == 5, entry
+    measured = entry["backlog"]["measured_at"]
+    assert measured is not None and time.mktime(time.strptime(measured[:19], "%Y-%m-%dT%H:%M:%S")) \
+        - time.timezone >= int(produced_at), (measured, produced_at)
+    assert entry["last_compaction"]["status"] == "SUCCESS", entry

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 
 from compactord.api.models import Policies, TopicList
 from compactord.api.schema import V1, TopicName, errors
 from compactord.api.views import policies_json, topics_json
+from compactord.daemon.listing import DEFAULT_LIMIT, MAX_LIMIT, STATES, check_query
 from compactord.daemon.policies import TopicPolicies
+from compactord.errors import BrokerUnavailable
 from compactord.model import validate_topic_name
 
 if TYPE_CHECKING:
@@ -58,10 +60,19 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         return answer(topic)
 
     # exclude_unset: a topic that cannot be read answers only its name, on_broker and the error.
-    @api.get("/v1/topics", tags=["topics"], dependencies=[broker_slot], response_model=TopicList,
-             response_model_exclude_unset=True, responses=errors(*V1))
-    def topics() -> dict[str, Any]:
-        """Every known topic with its backlog, last compaction and current task."""
-        return topics_json(daemon)  # BrokerUnavailable: 503
+    @api.get("/v1/topics", tags=["topics"], response_model=TopicList, response_model_exclude_unset=True,
+             responses=errors(*V1))
+    def topics(limit: int = Query(DEFAULT_LIMIT, description=f"topics per page, 1 to {MAX_LIMIT}"),
+               after: str | None = Query(None, description="the next_after of the previous page"),
+               state: str | None = Query(None, description=f"only topics in this state: {', '.join(STATES)}"),
+               prefix: str | None = Query(None, description="only topics whose name starts with this")) -> dict[str, Any]:
+        """A page of the known topics, in name order, with their backlog, last compaction and current task: from
+        what the daemon keeps (the monitor's last pass, the tasks), never asking the broker or the store. While
+        the broker is known down: 503 broker_unavailable."""
+        check_query(limit, state)  # 422 before anything else
+        problem = daemon.broker_problem()
+        if problem:
+            raise BrokerUnavailable(problem)
+        return topics_json(daemon, limit, after, state, prefix)
 
     return api

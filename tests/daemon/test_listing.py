@@ -1,0 +1,115 @@
+"""``GET /v1/topics`` at scale: it answers from what the daemon keeps (the monitor's last pass, the tasks), so
+a listing makes no request to the broker and none to the ledger root's store (counted by the daemon's own
+counters on an S3 root); it is paged (``limit``, ``after``: every topic once, in name order) and filtered (by
+state and by name prefix), and the CLI's ``topics`` follows the pages.
+
+One daemon on an S3 root whose monitor passes once, at its start (interval 3600 s): the topics exist before
+it starts, so that pass sees them all, and nothing else asks the broker or the store during the test.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.daemon.conftest import metric, metric_samples
+from tests.support.daemon import DaemonProcess
+from tests.support.s3_server import BUCKET
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+BIG, SMALL = 30, 2  # records per topic; the broker-wide threshold is 10 messages
+
+
+@pytest.fixture(scope="module")
+def topics(kafka: Any) -> dict[str, int]:
+    made = {}
+    for prefix, count in (("lsta", BIG), ("lsta", SMALL), ("lsta", BIG), ("lstb", SMALL), ("lstb", BIG)):
+        topic = kafka.topic(prefix=prefix)
+        kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(count)])
+        made[topic] = count
+    return made
+
+
+@pytest.fixture(scope="module")
+def daemon(launch: Any, s3_server: Any, topics: dict[str, int]) -> DaemonProcess:
+    prefix = f"listing-{uuid.uuid4().hex[:12]}"
+    started: DaemonProcess = launch("listing", root=f"s3://{BUCKET}/{prefix}",
+                                    brokerServiceCompactionMonitorIntervalInSeconds="3600",
+                                    compactionThresholdInMessages=10, **s3_server.daemon_conf())
+    wait_for(lambda: (metric(started, "compactord_monitor_runs_total", result="ok") or 0) >= 1, 60,
+             "the monitor's first pass", started)
+    return started
+
+
+def pages(daemon: DaemonProcess, **query: Any) -> list[list[str]]:
+    """Every page of the listing, following next_after until the last."""
+    out: list[list[str]] = []
+    after = None
+    while True:
+        params = {**query, **({"after": after} if after is not None else {})}
+        response = daemon.http.get("/v1/topics", params=params)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        out.append([t["topic"] for t in body["topics"]])
+        after = body["next_after"]
+        if after is None:
+            return out
+        assert after == out[-1][-1], body
+
+
+def counted(daemon: DaemonProcess) -> tuple[float, dict[str, float]]:
+    samples = metric_samples(daemon)
+    broker = sum(v for name, _labels, v in samples if name == "compactord_broker_requests_total")
+    store = {labels["op"]: v for name, labels, v in samples if name == "compactord_storage_requests_total"}
+    return broker, store
+
+
+def test_a_listing_asks_neither_the_broker_nor_the_store(daemon: DaemonProcess, topics: dict[str, int]) -> None:
+    assert daemon.http.get("/v1/topics").status_code == 200
+    broker_before, store_before = counted(daemon)
+    assert broker_before > 0  # the first pass's, counted
+    for _ in range(10):
+        body = daemon.http.get("/v1/topics", params={"limit": 2}).json()
+        assert len(body["topics"]) == 2 and body["next_after"] is not None
+        assert daemon.http.get("/v1/topics").status_code == 200
+    broker_after, store_after = counted(daemon)
+    assert broker_after == broker_before
+    for op in set(store_before) | set(store_after):  # the second scrape's own listing of the quarantine aside
+        allowed = 1 if op == "list" else 0
+        assert store_after.get(op, 0) - store_before.get(op, 0) <= allowed, (op, store_before, store_after)
+    assert (metric(daemon, "compactord_monitor_pass_broker_requests") or 0) > 0
+    assert metric(daemon, "compactord_monitor_pass_seconds") is not None
+
+
+def test_the_pages_cover_every_topic_once_in_order(daemon: DaemonProcess, topics: dict[str, int]) -> None:
+    whole = pages(daemon, limit=1000)
+    assert len(whole) == 1
+    names = whole[0]
+    assert names == sorted(names) and set(topics) <= set(names)
+    paged = pages(daemon, limit=2)
+    assert [t for page in paged for t in page] == names
+    assert all(len(page) == 2 for page in paged[:-1]) and 1 <= len(paged[-1]) <= 2
+    entry = {t["topic"]: t for t in daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
+    for topic, count in topics.items():
+        backlog = entry[topic]["backlog"]
+        assert backlog["records"] == count and backlog["measured_at"] is not None, entry[topic]
+        assert backlog["measure_age_ms"] >= 0 and entry[topic]["on_broker"] is True
+
+
+def test_the_listing_filters_by_prefix_and_state(daemon: DaemonProcess, topics: dict[str, int]) -> None:
+    mine = set(topics)
+    lsta = {t for t in topics if t.startswith("lsta")}
+    [a_prefix] = {t.split("-")[0] for t in lsta}
+    assert {t for page in pages(daemon, prefix=a_prefix, limit=1) for t in page} == lsta
+    behind = {t for page in pages(daemon, state="behind") for t in page}
+    assert behind & mine == {t for t, count in topics.items() if count == BIG}
+    assert not {t for page in pages(daemon, state="running") for t in page} & mine
+    assert not {t for page in pages(daemon, state="failed") for t in page} & mine
+    refused = daemon.http.get("/v1/topics", params={"state": "sleeping"})
+    assert refused.status_code == 422 and "running, failed, behind" in refused.json()["message"], refused.text
+    assert daemon.http.get("/v1/topics", params={"limit": 0}).status_code == 422
+    assert daemon.http.get("/v1/topics", params={"limit": 1001}).status_code == 422
