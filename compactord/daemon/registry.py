@@ -27,7 +27,7 @@ __all__ = ["CancelOutcome", "TaskRegistry"]
 log = logging.getLogger(__name__)
 HISTORY = 20
 # Small runs read in the driver at once, besides compactionMaxConcurrentTasks: their work is mostly waits for
-# the broker and for fsyncs (on 2 cores, 4 at once compacted small topics ~2x as fast as one at a time).
+# the broker and for fsyncs, which overlap (docs/performance.md, "Small topics").
 DRIVER_RUNS_AT_ONCE = 4
 
 
