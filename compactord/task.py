@@ -140,6 +140,7 @@ class CompactionTaskCtx:
         self.cancelled_mono: float | None = None
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
+        self._slot_hook: Callable[[CompactionTaskCtx], None] | None = None
         self._progress_source: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
         self._listeners: list[StateListener] = [self._probe.on_state]
@@ -272,6 +273,20 @@ class CompactionTaskCtx:
         if hook is None:
             raise IllegalStateTransition(f"task {self.task_id} has no work to start")
         hook()
+
+    def set_slot_hook(self, hook: Callable[[CompactionTaskCtx], None]) -> None:
+        """What ``leave_slot`` calls (set by the registry that gave the task its slot)."""
+        self._slot_hook = hook
+
+    def leave_slot(self) -> None:
+        """Say that the rest of the work is a small run read in the driver (no Spark job): the registry may
+        count it apart from ``compactionMaxConcurrentTasks`` and start a waiting task. Once per task."""
+        hook, self._slot_hook = self._slot_hook, None
+        if hook is not None:
+            try:
+                hook(self)
+            except Exception:  # the task keeps its slot
+                log.exception("slot hook failed for task %s", self.task_id)
 
     def add_cancel_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on cancel (at once if the task is already cancelled)."""

@@ -28,12 +28,14 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from compactord.engine.channel.task import close_current
 from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import RangeReader
 from compactord.model import RECORD_DDL
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges", "plan_ranges",
-           "read_tasks", "run_task_groups", "run_writing_tasks", "task_groups_rdd", "write_ranges"]
+           "read_tasks", "run_task_groups", "run_writing_tasks", "run_writing_tasks_in_driver", "task_groups_rdd",
+           "write_ranges"]
 
 FORMAT = "compactord_kafka"
 # Records a Spark task reads, at the least, before a job's ranges get a task each (``read_tasks``): a
@@ -125,6 +127,18 @@ def run_writing_tasks(spark: Any, spec: dict[str, Any]) -> None:
     alternating blocks of 15, warm session)."""
     run_task_groups(spark, [p.ranges for p in KafkaRangeReader(spec).partitions()],
                     functools.partial(_write_groups, spec))
+
+
+def run_writing_tasks_in_driver(spec: dict[str, Any]) -> None:
+    """Run the writing tasks of ``spec`` on the calling thread, in the driver, one range after the other: the
+    same ``RangeReadTask`` code as ``run_writing_tasks``' Spark tasks (the same part files, progress, cancel and
+    secrets over the run's channel), without a Spark job. For a small run, whose job's fixed cost (its submission,
+    a worker's task, the results) outweighs its reading (``run.DRIVER_RUN_MAX_RECORDS``)."""
+    ranges = [(int(p), int(s), int(e)) for p, s, e in spec["ranges"]]
+    try:
+        write_ranges({**spec, "in_driver": True}, ranges)
+    finally:
+        close_current()
 
 
 def run_task_groups(spark: Any, groups: Sequence[Any], task: Callable[[Iterator[Any]], Iterator[Any]]) -> None:

@@ -93,3 +93,60 @@ def test_a_pending_task_cancelled_never_held_a_slot():
     wait_for(lambda: c.state is TaskState.RUNNING, 10, "task c to run", interval=0.01)
     factory.services["c"].release.set()
     assert a.result(10) is TaskState.SUCCEED and c.result(10) is TaskState.SUCCEED
+
+
+class SmallRunService(HeldService):
+    """A task whose work says, once running, that it is a small run read in the driver (``leave_slot``)."""
+
+    def compact(self, *, rebuild: bool = False, start: bool = True) -> CompactionTaskCtx:
+        ctx = CompactionTaskCtx(self.topic, rebuild=rebuild)
+
+        def work() -> None:
+            try:
+                ctx.transition(TaskState.CREATING_RAW_READER)
+                ctx.transition(TaskState.RUNNING)
+                ctx.leave_slot()
+                self.release.wait(30)
+                if not ctx.done:
+                    ctx.begin_switch()
+                    ctx.transition(TaskState.SUCCEED)
+            finally:
+                ctx.worker_done.set()
+
+        ctx.set_start_hook(threading.Thread(target=work, daemon=True).start)
+        if start:
+            ctx.start()
+        return ctx
+
+
+def test_small_runs_in_the_driver_leave_their_slot_up_to_their_own_bound():
+    from compactord.daemon.registry import DRIVER_RUNS_AT_ONCE
+
+    factory = Factory()
+    topics = [f"t{i}" for i in range(DRIVER_RUNS_AT_ONCE + 2)]
+    for t in topics:
+        factory.services[t] = SmallRunService(t)
+    registry = TaskRegistry(factory, max_concurrent=1, monitor_interval_s=60)  # type: ignore[arg-type]
+    tasks = [registry.trigger(t) for t in topics]
+    # Each small run hands its slot on, until the driver runs are as many as allowed: the next one keeps its slot.
+    wait_for(lambda: sum(t.state is TaskState.RUNNING for t in tasks) == DRIVER_RUNS_AT_ONCE + 1, 10,
+             "the driver runs and one slot's task to run", interval=0.01)
+    assert registry.pending_count() == 1 and registry.running_count() == DRIVER_RUNS_AT_ONCE + 1
+    threading.Event().wait(0.3)
+    assert registry.pending_count() == 1, "a task started beyond the slot and the driver runs"
+
+    # The slot is the waiting task's to take: it starts when the task that kept the slot ends.
+    holder = next(t for t in tasks if t.task_id in registry._running)
+    factory.services[holder.topic].release.set()
+    wait_for(lambda: registry.pending_count() == 0, 10, "the last task to start", interval=0.01)
+    for t in topics:
+        factory.services[t].release.set()
+    for task in tasks:
+        assert task.result(10) is TaskState.SUCCEED
+    wait_for(lambda: registry.running_count() == 0, 10, "no running task", interval=0.01)
+
+
+def test_a_task_started_outside_the_registry_leaves_no_slot():
+    ctx = CompactionTaskCtx("t")
+    ctx.leave_slot()  # no registry gave it a slot: nothing to do
+    assert ctx.state is TaskState.PENDING

@@ -1,7 +1,9 @@
 """A reading task's side of the channel (``TaskChannel``), in Spark's Python workers.
 
 A worker runs one task at a time, and a task may read several ranges: the worker keeps one connection per run
-(``for_spec``), which each range's ``RangeReadTask`` shares. What the driver pushes (cancel, rate) is read
+(``for_spec``), which each range's ``RangeReadTask`` shares. The connection is the calling thread's: a small
+run's task read in the driver (``kafka_source.run_writing_tasks_in_driver``) runs on its run's own thread,
+beside other runs. What the driver pushes (cancel, rate) is read
 without blocking at the task's checks (every ``range_read.PROGRESS_EVERY_S``, between a throttle's sleeps):
 one ``recv`` that finds nothing costs less than a record. A task blocks only where it waits: for its
 welcome when it connects (connecting again when the driver closed it to make room: ``busy``), for its plan
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from compactord.engine.channel.frames import FrameError, encode, split_frames
 
-__all__ = ["ACK_TIMEOUT_S", "CONNECT_TIMEOUT_S", "ChannelLost", "TaskChannel", "client_config"]
+__all__ = ["ACK_TIMEOUT_S", "CONNECT_TIMEOUT_S", "ChannelLost", "TaskChannel", "client_config", "close_current"]
 
 CONNECT_TIMEOUT_S = 30.0  # to connect and be welcomed
 ACK_TIMEOUT_S = 30.0  # for the driver to take a task's last report
@@ -31,7 +34,19 @@ RETRY_MAX_S = 1.0
 # when the wait ran out, is then late only if the driver is gone.
 PLAN_GRACE_S = 30.0
 
-_current: TaskChannel | None = None  # this worker's connection, to the run of its last task
+_local = threading.local()  # ``current``: this thread's connection, to the run of its last task
+
+
+def _get_current() -> TaskChannel | None:
+    return getattr(_local, "current", None)
+
+
+def close_current() -> None:
+    """Close this thread's connection, if any (a run's thread in the driver, done with its task)."""
+    current = _get_current()
+    _local.current = None
+    if current is not None:
+        current.close()
 
 
 class ChannelLost(RuntimeError):
@@ -99,16 +114,16 @@ class TaskChannel:
     def for_spec(cls, spec: Mapping[str, Any]) -> TaskChannel | None:
         """The worker's connection to the run of ``spec`` (None when the spec names no channel: a task that
         reports nothing, e.g. the warm-up's). A connection to an earlier run is closed."""
-        global _current
         endpoint = spec.get("channel")
         if not endpoint:
             return None
-        if _current is not None and _current.token == endpoint["token"] and not _current.lost:
-            return _current
-        if _current is not None:
-            _current.close()
-        _current = cls(endpoint)
-        return _current
+        current = _get_current()
+        if current is not None and current.token == endpoint["token"] and not current.lost:
+            return current
+        if current is not None:
+            current.close()
+        _local.current = cls(endpoint)
+        return _local.current
 
     @property
     def lost(self) -> bool:
@@ -220,10 +235,9 @@ class TaskChannel:
             self.rate_version += 1
 
     def _lose(self, why: str) -> Any:
-        global _current
         self._sock.close()
-        if _current is self:
-            _current = None  # a retried attempt in this worker connects again
+        if _get_current() is self:
+            _local.current = None  # a retried attempt in this worker connects again
         raise ChannelLost(f"a reading task lost its channel to the driver at {self.where}: {why}")
 
 

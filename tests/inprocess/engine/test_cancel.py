@@ -33,6 +33,11 @@ BIG_KEYS = 2_000
 BIG_VALUE = 1_000
 
 
+@pytest.fixture(autouse=True)
+def _through_spark_jobs(spark_jobs: None) -> None:
+    """These tests are of the Spark job's work: no run's task is read in the driver."""
+
+
 def snapshot(service: Any, partitions: int = 1) -> tuple[Any, ...]:
     info = service.ledger_info()
     ledger_id = info.ledger_id if info else None

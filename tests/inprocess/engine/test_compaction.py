@@ -467,7 +467,7 @@ def _read_stage_tasks(spark_manager: Any, ctx: Any) -> list[int]:
             for stage in tracker.getJobInfo(job_id).stageIds]
 
 
-def test_a_small_job_reads_its_partitions_in_one_task_per_core(kafka, make_factory, spark_manager):
+def test_a_small_job_reads_its_partitions_in_one_task_per_core(kafka, make_factory, spark_manager, spark_jobs):
     """Five partitions on the session's cores: each core starts one reading task, which reads its partitions
     one after the other and writes each one's part file; an incremental run carries the ledger rows of the
     partitions without new records in the same tasks."""
@@ -497,7 +497,7 @@ def _last_query(spark_manager: Any) -> int:
 
 
 def test_reading_tasks_that_write_their_parts_run_as_one_stage_without_a_query(kafka, make_factory, spark_manager,
-                                                                               monkeypatch):
+                                                                               monkeypatch, spark_jobs):
     """Final reads of a compaction hand no row to Spark: their tasks run as one stage of plain Python tasks
     (``kafka_source.run_writing_tasks``), with no query planned through Spark SQL and the data source (that
     planning cost ~0.05 s a run). A run whose winners Spark groups (a partition read by two tasks) still reads
@@ -566,7 +566,7 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
 
 
 def test_a_full_rebuild_of_partitions_too_large_to_hold_is_read_whole_by_tasks_that_spill(
-        kafka, make_factory, spark_manager, monkeypatch):
+        kafka, make_factory, spark_manager, monkeypatch, spark_jobs):
     """A full rebuild under publishing-order reads each partition in one task whatever its size (the tasks
     keep their windows on local disk past a memory budget): with every range over
     ``FINAL_READ_MAX_RECORDS`` and a budget of 0 bytes (every window goes to disk, in the executors' local

@@ -24,6 +24,11 @@ from tests.support.timeouts import TASK_TIMEOUT_S
 _SEEN_WITHIN_S = 30.0  # how long a held planning waits for what it is held for
 
 
+@pytest.fixture(autouse=True)
+def _through_spark_jobs(spark_jobs: None) -> None:
+    """These tests are of the Spark job's work: no run's task is read in the driver."""
+
+
 def _job_statuses(spark_context: Any, group: str) -> list[str]:
     """The statuses of job group ``group``'s jobs (Spark's status tracker: RUNNING, SUCCEEDED, FAILED)."""
     tracker = spark_context.statusTracker()
