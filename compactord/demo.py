@@ -19,7 +19,7 @@ from typing import Any
 from compactord.client import DaemonClient
 from compactord.config import Settings
 from compactord.daemon.core import Daemon
-from compactord.daemon.server import ThreadedServer
+from compactord.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactionAlreadyRunning, CompactordError, DaemonRequestFailed
 from compactord.reader import CompactedReader

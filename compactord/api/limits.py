@@ -53,7 +53,7 @@ READ_SLOT_WAIT_S = 30.0
 # pieces of this size, each waiting for the client to take the one before (the server's flow control), so
 # a client that does not read holds its answer here, counted, rather than in an unbounded write buffer.
 CHUNK_BYTES = 64 * 1024
-# The scope key under which the HTTP protocol (``daemon/server.py``) puts a callable that drops the
+# The scope key under which the HTTP protocol (``compactord/server.py``) puts a callable that drops the
 # connection: a client that takes nothing of its answer for the send timeout is cut off.
 ABORT_KEY = "compactord.abort"
 

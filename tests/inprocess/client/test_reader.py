@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from compactord.daemon.core import Daemon
-from compactord.daemon.server import ThreadedServer
+from compactord.server import ThreadedServer
 from compactord.errors import InvalidArgument, TopicRecreated
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
