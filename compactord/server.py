@@ -171,7 +171,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             return refuse_start(exc)
         daemon.embedded_broker = broker is not None
         server = uvicorn.Server(uvicorn_config(daemon, settings.http_bind_address, settings.http_port))
-        daemon.on_fatal = lambda: setattr(server, "should_exit", True)
+        daemon.watchdog.on_fatal = lambda: setattr(server, "should_exit", True)
         # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so
         # that the orderly shutdown below runs and the exit code is 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
@@ -189,9 +189,10 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             server.run()
         finally:
             daemon.shutdown()
-        if isinstance(daemon.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again
-            return refuse_start(daemon.fatal_cause)
-        return EXIT_SPARK_DIED if daemon.fatal else 0
+        watchdog = daemon.watchdog
+        if isinstance(watchdog.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again
+            return refuse_start(watchdog.fatal_cause)
+        return EXIT_SPARK_DIED if watchdog.fatal else 0
     finally:
         if broker is not None:
             broker.stop()

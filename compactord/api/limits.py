@@ -287,7 +287,7 @@ def store_up(store_problem: Callable[[], str | None]) -> Callable[[], Awaitable[
 
 
 def lease_held(lease_problem: Callable[[], str | None]) -> Callable[[], Awaitable[None]]:
-    """A FastAPI dependency for a trigger: while the ledger root's lease is not held (``Daemon.lease_problem``,
+    """A FastAPI dependency for a trigger: while the ledger root's lease is not held (``Health.lease_problem``,
     fixed phrases and numbers), it is answered 503 storage_unavailable with that problem, at once, rather than
     starting a run that could not switch. The refusal (``lease=True``) is no failure of the store: the lease's
     renewals log theirs."""

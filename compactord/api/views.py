@@ -24,7 +24,8 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
-    from compactord.daemon.core import Daemon, Readiness
+    from compactord.daemon.core import Daemon
+    from compactord.daemon.health import Readiness
     from compactord.daemon.history import RunPage, RunRecord
     from compactord.daemon.monitor import Backlog
     from compactord.daemon.policies import TopicPolicies

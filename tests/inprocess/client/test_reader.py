@@ -36,7 +36,7 @@ def daemon_api(broker, spark_manager, tmp_path: Path):
         daemon.start()
         server = ThreadedServer(daemon).start()
         started.append((daemon, server))
-        wait_for(lambda: not daemon.readiness_problems(), READY_TIMEOUT_S,
+        wait_for(lambda: not daemon.health.readiness_problems(), READY_TIMEOUT_S,
                  "the daemon to be ready", interval=0.2)
         return daemon, server
 
