@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             from compactord.config import load_settings
-            from compactord.daemon.server import refuse_start, serve
+            from compactord.server import refuse_start, serve
 
             try:
                 settings = load_settings(args.config)

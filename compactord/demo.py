@@ -19,7 +19,7 @@ from typing import Any
 from compactord.client import DaemonClient
 from compactord.config import Settings
 from compactord.daemon.core import Daemon
-from compactord.daemon.server import ThreadedServer
+from compactord.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactionAlreadyRunning, CompactordError, DaemonRequestFailed
 from compactord.reader import CompactedReader
@@ -93,14 +93,14 @@ def _create_topic(bootstrap: str) -> None:
 
 def _wait_ready(daemon: DaemonClient, out: Callable[[str], None]) -> None:
     deadline = time.monotonic() + 300
-    ready = daemon.readiness()
+    ready = daemon.health.readiness()
     if not ready["compactions"]:
         out("waiting for the daemon (the Spark session starts; the first job of a new session is the slowest)...")
     while not ready["compactions"]:
         if time.monotonic() > deadline:
             raise CompactordError("the daemon cannot compact yet: " + "; ".join(ready["problems"]))
         time.sleep(0.5)
-        ready = daemon.readiness()
+        ready = daemon.health.readiness()
 
 
 def _compact(daemon: DaemonClient) -> dict[str, Any]:

@@ -75,9 +75,9 @@ def create_app(daemon: Daemon) -> FastAPI:
                        read_token=settings.http_read_token.encode(),
                        loopback=is_loopback(settings.http_bind_address), allowed_hosts=settings.allowed_hosts)
     broker_wait_s = settings.kafka_request_timeout_ms / 1000
-    broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.broker_problem))
-    store_answers = Depends(refused_while(daemon.store_problem))
-    lease = Depends(refused_while(daemon.lease_problem, public=True, lease=True))
+    broker_slot = Depends(broker_slots(BROKER_SLOTS, broker_wait_s, daemon.health.broker_problem))
+    store_answers = Depends(refused_while(daemon.health.store_problem))
+    lease = Depends(refused_while(daemon.health.lease_problem, public=True, lease=True))
     routers = [health.router(daemon), compaction.router(daemon, broker_slot, store_answers, lease),
                reads.router(daemon, store_answers), hooks.router(daemon),
                topics.router(daemon, broker_slot, store_answers),
@@ -145,12 +145,12 @@ def _add_error_handlers(app: FastAPI, daemon: Daemon) -> None:
             extra["task"] = optional_task_status(task)
         # The probes answer NotReady and Unhealthy; a broker or a store known to be down is logged by its
         # probe, once. A store's failure marks it down: the next requests that need it are answered at once.
-        store_down = isinstance(exc, StorageUnavailable) and daemon.store_problem() is not None
+        store_down = isinstance(exc, StorageUnavailable) and daemon.health.store_problem() is not None
         lease_refused = isinstance(exc, StorageUnavailable) and exc.details.get("lease") is True  # not the store's
         if isinstance(exc, StorageUnavailable) and not store_down and not lease_refused:
-            daemon.store_failed(exc)
+            daemon.health.store_failed(exc)
         quiet = isinstance(exc, (NotReady, Unhealthy)) or store_down or lease_refused or (
-            isinstance(exc, BrokerUnavailable) and daemon.broker_problem() is not None)
+            isinstance(exc, BrokerUnavailable) and daemon.health.broker_problem() is not None)
         if exc.status >= 500 and not quiet:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc)
         return error_response(exc, **extra)

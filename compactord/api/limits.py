@@ -53,7 +53,7 @@ READ_SLOT_WAIT_S = 30.0
 # pieces of this size, each waiting for the client to take the one before (the server's flow control), so
 # a client that does not read holds its answer here, counted, rather than in an unbounded write buffer.
 CHUNK_BYTES = 64 * 1024
-# The scope key under which the HTTP protocol (``daemon/server.py``) puts a callable that drops the
+# The scope key under which the HTTP protocol (``compactord/server.py``) puts a callable that drops the
 # connection: a client that takes nothing of its answer for the send timeout is cut off.
 ABORT_KEY = "compactord.abort"
 
@@ -277,7 +277,7 @@ def refused_while(problem: Callable[[], str | None], **error: bool) -> Callable[
     """A FastAPI dependency that answers 503 storage_unavailable at once, on the event loop, while ``problem``
     names one, rather than waiting out the store's read budget in a thread of the pool or starting a run that
     could not switch. For the routes that need the ledger root's store (the ledger reads, the run history, a
-    trigger) ``problem`` is ``Daemon.store_problem``; for a trigger it is also ``Daemon.lease_problem`` (fixed
+    trigger) ``problem`` is ``Health.store_problem``; for a trigger it is also ``Health.lease_problem`` (fixed
     phrases and numbers), refused with ``public=True, lease=True``: no failure of the store, since the lease's
     renewals log theirs."""
 

@@ -25,7 +25,8 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
-    from compactord.daemon.core import Daemon, Readiness
+    from compactord.daemon.core import Daemon
+    from compactord.daemon.health import Readiness
     from compactord.daemon.history import RunPage, RunRecord
     from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.policies import TopicPolicies

@@ -30,7 +30,7 @@ def preview(daemon: Daemon, topic: str, *, exact: bool) -> dict[str, Any]:
     :raises CompactionCancelled: (exact) the preview task was cancelled.
     :raises TopicRecreated: (sampled) the topic's ledger is of an earlier incarnation of the topic.
     """
-    daemon.require_topic(topic)
+    daemon.topics.require_topic(topic)
     if exact:
         body = _exact(daemon, topic)
     else:

@@ -17,7 +17,7 @@ from compactord.api import models
 from compactord.api.app import create_app
 from compactord.api.schema import error_classes
 from compactord.api.views import entry_json, horizon_json, page_json, task_status, tasks_json
-from compactord.daemon.core import Readiness
+from compactord.daemon.health import Readiness
 from compactord.errors import CompactionAlreadyRunning, TaskNotCancellable
 from compactord.model import TOPIC_PATTERN, Entry, LedgerManifest, StrategySettings
 from compactord.task import CompactionTaskCtx, TaskState
@@ -127,11 +127,11 @@ def test_a_conflict_is_its_model(error: Exception) -> None:
 def test_readiness_answers_are_their_models() -> None:
     for reads, model, status in ((True, models.Readiness, 200), (False, models.Unready, 503)):
         daemon = stand_in(None)
-        daemon.readiness = lambda reads=reads: Readiness(reads, compactions=False, problems=["no broker"])
+        daemon.health.readiness = lambda reads=reads: Readiness(reads, compactions=False, problems=["no broker"])
         response = _get(create_app(daemon), "/readyz")
         assert response.status_code == status, response.text
         model.model_validate(response.json())
     healthy = stand_in(None)
-    healthy.liveness_problem = lambda: None
+    healthy.health.liveness_problem = lambda: None
     models.Health.model_validate(_get(create_app(healthy), "/healthz").json())
     assert isinstance(healthy, SimpleNamespace)

@@ -38,8 +38,8 @@ def test_other_exceptions_pass_unchanged(kind: type[BaseException]) -> None:
 
 def stand_in(registry: Any) -> Any:
     """The daemon as the app sees it, with ``registry``; nothing else of it answers but its metrics."""
-    return SimpleNamespace(settings=Settings(), registry=registry, metrics=Metrics(),
-                           broker_problem=lambda: None, store_problem=lambda: None, lease_problem=lambda: None)
+    health = SimpleNamespace(broker_problem=lambda: None, store_problem=lambda: None, lease_problem=lambda: None)
+    return SimpleNamespace(settings=Settings(), registry=registry, metrics=Metrics(), health=health)
 
 
 def get_tasks(daemon: Any) -> httpx.Response:

@@ -25,7 +25,7 @@ def settings(**props: str) -> Settings:
 
 
 def _start_warnings(caplog: pytest.LogCaptureFixture, **props: str) -> list[str]:
-    from compactord.daemon.server import _warnings
+    from compactord.server import _warnings
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="compactord"):

@@ -32,7 +32,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any, lease_held: Any
         """Trigger a compaction (202 and the task; 409 if one runs; 404 if the broker has no such topic; 503
         while the ledger root's store does not answer or its lease is not held)."""
         validate_topic_name(topic)
-        daemon.require_topic(topic)
+        daemon.topics.require_topic(topic)
         daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back
         caller = request.client.host if request.client is not None else None
         ctx = daemon.registry.trigger(topic, rebuild=rebuild, caller=caller)
@@ -43,7 +43,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any, lease_held: Any
         """Status of the topic's last compaction: NOT_RUN, RUNNING, SUCCESS or ERROR (404 for a name that
         has no state here and that the broker lacks)."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)
+        daemon.topics.require_known_topic(topic)
         return topic_status(daemon, topic)
 
     @api.delete("/v1/topics/{topic}/compaction", tags=["compaction"], response_model=Task,

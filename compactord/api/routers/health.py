@@ -54,7 +54,7 @@ def router(daemon: Daemon) -> APIRouter:
 
     async def healthz() -> JSONResponse:
         """Liveness: the process serves and its Spark session is up (once started)."""
-        problem = daemon.liveness_problem()
+        problem = daemon.health.liveness_problem()
         if problem:
             raise Unhealthy(problem)
         return JSONResponse({"status": "ok"})
@@ -63,7 +63,7 @@ def router(daemon: Daemon) -> APIRouter:
         """Readiness: 200 while ledger reads can be served, with ``status`` "ready" (compactions can run:
         the broker answers, Spark is warm) or "degraded" (they cannot: ``problems`` says why); 503 only
         when reads cannot be served either (the ledger root or its store is down), with the same fields."""
-        readiness = daemon.readiness()
+        readiness = daemon.health.readiness()
         if not readiness.reads:
             refused = NotReady("; ".join(readiness.problems))
             return JSONResponse({"error": refused.code, "message": refused.message, **readiness_json(readiness)},

@@ -32,7 +32,7 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
         validate_topic_name(topic)
         page = daemon.history.page(topic, limit, cursor)
         if not page.runs and daemon.history.last(topic) is None:
-            daemon.require_known_topic(topic)  # no runs: is the topic known at all? (as every topic route)
+            daemon.topics.require_known_topic(topic)  # no runs: is the topic known at all? (as every topic route)
         return history_json(topic, page)
 
     return api

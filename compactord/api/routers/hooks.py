@@ -31,7 +31,7 @@ def router(daemon: Daemon) -> APIRouter:
     def unload(topic: TopicName) -> JSONResponse:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.topics.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
         daemon.policies.set_unloaded(topic, True)
         # 0.8, as DELETE /v1/topics/{topic} does: the answer itself must also fit in the timeout.
         outcome = daemon.registry.stop_topic(topic, cancel_timeout * 0.8)
@@ -44,7 +44,7 @@ def router(daemon: Daemon) -> APIRouter:
     def load(topic: TopicName) -> dict[str, Any]:
         """The topic is back on this broker: the monitor considers it again."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)
+        daemon.topics.require_known_topic(topic)
         daemon.policies.set_unloaded(topic, False)
         return unloaded_json(topic, False)
 
@@ -54,8 +54,8 @@ def router(daemon: Daemon) -> APIRouter:
         """The topic was deleted: stop its task, then remove its ledgers, horizon and policies (404 for a
         name that has no state here and that the broker lacks: nothing was deleted)."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)
-        done, task = daemon.delete_topic(topic, cancel_timeout)
+        daemon.topics.require_known_topic(topic)
+        done, task = daemon.topics.delete_topic(topic, cancel_timeout)
         return JSONResponse(deleted_json(topic, done, task), status_code=200 if done else 202)
 
     return api

@@ -112,8 +112,8 @@ def _service(daemon: Daemon, topic: str) -> TopicCompactionService:
     TopicNotFound: nor does the broker have it (not asked while it is known to be down)."""
     service = daemon.registry.existing_service(topic)
     if service is None:
-        if daemon.broker_problem() is None:
-            daemon.require_topic(topic)
+        if daemon.health.broker_problem() is None:
+            daemon.topics.require_topic(topic)
         raise NotCompacted(topic)
     return service
 

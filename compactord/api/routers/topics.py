@@ -33,7 +33,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
     def get_policies(topic: TopicName) -> dict[str, Any]:
         """Per-topic overrides of the thresholds and the strategy, and what is in force."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)  # 404 topic_not_found, as for every other topic route
+        daemon.topics.require_known_topic(topic)  # 404 topic_not_found, as for every other topic route
         return answer(topic)
 
     @api.put("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers],  # no broker
@@ -46,8 +46,8 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         name, compactionStrategy or one of compactionStrategyPlugins (422 otherwise: nothing is imported)."""
         validate_topic_name(topic)
         policies = TopicPolicies.from_json(body, daemon.policies.allowed_strategies)
-        daemon.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
-        daemon.set_policies(topic, policies)
+        daemon.topics.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.topics.set_policies(topic, policies)
         return answer(topic)
 
     @api.delete("/v1/topics/{topic}/policies", tags=["policies"], dependencies=[store_answers],
@@ -55,8 +55,8 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
     def delete_policies(topic: TopicName) -> dict[str, Any]:
         """Drop the topic's overrides: the broker-wide settings are in force again."""
         validate_topic_name(topic)
-        daemon.require_known_topic(topic)
-        daemon.set_policies(topic, None)
+        daemon.topics.require_known_topic(topic)
+        daemon.topics.set_policies(topic, None)
         return answer(topic)
 
     # exclude_unset: a topic that cannot be read answers only its name, on_broker and the error.
@@ -70,7 +70,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         what the daemon keeps (the monitor's last pass, the tasks), never asking the broker or the store. While
         the broker is known down: 503 broker_unavailable."""
         check_query(limit, state)  # 422 before anything else
-        problem = daemon.broker_problem()
+        problem = daemon.health.broker_problem()
         if problem:
             raise BrokerUnavailable(problem)
         return topics_json(daemon, limit, after, state, prefix)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from compactord.daemon.core import Daemon
-from compactord.daemon.server import ThreadedServer
+from compactord.server import ThreadedServer
 from compactord.errors import InvalidArgument, TopicRecreated
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
@@ -36,7 +36,7 @@ def daemon_api(broker, spark_manager, tmp_path: Path):
         daemon.start()
         server = ThreadedServer(daemon).start()
         started.append((daemon, server))
-        wait_for(lambda: not daemon.readiness_problems(), READY_TIMEOUT_S,
+        wait_for(lambda: not daemon.health.readiness_problems(), READY_TIMEOUT_S,
                  "the daemon to be ready", interval=0.2)
         return daemon, server
 

@@ -1,4 +1,4 @@
-"""Run the daemon: the HTTP server in the foreground, SIGTERM handling, exit codes."""
+"""Run the daemon: its HTTP API served by uvicorn in the foreground, SIGTERM handling, exit codes."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from compactord.api.app import create_app
+from compactord.api.limits import ABORT_KEY, PROBE_PATHS
+from compactord.api.views import error_response
 from compactord.config import Settings, start_warnings
-from compactord.daemon.core import EXIT_SPARK_DIED, Daemon
+from compactord.daemon.core import Daemon
 from compactord.daemon.logs import configure_logging
-from compactord.embedded import EmbeddedBroker
+from compactord.embedded import EmbeddedBroker, free_port
 from compactord.errors import (
     CompactordError,
     ConfigError,
@@ -30,7 +33,7 @@ from compactord.errors import (
     ServerBusy,
 )
 
-__all__ = ["EXIT_CONFIG", "EXIT_IOERR", "ThreadedServer", "refuse_start", "serve"]
+__all__ = ["EXIT_CONFIG", "EXIT_IOERR", "EXIT_SPARK_DIED", "ThreadedServer", "refuse_start", "serve"]
 
 log = logging.getLogger("compactord")
 #: A bad config value: the same start would fail again, so the systemd unit does not restart (its
@@ -39,6 +42,8 @@ EXIT_CONFIG = 2
 #: ``EX_IOERR``: the ledger root cannot be written at start; a disk not mounted yet may come back, so the
 #: unit restarts a few times (``StartLimitBurst``) before it gives up.
 EXIT_IOERR = 74
+#: The Spark JVM died or hung (the daemon's watchdog): the supervisor restarts the daemon.
+EXIT_SPARK_DIED = 70
 
 
 def refuse_start(exc: CompactordError) -> int:
@@ -67,8 +72,6 @@ class _H11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from compactord.api.limits import ABORT_KEY, PROBE_PATHS
-
         # uvicorn answers past its limit_concurrency in plain text: the same bound, with the API's JSON error.
         limit, self.limit_concurrency = self.limit_concurrency, None
         app = self.app
@@ -116,8 +119,6 @@ class _H11Protocol(H11Protocol):
 
 
 async def _too_many_connections(scope: Any, receive: Any, send: Any, limit: int) -> None:
-    from compactord.api.views import error_response
-
     response = error_response(ServerBusy(
         f"the server holds {limit} connections already (2 x httpMaxConnections + {SPARE_CONNECTIONS}); retry later"))
     response.headers["Connection"] = "close"
@@ -127,8 +128,6 @@ async def _too_many_connections(scope: Any, receive: Any, send: Any, limit: int)
 
 def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
     """The one uvicorn configuration of the API (``serve`` and ``ThreadedServer``)."""
-    from compactord.api.app import create_app
-
     settings = daemon.settings
     return uvicorn.Config(
         create_app(daemon), host=host, port=port, log_level="warning", access_log=False, lifespan="off",
@@ -172,7 +171,7 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             return refuse_start(exc)
         daemon.embedded_broker = broker is not None
         server = uvicorn.Server(uvicorn_config(daemon, settings.http_bind_address, settings.http_port))
-        daemon.on_fatal = lambda: setattr(server, "should_exit", True)
+        daemon.watchdog.on_fatal = lambda: setattr(server, "should_exit", True)
         # uvicorn re-raises the signal it caught once it has stopped; this handler makes that a no-op so
         # that the orderly shutdown below runs and the exit code is 0.
         signal.signal(signal.SIGTERM, lambda *_: None)
@@ -190,9 +189,10 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             server.run()
         finally:
             daemon.shutdown()
-        if isinstance(daemon.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again
-            return refuse_start(daemon.fatal_cause)
-        return EXIT_SPARK_DIED if daemon.fatal else 0
+        watchdog = daemon.watchdog
+        if isinstance(watchdog.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again
+            return refuse_start(watchdog.fatal_cause)
+        return EXIT_SPARK_DIED if watchdog.fatal else 0
     finally:
         if broker is not None:
             broker.stop()
@@ -202,8 +202,6 @@ class ThreadedServer:
     """The HTTP API of an in-process daemon, served by uvicorn in a thread (the demo, tests)."""
 
     def __init__(self, daemon: Daemon, host: str = "127.0.0.1", port: int | None = None) -> None:
-        from compactord.embedded import free_port
-
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self._server = uvicorn.Server(uvicorn_config(daemon, host, self.port))
