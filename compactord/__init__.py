@@ -15,7 +15,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+unknown"
 # Defined before the imports below: modules they import may read it.
 
-from compactord.reader import CompactedReader
+from compactord.compacted_reader import CompactedReader
 from compactord.errors import CompactordError
 from compactord.interfaces import (
     BrokerMetadata,

@@ -1,5 +1,5 @@
 """``DaemonClient``: the one HTTP client of the daemon's API (the CLI, the demo and
-``reader.CompactedReader`` use it).
+``compacted_reader.CompactedReader`` use it).
 
 Its waits are bounded in two steps, so that a URL that names something else (the broker's address,
 printed beside the API's) fails in seconds rather than at the answer's bound: a connection is made

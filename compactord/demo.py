@@ -22,7 +22,7 @@ from compactord.daemon.core import Daemon
 from compactord.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactionAlreadyRunning, CompactordError, DaemonRequestFailed
-from compactord.reader import CompactedReader
+from compactord.compacted_reader import CompactedReader
 
 __all__ = ["run_demo"]
 

@@ -21,7 +21,7 @@ from kafka import KafkaAdminClient
 
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import TopicRecreated
-from compactord.reader import CompactedReader
+from compactord.compacted_reader import CompactedReader
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.waiting import wait_for

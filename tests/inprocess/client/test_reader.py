@@ -15,7 +15,7 @@ from compactord.server import ThreadedServer
 from compactord.errors import InvalidArgument, TopicRecreated
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
-from compactord.reader import CompactedReader
+from compactord.compacted_reader import CompactedReader
 from compactord.task import TaskState
 from tests.conftest import settings_for
 from tests.support.brokers import Answers
