@@ -81,9 +81,7 @@ def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list
         object store refuses the check."""
     root = settings.compacted_ledger_root
     objects = open_store(root, settings, observer=metrics.storage_request)
-    check = getattr(objects, "check", None)
-    if check is not None:
-        check("compactedLedgerRoot")
+    objects.check("compactedLedgerRoot")
     store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds)
     try:
         pending = [t for t in store.topics() if store.deletion_pending(t)]

@@ -18,34 +18,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from compactord.errors import InvalidArgument
+from compactord import storage
 from compactord.ledger.row_groups import locate
-from compactord.storage import LocalStore, ObjectStore
+from compactord.storage import ObjectStore
 from compactord.task_report import count_request
 
 __all__ = ["describe", "locate", "new_output", "open_described", "spec_store", "store_secrets"]
 
-_S3_SETTINGS = ("region", "endpoint", "path_style", "ca_bundle", "server_side_encryption", "kms_key_id")
 _opened: dict[str, ObjectStore] = {}  # a worker's stores, by descriptor (and credentials)
 _lock = threading.Lock()
 
 
 def describe(store: ObjectStore) -> dict[str, Any]:
     """What a task needs to open ``store`` itself, without its credentials (``store_secrets``). In this
-    process, ``open_described`` of it is ``store`` from now on (the driver's own, with its credentials)."""
-    from_s3 = _s3_parts(store)
-    if from_s3 is None:
-        if not isinstance(store, LocalStore):
-            raise InvalidArgument(f"the tasks cannot open {store.describe()}: a local or an S3 store is")
-        descriptor: dict[str, Any] = {"root": str(store.root)}
-    else:
-        bucket, prefix, options = from_s3
-        descriptor = {"root": f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}",
-                      "s3": {name: getattr(options, name) for name in _S3_SETTINGS},
-                      # storageReadRetrySeconds and storageWriteRetrySeconds: a task's writes give up as the
-                      # driver's do
-                      "budgets": {"read_budget": getattr(store, "read_budget"),
-                                  "write_budget": getattr(store, "write_budget")}}
+    process, ``open_described`` of it is ``store`` from now on (the driver's own, with its credentials).
+
+    :raises InvalidArgument: the store cannot be opened elsewhere (``ObjectStore.descriptor``).
+    """
+    descriptor = store.descriptor()
     with _lock:
         _opened[_cache_key(descriptor)] = store
     return descriptor
@@ -53,10 +43,7 @@ def describe(store: ObjectStore) -> dict[str, Any]:
 
 def store_secrets(store: ObjectStore) -> dict[str, str]:
     """``store``'s credentials, for the run's channel to hand its tasks (empty: none, or the AWS chain)."""
-    from_s3 = _s3_parts(store)
-    if from_s3 is None or not from_s3[2].access_key_id:
-        return {}
-    return {"access_key_id": from_s3[2].access_key_id, "secret_access_key": from_s3[2].secret_access_key}
+    return store.credentials()
 
 
 def open_described(descriptor: Mapping[str, Any], secrets: Mapping[str, Any] | None = None) -> ObjectStore:
@@ -104,28 +91,5 @@ def _cache_key(descriptor: Mapping[str, Any]) -> str:
 
 
 def _open(descriptor: Mapping[str, Any], secrets: Mapping[str, Any]) -> ObjectStore:
-    root = str(descriptor["root"])
-    if "s3" not in descriptor:
-        return LocalStore(root)
-    from compactord.config_values import s3_location
-    from compactord.storage.s3 import S3Options, S3Store
-
-    location = s3_location(root)
-    if location is None:
-        raise InvalidArgument(f"a task's store descriptor names {root!r} with S3 settings: "
-                              "s3://BUCKET/PREFIX is allowed")
-    options = S3Options(**descriptor["s3"], access_key_id=str(secrets.get("access_key_id", "")),
-                        secret_access_key=str(secrets.get("secret_access_key", "")))
     # Each request is counted for the task whose thread made it (``task_report.counting_requests``).
-    return S3Store(location[0], location[1], options, observer=lambda op, seconds: count_request(op),
-                   **descriptor.get("budgets", {}))
-
-
-def _s3_parts(store: ObjectStore) -> tuple[str, str, Any] | None:
-    try:
-        from compactord.storage.s3 import S3Store
-    except ImportError:  # no boto3: no S3 store either
-        return None
-    if not isinstance(store, S3Store):
-        return None
-    return store.bucket, store.prefix, store.options
+    return storage.open_described(descriptor, secrets, observer=lambda op, seconds: count_request(op))

@@ -35,8 +35,8 @@ from compactord.ledger.files import MANIFEST, check_object, file_crc32c
 from compactord.ledger.lock import RootLock
 from compactord.ledger.manifests import load_manifest
 from compactord.ledger.pointer import Pointer, last_id, raise_last_id, read_pointer, write_pointer
-from compactord.ledger.store import _LOCK, DAEMON_DIR, LedgerStore
-from compactord.storage import LocalStore, ObjectStore, open_store
+from compactord.ledger.store import DAEMON_DIR, LedgerStore
+from compactord.storage import ObjectStore, open_store
 
 if TYPE_CHECKING:
     from compactord.config import Settings
@@ -87,7 +87,7 @@ def open_root(text: str, settings: Settings | None, role: str) -> Root:
         raise InvalidArgument(f"{role} {text} is an S3 root: give --config a broker.conf that sets s3Region "
                               "(and s3Endpoint and the keys, as a daemon on that root would)")
     objects = open_store(text, settings)
-    return Root(text, objects, objects.root if isinstance(objects, LocalStore) else None)
+    return Root(text, objects, objects.local_root)
 
 
 def migrate_root(source: Root, target: Root, state: TopicState, lease_seconds: float,
@@ -157,7 +157,7 @@ def _holding(root: Root, lease_seconds: float, create: bool) -> Iterator[None]:
         yield  # no daemon ever opened SRC, and SRC is not written to
         return
     (root.folder / DAEMON_DIR).mkdir(parents=True, exist_ok=True)
-    lock = RootLock(root.folder / DAEMON_DIR / _LOCK, root.folder)
+    lock = RootLock(root.folder / DAEMON_DIR / layout.lock_name(), root.folder)
     lock.acquire()
     try:
         yield

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
-import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -24,9 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import CompactordError
-from compactord.ledger.files import TMP_SUFFIX, file_crc32c, fsync_path
-from compactord.storage import LocalStore, ObjectInfo, ObjectStore
-from compactord.storage.local import PRIVATE
+from compactord.ledger.files import TMP_SUFFIX, file_crc32c
+from compactord.storage import ObjectInfo, ObjectStore
 
 __all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "is_partial_part", "is_seal", "part_name", "read_seal", "seal_name",
            "write_part"]
@@ -71,8 +66,8 @@ def write_part(tables: pa.Table | Iterable[pa.Table], store: ObjectStore, key: s
     """Write ``tables`` (one table, or tables one after another: their rows in (partition, offset) order) as
     the part file ``key`` of ``store`` (``<topic>/ledger-<id>/<name>``), nothing for no rows. Tables given one
     after another are taken and written one at a time, so that a caller that makes each as it is asked for
-    holds one at a time. The file is written on the worker's local disk first (a local root: a hidden
-    temporary file beside the part, fsynced and renamed; an object store: a temporary file uploaded, then
+    holds one at a time. The file is written on the worker's local disk first (``ObjectStore.scratch_file``: on a
+    local root a hidden temporary file beside the part, fsynced and renamed; else a temporary file uploaded, then
     removed), so that a failed or retried task attempt never leaves a partial part under a part's name.
 
     The task seals its own part: it leaves, beside it, the entry the ledger's manifest lists for it (rows,
@@ -80,17 +75,7 @@ def write_part(tables: pa.Table | Iterable[pa.Table], store: ObjectStore, key: s
     the ledger (``manifests.finalize``) reads no part the tasks wrote: the driver's pass over every file was
     serial in one process, and grows with the ledger (a ledger of distinct keys is as large as its topic)."""
     folder, _, name = key.rpartition("/")
-    local = isinstance(store, LocalStore)
-    if local:
-        target = Path(store.location(key))
-        if not target.parent.is_dir():  # the ledger's folder: its first part makes it, durably
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fsync_path(target.parent.parent)
-        tmp = target.with_name(f"{PRIVATE}{name}.{os.getpid()}-{threading.get_ident()}{TMP_SUFFIX}")
-    else:
-        fd, spooled = tempfile.mkstemp(prefix=f"compactord-{name}.", suffix=TMP_SUFFIX)
-        os.close(fd)
-        tmp = Path(spooled)
+    tmp = store.scratch_file(key)
     writer: pq.ParquetWriter | None = None
     rows = markers = 0
     oldest: list[int | None] = []  # each table's oldest marker time
@@ -113,12 +98,7 @@ def write_part(tables: pa.Table | Iterable[pa.Table], store: ObjectStore, key: s
         writer.close()
         crc = file_crc32c(tmp)  # read back from the page cache: the file was just written
         size = tmp.stat().st_size
-        if local:  # today's durability, without a copy: fsynced, renamed, the folder fsynced by put_file
-            fsync_path(tmp)
-            os.replace(tmp, target)
-            version = store.put_file(key, target)
-        else:
-            version = store.put_file(key, tmp)
+        version = store.put_file(key, tmp)  # a local root's scratch file is moved into place, not copied
     except BaseException:
         if writer is not None:
             # Closing writes the footer, which fails again on a full disk: the first error is the one raised.

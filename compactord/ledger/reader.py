@@ -26,7 +26,7 @@ from compactord.ledger import footer_cache
 from compactord.ledger.footer_cache import Footer
 from compactord.ledger.row_groups import RowGroup, at_or_after, of_partition, row_groups_of
 from compactord.model import Entry, LedgerManifest
-from compactord.storage import LocalStore, ObjectStore
+from compactord.storage import ObjectStore, open_local
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
 
@@ -64,7 +64,7 @@ class LedgerReader:
         self.path = Path(path)
         self.manifest = manifest
         # Without a store the folder is a local root of its own: every read goes through one code path.
-        self._objects: ObjectStore = objects if objects is not None else LocalStore(self.path)
+        self._objects: ObjectStore = objects if objects is not None else open_local(self.path)
         self._prefix = prefix if objects is not None else ""
         self._where = self._objects.describe()
         self._footers: list[Footer] = []

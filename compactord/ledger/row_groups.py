@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from compactord.ledger import footer_cache
 from compactord.ledger.footer_cache import Footer
 from compactord.model import RECORD_SCHEMA
-from compactord.storage import LocalStore, ObjectStore
+from compactord.storage import ObjectStore, open_local
 
 __all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "ledger_row_groups", "locate",
            "max_partition_rows", "of_partition", "open_file", "partition_groups", "partition_rows", "row_groups_of"]
@@ -89,7 +89,7 @@ def locate(store: ObjectStore | None, ref: str) -> tuple[ObjectStore, str]:
     if store is not None:
         return store, ref
     path = Path(ref)
-    return LocalStore(path.parent), path.name
+    return open_local(path.parent), path.name
 
 
 def open_file(store: ObjectStore | None, name: str) -> pa.NativeFile:

@@ -5,35 +5,34 @@ daemon's own objects under ``@compactord/``, every key built by ``layout.py``; `
 older layout wrote when the root is opened.
 
 Every object goes through the root's ``ObjectStore`` (``compactord/storage``), which maps the store's
-errors; the pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and verifying a ledger's
-manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, the root's lock ``lock.py``'s.
+errors, and which declares what differs between backends (free space, folders, a local path): this module
+addresses objects by key only. The pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and
+verifying a ledger's manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, who may write the root
+and with what epoch ``guard.py``'s (a local root's lock, an object store's lease).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from pathlib import Path
 
 from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt, LedgerRootUnwritable
 from compactord.ledger import layout, manifests, removal, upgrade
-from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, TMP_SUFFIX, file_crc32c, fsync_path, ledger_dir_name
-from compactord.ledger.files import list_names, remove_path
-from compactord.ledger.lease import Lease, acquire
-from compactord.ledger.lock import RootLock, unwritable
-from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, raise_epoch, read_pointer, write_pointer
+from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, file_crc32c, ledger_dir_name
+from compactord.ledger.guard import WriterGuard, writer_guard
+from compactord.ledger.lease import Lease
+from compactord.ledger.lock import unwritable
+from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
 from compactord.ledger.layout import DAEMON_DIR, DELETING
 from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
 from compactord.ledger.reader import LedgerReader
 from compactord.model import LedgerManifest, validate_topic_name
-from compactord.storage import LocalStore, ObjectStore, open_store
+from compactord.storage import ObjectStore, open_store
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "MANIFEST", "LedgerStore", "Pointer", "file_crc32c", "ledger_dir_name"]
 
 log = logging.getLogger(__name__)
-
-_LOCK, _SEQ, _PROGRESS = layout.lock_name(), layout.legacy_seq_key().rpartition("/")[2], layout.progress_name()
 
 
 class LedgerStore:
@@ -49,30 +48,23 @@ class LedgerStore:
         metrics); by default the local root ``root``. ``lease_seconds``: an object store's lease
         (``lease.py``; a local root has its lock)."""
         self.objects: ObjectStore = objects if objects is not None else open_store(str(root))
-        # What only a local root has (its lock, its free space, its folders) is left out on an object store,
-        # which has a lease instead of the lock.
-        self.local = isinstance(self.objects, LocalStore)
-        self.root: Path = self.objects.root if isinstance(self.objects, LocalStore) else Path(str(root))
-        self._daemon_dir = self.root / DAEMON_DIR
-        self._lock = RootLock(self._daemon_dir / _LOCK, self.root)
-        self._opened = False  # an object store's (no lock)
+        self.root: Path = self.objects.local_root or Path(str(root))
         self.lease_seconds = lease_seconds
-        self.lease: Lease | None = None  # an object store's while open
-        self._known = KnownPointers()  # while the lease is held: the pointers this store read or wrote
-        # The writer epoch this store switches with: raised by ``open()``; 0 until then (an older version's).
-        self.epoch = 0
+        # Who may write, and the epoch every pointer write carries (raised by ``open()``; 0 until then).
+        self.guard: WriterGuard = writer_guard(self.objects, self.root, lease_seconds)
+        self._opened = False
+        self._known = KnownPointers()  # while this store is the sole writer: the pointers it read or wrote
 
     # -- the root's lock -------------------------------------------------------------------------
 
     def open(self) -> LedgerStore:
-        """Create the root if needed, take its lock, raise the writer epoch, complete the topic deletions a
-        restart interrupted, quarantine ledgers that lost their ``CURRENT`` and remove orphans left by a
-        previous run (retired ledgers past their ``until`` included).
+        """Create the root if needed, take its writer guard (``guard.py``: a local root's lock, an object store's
+        lease), which raises the writer epoch, complete the topic deletions a restart interrupted, quarantine
+        ledgers that lost their ``CURRENT`` and remove orphans left by a previous run (retired ledgers past their
+        ``until`` included).
 
-        A lock whose holder died is free again (flock locks die with their process).
-
-        On an object store, the root's lease is taken instead of the lock (``lease.acquire``: a stale one after
-        ``lease_seconds``); it raises the epoch.
+        A lock whose holder died is free again (flock locks die with their process); a lease is taken over once
+        stale, after ``lease_seconds`` (``lease.acquire``).
 
         :raises LedgerRootLocked: another live process, or another store in this one, holds the root.
         :raises LedgerRootUnwritable: the root cannot be created, locked or written (read-only, full,
@@ -80,32 +72,19 @@ class LedgerStore:
         """
         if self.is_open:
             return self
-        if self.local:
-            with self._unwritable("cannot be created"):
-                self._daemon_dir.mkdir(parents=True, exist_ok=True)
-            with self._unwritable("cannot be locked"):
-                self._lock.acquire()
+        self.guard.acquire()  # first: nothing of the root is touched before it is ours
         self._opened = True
         try:
             with self._unwritable("cannot be written"):
-                if not self.local:  # first: nothing of the root is touched before it is ours
-                    self.lease = acquire(self.objects, self.lease_seconds)
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
                 probe = layout.write_probe_key()
                 self.objects.put(probe, b"compactord checks that the ledger root can be written\n")
                 self.objects.delete(probe)
-                if self.local:
-                    _refuse_folded_case(self.root, self._daemon_dir)
+                daemon_dir = self.objects.local_path(DAEMON_DIR)
+                if daemon_dir is not None:  # a file system's folders may fold case; an object store's keys do not
+                    _refuse_folded_case(self.root, daemon_dir)
                 self.objects.recover()
-                self.epoch = raise_epoch(self.objects) if self.lease is None else self.lease.epoch
-            with contextlib.suppress(FileNotFoundError):
-                if self.local:
-                    (self._daemon_dir / (_SEQ + TMP_SUFFIX)).unlink()
-            # Progress folders an older version's tasks left (tasks now report over the driver's channel).
-            for task in list_names(self._daemon_dir / _PROGRESS) if self.local else []:
-                log.warning("removing the progress files an older version left for task %s", task)
-                remove_path(self._daemon_dir / _PROGRESS / task)
             upgrade.upgrade_root(self.objects)
             for topic in self.topics():
                 self.recover_topic(topic)
@@ -136,24 +115,36 @@ class LedgerStore:
     def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
         return unwritable(self.root, what)
 
-    def _check_lease(self) -> None:
-        """Before a write that another daemon's could conflict with (``Lease.check``: Fenced once taken over,
-        StorageUnavailable while not renewed)."""
-        if self.lease is not None:
-            self.lease.check()
+    def _check_writer(self, topic: str) -> None:
+        """Before a write of ``topic`` that another daemon's could conflict with (``WriterGuard.check``: Fenced
+        once taken over, StorageUnavailable while a lease is not renewed)."""
+        self.guard.check(topic)
 
     def close(self) -> None:
-        """Release the root's lock or lease (idempotent)."""
+        """Release the root's writer guard (idempotent)."""
         self._opened = False
-        self._lock.release()
-        lease, self.lease = self.lease, None
         self._known = KnownPointers()
-        if lease is not None:
-            lease.release()
+        self.guard.release()
 
     @property
     def is_open(self) -> bool:
-        return self._lock.held if self.local else self._opened
+        return self._opened
+
+    @property
+    def epoch(self) -> int:
+        """The root's writer epoch this store writes pointers with (``WriterGuard.fence``: the same for every
+        topic of a root one daemon writes): raised by ``open()``; 0 until then (an older version's)."""
+        return self.guard.fence("")
+
+    @property
+    def lease(self) -> Lease | None:
+        """The root's lease while this store holds one (an object store's root), else None."""
+        return self.guard.lease
+
+    @property
+    def local(self) -> bool:
+        """Whether the root is a folder of this host (``ObjectStore.local_root``): Spark's scratch can go there."""
+        return self.objects.local_root is not None
 
     def __enter__(self) -> LedgerStore:
         return self.open()
@@ -166,7 +157,8 @@ class LedgerStore:
     @property
     def location(self) -> str:
         """Where the root is, for logs and ``/v1/info``: a local folder's path, or ``s3://BUCKET/PREFIX``."""
-        return str(self.root) if self.local else self.objects.describe()
+        folder = self.objects.local_root
+        return str(folder) if folder is not None else self.objects.describe()
 
     def topic_dir(self, topic: str) -> Path:
         """The directory of ``topic`` (it may not exist).
@@ -175,9 +167,10 @@ class LedgerStore:
         :raises InvalidArgument: the directory resolves outside the root (a symbolic link).
         """
         path = self.root / validate_topic_name(topic)
-        if self.local and path.resolve().parent != self.root:
+        folder = self.objects.local_path(topic)  # a folder of this host may be a symbolic link
+        if folder is not None and folder.resolve().parent != self.root:
             raise InvalidArgument(
-                f"directory of topic {topic!r} resolves to {path.resolve()}, outside ledger root {self.root}"
+                f"directory of topic {topic!r} resolves to {folder.resolve()}, outside ledger root {self.root}"
             )
         return path
 
@@ -204,18 +197,19 @@ class LedgerStore:
         :raises LedgerCorrupt: ``CURRENT`` holds neither the JSON pointer nor an older version's line.
         """
         topic = validate_topic_name(topic)
-        if not self.sole_writer:
+        if not self.guard.sole_writer(topic):
             return read_pointer(self.objects, topic)
         return self._known.read(topic, lambda: read_pointer(self.objects, topic))
 
     @property
     def sole_writer(self) -> bool:
-        """Whether this store holds an object store's lease: no other process writes under the root, so what
-        it read there stays true until it writes (a local root's files are read again, at a syscall's cost)."""
-        return self.lease is not None and not self.lease.lost
+        """Whether no other process writes under the root while this store holds it (an object store's lease,
+        ``WriterGuard.sole_writer``), so that what it read there stays true until it writes (a local root's files
+        are read again, at a syscall's cost)."""
+        return self.guard.sole_writer("")
 
     def _write_pointer(self, topic: str, new: Pointer, base: Pointer) -> Pointer:
-        self._check_lease()
+        self._check_writer(topic)
         try:
             written = write_pointer(self.objects, topic, new, base)
         except BaseException:
@@ -260,7 +254,7 @@ class LedgerStore:
             it before its job rather than at its switch.
         :raises Fenced: another daemon took the root's lease over.
         """
-        self._check_lease()
+        self._check_writer(topic)
         topic_dir = self.topic_dir(topic)
         # Should the last id ever be lost, still never hand out an id this topic has used.
         used = self.ledger_ids(topic)
@@ -268,9 +262,7 @@ class LedgerStore:
             pointer = self.pointer(topic)
             used += [*(r.id for r in pointer.retired), pointer.ledger or 0]
         next_id = allocate_id(self.objects, topic, used)
-        if self.local and not topic_dir.is_dir():  # the writers of a ledger's parts write into it (a local folder, for now)
-            topic_dir.mkdir(parents=True, exist_ok=True)
-            fsync_path(self.root)
+        self.objects.make_folder(layout.topic_prefix(topic))  # a local root's: the writers of a ledger's parts write into it
         return next_id, topic_dir / ledger_dir_name(next_id)
 
     def finalize_ledger(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerManifest:
@@ -312,15 +304,15 @@ class LedgerStore:
                 "only a finalized ledger can become current"
             )
         base = self.pointer(topic) if base is None else base
-        self._check_lease()
-        return self._write_pointer(topic, base.switched(topic, ledger_id, self.epoch, retire_for), base)
+        self._check_writer(topic)
+        return self._write_pointer(topic, base.switched(topic, ledger_id, self.guard.fence(topic), retire_for), base)
 
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
         """Take ``ids`` off the pointer's retired list by compare-and-swap against ``base``.
 
         :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
         """
-        new = base.without(topic, ids, self.epoch)
+        new = base.without(topic, ids, self.guard.fence(topic))
         return base if new.retired == base.retired else self._write_pointer(topic, new, base)
 
     def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
@@ -363,12 +355,8 @@ class LedgerStore:
         """:raises InsufficientDiskSpace: the root's file system has less than ``needed_bytes`` free."""
         if isinstance(needed_bytes, bool) or not isinstance(needed_bytes, int) or needed_bytes < 0:
             raise InvalidArgument(f"needed_bytes must be a non-negative integer, got: {needed_bytes!r}")
-        if not self.local:
-            return  # an object store has no free space to ask of
-        # Before open() the root may not exist yet: ask about the file system that will hold it.
-        probe = next(p for p in (self.root, *self.root.parents) if p.exists())
-        free = shutil.disk_usage(probe).free
-        if free < needed_bytes:
+        free = self.objects.free_bytes()  # before open() the root may not exist yet: its file system's
+        if free is not None and free < needed_bytes:  # None: an object store has no free space to ask of
             raise InsufficientDiskSpace(
                 f"ledger root {self.root} has {free} bytes free; the next ledger needs {needed_bytes}",
                 free=free,
@@ -383,7 +371,7 @@ class LedgerStore:
         :raises InvalidArgument: ``CURRENT`` names this ledger.
         """
         path = self.ledger_path(topic, ledger_id)
-        self._check_lease()
+        self._check_writer(topic)
         if self._is_current(topic, path):
             raise InvalidArgument(
                 f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
@@ -430,7 +418,7 @@ class LedgerStore:
         The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
         """
         self.topic_dir(topic)  # checks the name, and that the folder is the root's
-        self._check_lease()
+        self._check_writer(topic)
         try:
             removal.delete_topic(self.objects, topic)
         finally:

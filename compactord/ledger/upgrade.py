@@ -13,6 +13,10 @@ that two legal names could claim one key (``layout.py``):
   ``@compactord/quarantine/<topic>/<time>/ledger-<id>/``. A folder holding ledger folders directly is the
   older layout's (the new one holds ``<time>/`` folders there).
 
+Two leftovers of an older version are removed: ``@compactord/progress/<task>/`` (its tasks' progress files;
+tasks now report over the driver's channel) and ``@compactord/ledger-seq.tmp`` (its id counter's temporary
+file).
+
 Each move copies, then deletes: a crash in between leaves both, and the next start moves again (a history file
 already at its new place is merged with the old one; reads take each run once). Nothing else changed place.
 """
@@ -24,6 +28,7 @@ import re
 
 from compactord.errors import CompactordError, ObjectNotFound
 from compactord.ledger import layout
+from compactord.ledger.files import TMP_SUFFIX
 from compactord.model import validate_topic_name
 from compactord.storage import ObjectStore
 
@@ -36,6 +41,7 @@ _OLD_QUARANTINE = re.compile(r"(?P<topic>.+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z(?:-[0-
 
 def upgrade_root(objects: ObjectStore) -> None:
     """Move what the older layout wrote to its place in this one (nothing on a root written by this one)."""
+    _remove_leftovers(objects)
     for name in objects.children(layout.history_root()):
         if not name.endswith("/") and name.endswith(layout.LEGACY_HISTORY_SUFFIX):
             topic = _topic(name.removesuffix(layout.LEGACY_HISTORY_SUFFIX))
@@ -44,6 +50,22 @@ def upgrade_root(objects: ObjectStore) -> None:
     for name in objects.children(layout.quarantine_root()):
         if name.endswith("/"):
             _move_quarantined(objects, name)
+
+
+def _remove_leftovers(objects: ObjectStore) -> None:
+    names = objects.children(f"{layout.DAEMON_DIR}/")
+    seq_tmp = layout.legacy_seq_key().rpartition("/")[2] + TMP_SUFFIX
+    if seq_tmp in names:
+        objects.delete(f"{layout.DAEMON_DIR}/{seq_tmp}")
+    progress = f"{layout.DAEMON_DIR}/{layout.progress_name()}/"
+    if f"{layout.progress_name()}/" not in names:
+        return
+    for task in objects.children(progress):
+        log.warning("removing the progress files an older version left for task %s", task.rstrip("/"))
+        if task.endswith("/"):
+            objects.delete_prefix(progress + task)
+        else:
+            objects.delete(progress + task)
 
 
 def _topic(name: str) -> str | None:

@@ -1,13 +1,17 @@
 """Every byte under the ledger root goes through one ``ObjectStore`` (``base.py``): the local disk
-(``local.py``) or an S3 bucket (``s3.py``). ``open_store`` makes the store a ``compactedLedgerRoot`` names."""
+(``local.py``) or an S3 bucket (``s3.py``). The backends are made here and only here: ``open_store`` makes the
+store a ``compactedLedgerRoot`` names, ``open_local`` a folder's, ``open_described`` the store another process
+described (``ObjectStore.descriptor``). Code outside this package asks a store what it declares, never its type."""
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from compactord.config_values import s3_location
-from compactord.errors import ConfigError
+from compactord.errors import ConfigError, InvalidArgument
 from compactord.storage.base import ObjectInfo, ObjectStore
 from compactord.storage.local import LocalStore
 
@@ -15,7 +19,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.storage.s3_client import Observer
 
-__all__ = ["LocalStore", "ObjectInfo", "ObjectStore", "open_store"]
+__all__ = ["LocalStore", "ObjectInfo", "ObjectStore", "open_described", "open_local", "open_store"]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -61,3 +65,29 @@ def _s3_store(root: str, location: tuple[str, str], settings: Settings | None,
     bucket, prefix = location
     return S3Store(bucket, prefix, options, observer=observer, read_budget=settings.storage_read_retry_seconds,
                    write_budget=settings.storage_write_retry_seconds)
+
+
+def open_local(folder: str | Path) -> ObjectStore:
+    """The local store rooted at ``folder`` (a ledger's folder read without its root: the warm-up's, a test's)."""
+    return LocalStore(folder)
+
+
+def open_described(descriptor: Mapping[str, Any], secrets: Mapping[str, Any], *,
+                   observer: Observer | None = None) -> ObjectStore:
+    """The store ``descriptor`` (``ObjectStore.descriptor``) names, with ``secrets`` (``ObjectStore.credentials``);
+    ``observer`` hears of an S3 store's every request.
+
+    :raises InvalidArgument: the descriptor names S3 settings with a root that is not ``s3://BUCKET/PREFIX``.
+    """
+    root = str(descriptor["root"])
+    if "s3" not in descriptor:
+        return LocalStore(root)
+    from compactord.storage.s3 import S3Options, S3Store
+
+    location = s3_location(root)
+    if location is None:
+        raise InvalidArgument(f"a task's store descriptor names {root!r} with S3 settings: "
+                              "s3://BUCKET/PREFIX is allowed")
+    options = S3Options(**descriptor["s3"], access_key_id=str(secrets.get("access_key_id", "")),
+                        secret_access_key=str(secrets.get("secret_access_key", "")))
+    return S3Store(location[0], location[1], options, observer=observer, **descriptor.get("budgets", {}))

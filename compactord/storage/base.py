@@ -5,6 +5,13 @@ The protocol asks only for what an object store gives (S3, GCS, Azure, a local d
 created only if absent or replaced only if still at a version (the compare-and-swap that the ledger pointer
 and the ledger ids are written with), deleted one by one or many at once. No rename, no append, no lock.
 
+What differs between backends is declared on the store, never found out by its type: whether a version identifies
+the bytes (``versions_identify_bytes``), the checks of a root at the start (``check``), free space
+(``free_bytes``), folders that exist apart from their objects (``make_folder``), the local path of a root on this
+host's file system (``local_root``, ``local_path``: the root's lock, Spark's scratch), where a writer spools an
+object before ``put_file`` (``scratch_file``) and what another process needs to open the same store
+(``descriptor``, ``credentials``). Conditional writes (``put_if_absent``, ``put_if_match``) every backend has.
+
 Every backend maps its errors once, at its boundary: a full disk becomes ``InsufficientDiskSpace``, a lost
 condition ``PreconditionFailed``, a missing object ``ObjectNotFound``, any other failure of the store
 ``StorageUnavailable``. The contract every backend passes is ``tests/unit/storage/test_contract.py``.
@@ -18,6 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+import tempfile
 from typing import Any
 
 import pyarrow as pa
@@ -160,6 +168,60 @@ class ObjectStore(ABC):
 
         :raises StorageUnavailable: it cannot be removed.
         """
+
+    # -- what a backend declares --------------------------------------------------------------
+
+    @property
+    def local_root(self) -> Path | None:
+        """The root's folder on this host's file system, where it is one (None: an object store)."""
+        return None
+
+    def local_path(self, key: str) -> Path | None:
+        """The file of the object ``key`` on this host's file system, where the root is a folder of it."""
+        root = self.local_root
+        return None if root is None else root / check_key(key)
+
+    def check(self, key_name: str = "compactedLedgerRoot") -> None:
+        """Refuse a root the daemon cannot use, before anything is written (an object store: its bucket, its
+        credentials, its endpoint, that it enforces conditional writes); a store with nothing to check returns.
+
+        :raises LedgerRootUnwritable: the root cannot be used, in one line naming ``key_name``.
+        """
+
+    def free_bytes(self) -> int | None:
+        """The bytes free for new objects (a local root's file system, the root's nearest existing folder
+        before it is made), or None where a store has no such bound (an object store).
+
+        :raises OSError: the file system cannot be asked.
+        """
+        return None
+
+    def make_folder(self, prefix: str) -> None:
+        """Make the folder ``prefix`` durably where folders exist apart from their objects (a local root, whose
+        Spark writers write into them); an object store has none: nothing."""
+        check_prefix(prefix)
+
+    def scratch_file(self, key: str) -> Path:
+        """A new file of this host (made, or only named) for a writer to write the object ``key`` into before
+        ``put_file(key, path)``, and to remove after it (``unlink(missing_ok=True)``): a temporary file of the
+        host, or on a local root a hidden one beside the object, which ``put_file`` moves into place without a
+        copy (listings never show it; ``recover`` removes one a crash left)."""
+        name = check_key(key).rpartition("/")[2]
+        fd, path = tempfile.mkstemp(prefix=f"compactord-{name}.", suffix=".tmp")
+        os.close(fd)
+        return Path(path)
+
+    def descriptor(self) -> dict[str, Any]:
+        """What another process (a Spark worker) needs to open this store itself with ``storage.open_described``,
+        without its credentials (``credentials``): a JSON object.
+
+        :raises InvalidArgument: the store cannot be opened elsewhere.
+        """
+        raise InvalidArgument(f"the tasks cannot open {self.describe()}: a local or an S3 store is")
+
+    def credentials(self) -> dict[str, str]:
+        """The secrets ``descriptor`` leaves out, for the run's channel to hand its tasks (empty: none)."""
+        return {}
 
     def within(self, seconds: float) -> ObjectStore:
         """This store's objects through requests that give up within ``seconds`` (retries included), for a caller

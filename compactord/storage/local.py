@@ -21,6 +21,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -57,6 +58,29 @@ class LocalStore(ObjectStore):
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
+
+    # -- what a local root declares ---------------------------------------------------------------
+
+    @property
+    def local_root(self) -> Path:
+        return self.root
+
+    def free_bytes(self) -> int:
+        # Before the root is made, the file system that will hold it.
+        probe = next(p for p in (self.root, *self.root.parents) if p.exists())
+        return shutil.disk_usage(probe).free
+
+    def make_folder(self, prefix: str) -> None:
+        folder = self.root / check_prefix(prefix).rstrip("/")
+        if folder != self.root and not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            fsync_path(folder.parent)
+
+    def scratch_file(self, key: str) -> Path:
+        return self._temporary(self._path(key))
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"root": str(self.root)}
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -184,6 +208,11 @@ class LocalStore(ObjectStore):
         with self._errors(f"writing {key!r}", key):
             if source.resolve() == target.resolve():  # written in place (a task's part): only made durable
                 fsync_path(target)
+                fsync_path(target.parent)
+                return _version(target.stat())
+            if source.parent == target.parent and source.name.startswith(PRIVATE + target.name + "."):
+                fsync_path(source)  # this store's scratch file of the object (``scratch_file``): moved, not copied
+                os.replace(source, target)
                 fsync_path(target.parent)
                 return _version(target.stat())
             tmp = self._temporary(target)

@@ -36,6 +36,8 @@ _MIN_PART_SIZE = 5 * 1024 * 1024  # S3's floor for every part but the last
 _DELETE_BATCH = 1000  # S3's most keys in one DeleteObjects
 _RETRIED_WIN_MAX_BYTES = 1024 * 1024  # a 412 after a retry: compare the object with what was written
 _CHECK_PREFIX = "@compactord/check/"
+# The settings a task needs to reach the bucket, in a store's descriptor; the keys travel apart (``credentials``).
+DESCRIBED_OPTIONS = ("region", "endpoint", "path_style", "ca_bundle", "server_side_encryption", "kms_key_id")
 
 
 class S3Store(ObjectStore):
@@ -64,6 +66,17 @@ class S3Store(ObjectStore):
 
     def __repr__(self) -> str:
         return f"S3Store({self.describe()!r}, endpoint={self.options.where()!r})"
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"root": f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}",
+                "s3": {name: getattr(self.options, name) for name in DESCRIBED_OPTIONS},
+                # storageReadRetrySeconds and storageWriteRetrySeconds: a task's writes give up as the driver's do
+                "budgets": {"read_budget": self.read_budget, "write_budget": self.write_budget}}
+
+    def credentials(self) -> dict[str, str]:
+        if not self.options.access_key_id:
+            return {}  # none, or the AWS chain
+        return {"access_key_id": self.options.access_key_id, "secret_access_key": self.options.secret_access_key}
 
     def within(self, seconds: float) -> S3Store:
         super().within(seconds)

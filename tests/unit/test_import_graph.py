@@ -227,3 +227,53 @@ def test_an_upward_import_is_named() -> None:
     assert upward_imports(graph) == ["compactord.daemon.server -> compactord.api.app",
                                      "compactord.engine.run -> compactord.daemon.core",
                                      "compactord.kafka.admin -> compactord.engine.job"]
+
+
+# The store backends are made in ``compactord/storage`` alone; every other module asks a store what it declares
+# (``ObjectStore.local_root``, ``free_bytes``, ``check``, ...), never its type.
+BACKENDS = {"LocalStore", "S3Store"}
+BACKEND_MODULES = {f"{PACKAGE}.storage.local", f"{PACKAGE}.storage.s3", f"{PACKAGE}.storage.s3_client"}
+
+
+def backend_uses(module: str, path: Path, modules: set[str]) -> list[str]:
+    """Each place where ``module`` names a store backend (an import of its class or of its module, a use of
+    the class, such as an ``isinstance`` against it), as ``module:line what``."""
+    found = [f"{module} imports {target}" for target in sorted(imports_of(module, path, modules) & BACKEND_MODULES)]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names if alias.name in BACKENDS]
+        elif isinstance(node, ast.Name):
+            names = [node.id] if node.id in BACKENDS else []
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr] if node.attr in BACKENDS else []
+        else:
+            names = []
+        found += [f"{module}:{node.lineno} {name}" for name in names]
+    return found
+
+
+def backend_uses_outside_storage(files: dict[str, Path]) -> list[str]:
+    names = set(files)
+    return [use for module, path in sorted(files.items())
+            if module != f"{PACKAGE}.storage" and not module.startswith(f"{PACKAGE}.storage.")
+            for use in backend_uses(module, path, names)]
+
+
+def test_no_module_outside_storage_names_a_store_backend() -> None:
+    found = backend_uses_outside_storage(module_files())
+    assert not found, "a store backend named outside compactord/storage (ask what the ObjectStore declares):\n" + \
+        "\n".join(found)
+
+
+def test_a_use_of_a_store_backend_is_named(tmp_path: Path) -> None:
+    pkg = tmp_path / PACKAGE
+    (pkg / "storage").mkdir(parents=True)
+    for name in ("__init__.py", "storage/__init__.py", "storage/local.py", "storage/s3.py"):
+        (pkg / name).write_text("")
+    (pkg / "storage" / "__init__.py").write_text("from compactord.storage.local import LocalStore\n")
+    (pkg / "ledger.py").write_text("from compactord.storage import LocalStore\nimport compactord.storage.s3\n"
+                                   "def f(x):\n    return isinstance(x, compactord.storage.s3.S3Store)\n")
+    (pkg / "clean.py").write_text("from compactord.storage import ObjectStore\n")
+    assert backend_uses_outside_storage(module_files(pkg)) == [
+        "compactord.ledger imports compactord.storage.s3", "compactord.ledger:1 LocalStore",
+        "compactord.ledger:4 S3Store"]

@@ -246,7 +246,7 @@ def test_insufficient_disk_space_fails_the_task_and_keeps_the_ledger(kafka, make
         usage = real(path)
         return type(usage)(usage.total, usage.total - 10, 10)
 
-    monkeypatch.setattr("compactord.ledger.store.shutil.disk_usage", nearly_full)
+    monkeypatch.setattr("compactord.storage.local.shutil.disk_usage", nearly_full)
     ctx = service.compact()
     assert ctx.result(TASK_TIMEOUT_S) is TaskState.FAILED
     assert ctx.worker_done.wait(TASK_TIMEOUT_S)

@@ -4,6 +4,7 @@ included. A backend is added by adding its param."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from compactord.errors import InvalidArgument, ObjectNotFound, PreconditionFailed
-from compactord.storage import LocalStore, ObjectStore
+from compactord.storage import LocalStore, ObjectStore, open_described
 
 RACERS = 8
 
@@ -239,3 +240,43 @@ def test_a_compare_and_swap_counter_loses_no_increment(store: ObjectStore) -> No
     done, _ = race(4, bump)
     assert len(done) == 4
     assert int(store.get("counter")) == 4 * rounds
+
+
+# -- what a backend declares -----------------------------------------------------------------------------------
+
+
+def test_a_local_root_declares_its_folder_and_free_space_an_object_store_neither(store: ObjectStore) -> None:
+    local = isinstance(store, LocalStore)
+    assert store.local_root == (store.root if local else None)
+    assert store.local_path("t/ledger-1/x") == (store.root / "t/ledger-1/x" if local else None)
+    free = store.free_bytes()
+    assert (free > 0) if local else free is None  # type: ignore[operator]
+    store.check()  # the session's server enforces conditional writes; a local root has nothing to check
+
+
+def test_a_folder_is_made_where_folders_exist(store: ObjectStore) -> None:
+    store.make_folder("t/")
+    if isinstance(store, LocalStore):
+        assert (store.root / "t").is_dir()
+    assert store.list() == []  # a folder is no object
+
+
+def test_a_scratch_file_put_becomes_the_object_and_nothing_else_is_listed(store: ObjectStore) -> None:
+    scratch = store.scratch_file("t/ledger-1/part-1.parquet")
+    try:
+        scratch.write_bytes(b"parquet bytes")
+        version = store.put_file("t/ledger-1/part-1.parquet", scratch)
+    finally:
+        scratch.unlink(missing_ok=True)
+    assert store.get("t/ledger-1/part-1.parquet") == b"parquet bytes"
+    assert [(i.key, i.version) for i in store.list()] == [("t/ledger-1/part-1.parquet", version)]
+    if isinstance(store, LocalStore):
+        assert not scratch.exists() and sorted(p.name for p in scratch.parent.iterdir()) == ["part-1.parquet"]
+
+
+def test_a_store_opened_from_its_descriptor_reads_the_same_objects(store: ObjectStore) -> None:
+    store.put("t/CURRENT", b"pointer")
+    descriptor = store.descriptor()
+    assert "secret_access_key" not in json.dumps(descriptor) and "access_key_id" not in json.dumps(descriptor)
+    again = open_described(json.loads(json.dumps(descriptor)), store.credentials())
+    assert again.describe() == store.describe() and again.get("t/CURRENT") == b"pointer"
