@@ -165,7 +165,8 @@ class Daemon:
     def _start_runtime(self) -> None:
         if self.runtime is not None:
             try:
-                scratch = self.store.root / DAEMON_DIR / "tmp" if self.store.local else None  # None: the host's
+                folder = self.store.objects.local_root
+                scratch = folder / DAEMON_DIR / "tmp" if folder is not None else None  # None: the host's
                 self.runtime.start(scratch)
             except Exception as exc:
                 if not self._stop.is_set():

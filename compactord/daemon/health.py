@@ -67,9 +67,9 @@ class Health:
 
     def lease_problem(self) -> str | None:
         """Why this daemon may not write its S3 root until its lease is renewed (the store failed the renewals
-        for two thirds of the lease), or None; from memory only (``Lease.overdue``). Fixed phrases and numbers
+        for two thirds of the lease), or None; from memory only (``WriterGuard.overdue``). Fixed phrases and numbers
         only: a refused trigger answers it as it is (the store's errors are in the log)."""
-        overdue = self._store.lease.overdue() if self._store.lease is not None else None
+        overdue = self._store.guard.overdue()
         if overdue is None:
             return None
         return (f"the ledger root's lease has not been renewed for {overdue:.1f} s (storageLeaseSeconds="
@@ -93,9 +93,9 @@ class Health:
         self._metrics.ready.set(0 if self.readiness_problems() else 1)
 
     def _check_root(self) -> str | None:
-        if not self._store.local:
+        root = self._store.objects.local_root
+        if root is None:
             return None  # an object store's requests fail with storage_unavailable; there is no folder to look at
-        root = self._store.root
         return None if root.is_dir() and os.access(root, os.R_OK | os.X_OK) else "the ledger root is not readable"
 
     def liveness_problem(self) -> str | None:
@@ -111,10 +111,9 @@ class Health:
             problems.append(fatal)
         if self._root_problem:
             problems.append(self._root_problem)
-        if self._store.lease is not None and self._store.lease.lost:
-            problems.append("another daemon took the ledger root's lease over")
-        if self.lease_problem():
-            problems.append("the ledger root's lease is not renewed yet (the store failed its renewals)")
+        guarded = self._store.guard.problem()
+        if guarded:
+            problems.append(guarded)
         if self._runtime is not None and not self._runtime.warmed:
             problems.append("the Spark session is starting (not warmed up yet)")
         if self.broker_problem():

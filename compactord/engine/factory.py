@@ -129,7 +129,7 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
     def _has_state(self, topic: str) -> bool:
         """The root holds something of ``topic`` (a folder of a local root; objects under an S3 root's
         ``topic/``, which has no folders)."""
-        if self.store.local:
+        if self.store.objects.local_root is not None:
             return self.store.topic_dir(topic).is_dir()
         return bool(self.store.objects.children(layout.topic_prefix(topic)))
 

@@ -21,7 +21,6 @@ from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArg
 from compactord.ledger import layout, manifests, removal, upgrade
 from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, file_crc32c, ledger_dir_name
 from compactord.ledger.guard import WriterGuard, writer_guard
-from compactord.ledger.lease import Lease
 from compactord.ledger.lock import unwritable
 from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
 from compactord.ledger.layout import DAEMON_DIR, DELETING
@@ -135,16 +134,6 @@ class LedgerStore:
         """The root's writer epoch this store writes pointers with (``WriterGuard.fence``: the same for every
         topic of a root one daemon writes): raised by ``open()``; 0 until then (an older version's)."""
         return self.guard.fence("")
-
-    @property
-    def lease(self) -> Lease | None:
-        """The root's lease while this store holds one (an object store's root), else None."""
-        return self.guard.lease
-
-    @property
-    def local(self) -> bool:
-        """Whether the root is a folder of this host (``ObjectStore.local_root``): Spark's scratch can go there."""
-        return self.objects.local_root is not None
 
     def __enter__(self) -> LedgerStore:
         return self.open()

@@ -124,7 +124,7 @@ def test_after_a_takeover_the_old_holder_is_fenced(s3_server: S3Server, proxy: F
         new.open()  # waits out the old lease
         assert new.epoch == old.epoch + 1
         proxy.heal()
-        old_lease = old.lease
+        old_lease = old.guard.lease
         assert old_lease is not None
         wait_for(lambda: old_lease.lost, 3 * LEASE_S, "the old holder to find its lease taken over")
         with pytest.raises(Fenced, match="taken over by pid"):
@@ -141,7 +141,7 @@ def test_after_a_takeover_the_old_holder_is_fenced(s3_server: S3Server, proxy: F
         with pytest.raises(Fenced, match="another daemon took the root over"):
             write_pointer(old.objects, topic, base.switched(topic, 2, old.epoch, None), base)
         assert new.pointer(topic).ledger == 1 and new.pointer(topic).epoch == new.epoch
-        new.lease.check()  # type: ignore[union-attr]
+        new.guard.lease.check()  # type: ignore[union-attr]
     finally:
         old.close()
         new.close()
