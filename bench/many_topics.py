@@ -119,10 +119,10 @@ def main() -> int:
              f"{statistics.median(whole) * 1000:.1f} / {pct(whole, 0.99) * 1000:.1f} ms"),
             ("GET /v1/topics?limit=100 p50 / p99",
              f"{statistics.median(page) * 1000:.1f} / {pct(page, 0.99) * 1000:.1f} ms"),
-            ("monitor pass: wall / CPU", f"{m.get('compactord_monitor_pass_seconds', 0):.2f} s / "
-                                         f"{m.get('compactord_monitor_pass_cpu_seconds', 0):.2f} s"),
-            ("monitor pass: broker requests / topics", f"{m.get('compactord_monitor_pass_broker_requests', 0):.0f} / "
-                                                        f"{m.get('compactord_monitor_pass_topics', 0):.0f}"),
+            ("monitor pass: wall / CPU", (f"{m.get('compactord_monitor_pass_seconds', 0):.2f} s / "
+                                          f"{m.get('compactord_monitor_pass_cpu_seconds', 0):.2f} s")),
+            ("monitor pass: broker requests / topics", (f"{m.get('compactord_monitor_pass_broker_requests', 0):.0f} / "
+                                                        f"{m.get('compactord_monitor_pass_topics', 0):.0f}")),
             ("daemon RSS", f"{rss_mb(daemon.pid):.0f} MB"),
         ]
         print(f"\n{args.topics} topics, {args.records} records each, {'S3' if args.s3 else 'local'} root")

@@ -52,7 +52,7 @@ TRIGGER_THREADS = 8
 
 def parse_ts(value: str) -> float:
     return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
+        tzinfo=datetime.UTC).timestamp()
 
 
 @contextlib.contextmanager
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     inc_seconds, inc_count = burst(base, rest)
                 produced += args.more  # every topic got as many
                 for kind, values in (("single full", full), ("single incremental", incremental)):
-                    rows.append((label, kind, f"p50 {statistics.median(values) * 1000:.0f} ms, "
-                                              f"p90 {pct(values, 90) * 1000:.0f} ms ({len(values)} runs)"))
+                    rows.append((label, kind, (f"p50 {statistics.median(values) * 1000:.0f} ms, "
+                                               f"p90 {pct(values, 90) * 1000:.0f} ms ({len(values)} runs)")))
                 for kind, (s, c) in (("at once, full", (seconds, count)), ("at once, incremental", (inc_seconds, inc_count))):
                     rows.append((label, kind, f"{c} in {s:.1f} s ({c / s:.1f} a second)"))
                 print("\n".join(f"{a:<20} {b:<22} {c}" for a, b, c in rows[-4:]), flush=True)

@@ -28,17 +28,17 @@ _WIDTH = 105  # the comment width of the shipped .conf files
 
 # The rules of the file, written once for both outputs (code in backquotes, which broker.conf.example drops).
 _RULES = (
-    "The file is parsed like `java.util.Properties`: `key=value` (or `key: value`, or `key value`), one a "
-    "line; `#` and `!` start comments; a line ending in `\\` continues on the next line; a backslash stands "
-    "for itself only when doubled (write the regex `^foo\\.bar$` as `^foo\\\\.bar$`).",
+    ("The file is parsed like `java.util.Properties`: `key=value` (or `key: value`, or `key value`), one a "
+     "line; `#` and `!` start comments; a line ending in `\\` continues on the next line; a backslash stands "
+     "for itself only when doubled (write the regex `^foo\\.bar$` as `^foo\\\\.bar$`)."),
     "An empty value means the default.",
-    "An unknown key or a bad value refuses the start (exit status 2) with the key, the value and what is "
-    "allowed; an unknown key names the nearest known one and never shows its value (it may be a misspelled "
-    "secret).",
-    f"The environment variable `{ENV_PREFIX}<key>` overrides `<key>` (for example "
-    f"`{ENV_PREFIX}httpPort=9000`); `spark.*` keys can be set in the file only.",
-    "Secrets ({secrets}) may be written `file:/path`: the value is then the content of that file, without "
-    "its trailing newline; an empty file refuses the start (it must not turn authentication off).",
+    ("An unknown key or a bad value refuses the start (exit status 2) with the key, the value and what is "
+     "allowed; an unknown key names the nearest known one and never shows its value (it may be a misspelled "
+     "secret)."),
+    (f"The environment variable `{ENV_PREFIX}<key>` overrides `<key>` (for example "
+     f"`{ENV_PREFIX}httpPort=9000`); `spark.*` keys can be set in the file only."),
+    ("Secrets ({secrets}) may be written `file:/path`: the value is then the content of that file, without "
+     "its trailing newline; an empty file refuses the start (it must not turn authentication off)."),
 )
 _SPARK_RULE = ("Any `spark.*` key is passed to Spark as it is; a value that its JVM refuses at the start refuses "
                "the start too (exit status 2, with the JVM's own reason). For example:")
@@ -101,13 +101,13 @@ def reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        f"<!-- Generated from {_SOURCE} by `{_COMMAND}`; edit the keys there. A test fails when this file "
-        "and the code disagree. -->",
+        (f"<!-- Generated from {_SOURCE} by `{_COMMAND}`; edit the keys there. A test fails when this file "
+         "and the code disagree. -->"),
         "",
-        "compactord reads one file of Java properties, `broker.conf`: `compactord run --config broker.conf` "
-        "(without `--config`, every key has its default). "
-        f"[`{EXAMPLE_PATH}`](../{EXAMPLE_PATH}) sets every key to its default; [`config/`](../config) holds "
-        "ready files (an embedded trial, production, a Spark standalone cluster, SASL and TLS).",
+        ("compactord reads one file of Java properties, `broker.conf`: `compactord run --config broker.conf` "
+         "(without `--config`, every key has its default). "
+         f"[`{EXAMPLE_PATH}`](../{EXAMPLE_PATH}) sets every key to its default; [`config/`](../config) holds "
+         "ready files (an embedded trial, production, a Spark standalone cluster, SASL and TLS)."),
         "",
         "## Rules",
         "",
@@ -127,8 +127,8 @@ def reference() -> str:
         flags = "".join((" [Pulsar]" if key.pulsar else "", " (secret)" if key.secret else ""))
         lines.append(f"| [`{key.name}`](#{key.name.lower()}){flags} | {key.group} | {_code(key.default)} "
                      f"| {key.allowed} |")
-    lines += ["", "A key marked [Pulsar] is also a key of Apache Pulsar's broker.conf, with the same "
-                  "meaning; one marked (secret) may be written `file:/path`."]
+    lines += ["", ("A key marked [Pulsar] is also a key of Apache Pulsar's broker.conf, with the same "
+                   "meaning; one marked (secret) may be written `file:/path`.")]
     for group, title in GROUPS.items():
         lines += ["", f"## {title}"]
         for key in _keys_of(group):

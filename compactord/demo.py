@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from compactord.client import DaemonClient
+from compactord.compacted_reader import CompactedReader
 from compactord.config import Settings
 from compactord.daemon.core import Daemon
-from compactord.server import ThreadedServer
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import CompactionAlreadyRunning, CompactordError, DaemonRequestFailed
-from compactord.compacted_reader import CompactedReader
+from compactord.server import ThreadedServer
 
 __all__ = ["run_demo"]
 

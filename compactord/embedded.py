@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from compactord.errors import CompactordError
 
@@ -87,7 +88,7 @@ class EmbeddedBroker:
         self._log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
+    def start(self, timeout: float = 20.0) -> Self:
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -137,7 +138,7 @@ class EmbeddedBroker:
             pass
         self.process.wait(10)
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

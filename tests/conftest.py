@@ -179,7 +179,7 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
             if task is not None and not task.done:
                 try:
                     task.cancel()
-                except Exception:
+                except Exception:  # noqa: BLE001, S110 (teardown: a task that ended meanwhile may refuse)
                     pass
             if task is not None:
                 task.worker_done.wait(60)

@@ -25,10 +25,10 @@ from compactord.task import CompactionTaskCtx, TaskState
 
 if TYPE_CHECKING:
     from compactord.config import Settings
+    from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.core import Daemon
     from compactord.daemon.health import Readiness
     from compactord.daemon.history import RunPage, RunRecord
-    from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.policies import TopicPolicies
 
 __all__ = [

@@ -168,7 +168,7 @@ class Daemon:
                 folder = self.store.objects.local_root
                 scratch = folder / DAEMON_DIR / "tmp" if folder is not None else None  # None: the host's
                 self.runtime.start(scratch)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (whatever stops Spark starting ends the daemon, with its reason)
                 if not self._stop.is_set():
                     self.watchdog.die("the Spark session could not start", exc)
                 return

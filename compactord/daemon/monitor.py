@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -106,7 +106,7 @@ class BacklogMonitor:
         """The first pass now, then one every interval."""
         self._scheduler.add_job(self._periodic.start_pass, "interval", seconds=self._settings.monitor_interval_seconds,
                                 id="backlog-monitor", max_instances=1, coalesce=True,
-                                next_run_time=datetime.now(timezone.utc))
+                                next_run_time=datetime.now(UTC))
         if self._settings.storage_sweep_interval_seconds:  # 0: the start's removal only
             self._scheduler.add_job(self.sweeper.start_pass, "interval", id="storage-sweep", max_instances=1,
                                     seconds=self._settings.storage_sweep_interval_seconds, coalesce=True)

@@ -31,10 +31,7 @@ def preview(daemon: Daemon, topic: str, *, exact: bool) -> dict[str, Any]:
     :raises TopicRecreated: (sampled) the topic's ledger is of an earlier incarnation of the topic.
     """
     daemon.topics.require_topic(topic)
-    if exact:
-        body = _exact(daemon, topic)
-    else:
-        body = _sampled(daemon, topic)
+    body = _exact(daemon, topic) if exact else _sampled(daemon, topic)
     read = body["records_kept"] + body["records_removed"]
     tail = body.pop("tail_records")
     body["dirty_ratio"] = round(tail / read, 6) if read else 0.0

@@ -133,7 +133,7 @@ class TaskRegistry:
         for ctx in to_start:
             try:
                 ctx.start()
-            except Exception as exc:  # cancelled between dispatch and start, or the start failed
+            except Exception as exc:  # noqa: BLE001 (cancelled between dispatch and start, or the start failed)
                 log.info("task %s of topic %s did not start: %s", ctx.task_id, ctx.topic, exc)
                 with self._lock:
                     self._running.discard(ctx.task_id)

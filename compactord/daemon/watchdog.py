@@ -58,9 +58,10 @@ class Watchdog:
         limit = self._settings.task_timeout_seconds
         now = time.time()
         for ctx in self._registry.tasks():
-            if not ctx.done and ctx.started_at is not None and now - ctx.started_at > ctx.progress.timeout_allowance(limit):
-                if ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
-                    log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
+            overdue = (not ctx.done and ctx.started_at is not None
+                       and now - ctx.started_at > ctx.progress.timeout_allowance(limit))
+            if overdue and ctx.abort(TimeoutError(f"the compaction ran longer than compactionTaskTimeoutSeconds={limit}")):
+                log.error("compaction of topic %s (task %s) timed out after %ds", ctx.topic, ctx.task_id, limit)
 
     def die(self, reason: str, cause: BaseException | None = None) -> None:
         """``reason`` is answered by the probes, so it is a fixed phrase; ``cause`` goes to the log only."""

@@ -17,8 +17,8 @@ from compactord.interfaces import BrokerMetadata, CompactionServiceFactory, Serv
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger import layout
 from compactord.ledger.store import LedgerStore
-from compactord.storage import open_store
 from compactord.model import LedgerManifest, PartitionOffsets, validate_topic_name
+from compactord.storage import open_store
 from compactord.task import TaskProbe
 
 __all__ = ["SparkCompactionServiceFactory", "SparkRuntime"]

@@ -138,7 +138,7 @@ def stop_jvm(jvm: Jvm, wait_s: float = EXIT_WAIT_S) -> None:
 
     try:
         jvm.gateway.shutdown()
-    except Exception:  # noqa: BLE001 (its connections may be gone with the JVM)
+    except Exception:  # its connections may be gone with the JVM
         log.debug("closing the gateway to the Spark JVM failed", exc_info=True)
     SparkContext._gateway = None
     SparkContext._jvm = None

@@ -99,7 +99,7 @@ def _write(out: Callable[[], IO[str]], lines: list[str]) -> None:
         stream = out()
         stream.writelines(lines)
         stream.flush()
-    except Exception:  # noqa: BLE001 (a closed or broken stderr: keep draining the pipe)
+    except Exception:  # noqa: BLE001, S110 (a closed or broken stderr: keep draining the pipe)
         pass
 
 

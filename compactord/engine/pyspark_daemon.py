@@ -65,7 +65,7 @@ def preload() -> None:
     import pyarrow.parquet  # noqa: F401
     import pyspark.worker  # noqa: F401
 
-    import compactord.engine.early_start  # noqa: F401
+    import compactord.engine.early_start
     import compactord.engine.kafka_source  # noqa: F401
 
 

@@ -130,7 +130,7 @@ LIVENESS_SLICE_S = 1.0  # see SparkSessionManager.alive
 def _ask_alive(spark: Any) -> bool:
     try:
         return not spark.sparkContext._jsc.sc().isStopped()
-    except Exception:
+    except Exception:  # noqa: BLE001 (a JVM that cannot answer is not alive)
         return False
 
 
@@ -329,7 +329,7 @@ class SparkSessionManager:
             try:
                 sc.setLocalProperty("spark.jobGroup.id", None)
                 sc.setLocalProperty("spark.job.description", None)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 (a gone JVM has no properties left to clear)
                 pass
 
     def _release_unclosed_files(self) -> None:
@@ -387,7 +387,7 @@ class SparkSessionManager:
                 try:
                     _quiet_task_loggers(self._spark, QUIET_AT_STOP_LOGGERS)
                     self._spark.stop()
-                except Exception as exc:  # the JVM may already be gone (e.g. SIGTERM to the whole group)
+                except Exception as exc:  # noqa: BLE001 (the JVM may already be gone, e.g. SIGTERM to the whole group)
                     log.info("Spark session stop: %s", exc)
                 finally:
                     self._spark = None

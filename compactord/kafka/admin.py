@@ -158,7 +158,7 @@ class KafkaAdmin(BrokerMetadata):
             found = self._call(topic, describe, op="describe_configs")
         except TopicNotFound:
             raise
-        except Exception as exc:  # an old broker, or one without DescribeConfigs: "unknown", not an error
+        except Exception as exc:  # noqa: BLE001 (an old broker, or one without DescribeConfigs: "unknown", not an error)
             log.debug("DescribeConfigs of %s failed: %s", topic, exc)
             found = {}
         return TopicConfigs(
@@ -201,7 +201,7 @@ class KafkaAdmin(BrokerMetadata):
             answer = self._call(None, lambda admin, _c: admin.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, t) for t in partitions], config_filter="all"),
                 op="describe_configs")
-        except Exception as exc:  # an old broker, or one without DescribeConfigs: "unknown", not an error
+        except Exception as exc:  # noqa: BLE001 (an old broker, or one without DescribeConfigs: "unknown", not an error)
             log.debug("DescribeConfigs of %d topics failed: %s", len(partitions), exc)
             answer = {}
         try:

@@ -26,7 +26,7 @@ from compactord.errors import InvalidArgument, ObjectNotFound
 from compactord.storage import ObjectStore
 from compactord.storage.base import RangedFile
 
-__all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES", "CacheStats", "Footer", "FooterCache", "SHARED", "load_footer", "read_row_group"]
+__all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES", "SHARED", "CacheStats", "Footer", "FooterCache", "load_footer", "read_row_group"]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 MAX_BYTES = 4 * 1024 * 1024 * 1024

@@ -36,7 +36,7 @@ from compactord.model import validate_topic_name
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "HISTORY_FILE", "LEDGER_RE", "LEGACY_HISTORY_SUFFIX", "POLICIES",
            "RUN_RE", "UNLOADED", "case_folds", "deleting_key", "epoch_key", "history_file_key", "history_prefix", "history_root",
            "last_id_key", "last_ids_root", "lease_key", "ledger_dir_name", "ledger_prefix", "legacy_history_key", "legacy_seq_key",
-           "lock_name", "policies_key", "pointer_key", "progress_name", "quarantine_prefix", "quarantine_root",
+           "lock_name", "pointer_key", "policies_key", "progress_name", "quarantine_prefix", "quarantine_root",
            "root_keys", "run_key", "store_probe_key", "topic_prefix", "unloaded_key", "write_probe_key"]
 
 DAEMON_DIR = "@compactord"  # ``@`` is illegal in topic names: no topic folder is ever this one

@@ -202,7 +202,7 @@ def acquire(objects: ObjectStore, lease_seconds: float, clock: Clock = time.mono
         lease first).
     :raises StorageUnavailable: the store failed.
     """
-    if not 0 < lease_seconds:
+    if not lease_seconds > 0:
         raise ValueError(f"lease_seconds must be positive, got: {lease_seconds!r}")
     me, version = _take(objects, lease_seconds, clock, sleep)
     try:
@@ -326,7 +326,7 @@ class Lease:
                 self.renew()
             except PreconditionFailed:
                 return
-            except Exception as exc:  # noqa: BLE001 (renewals go on for as long as the daemon runs)
+            except Exception as exc:  # renewals go on for as long as the daemon runs
                 self._problem = str(exc)
                 wait = min(_RETRY_EVERY_S, every)
                 if failing_since is not None:

@@ -34,8 +34,8 @@ from compactord.ledger import layout
 from compactord.ledger.files import LEDGER_RE
 from compactord.storage import ObjectStore
 
-__all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "parse_pointer",
-           "last_id", "raise_epoch", "raise_last_id", "read_pointer", "write_pointer"]
+__all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "last_id",
+           "parse_pointer", "raise_epoch", "raise_last_id", "read_pointer", "write_pointer"]
 
 LAST_IDS = layout.last_ids_root().rstrip("/")
 EPOCH_KEY = layout.epoch_key()
@@ -280,4 +280,4 @@ def _positive(value: object) -> int:
 def _timestamp(value: object) -> float:
     if not isinstance(value, str):
         raise ValueError(f"until {value!r} is not a time")
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(value).timestamp()

@@ -16,14 +16,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import Self
 
-from compactord.errors import CompactordError, InsufficientDiskSpace, InvalidArgument, LedgerCorrupt, LedgerRootUnwritable
+from compactord.errors import (
+    CompactordError,
+    InsufficientDiskSpace,
+    InvalidArgument,
+    LedgerCorrupt,
+    LedgerRootUnwritable,
+)
 from compactord.ledger import layout, manifests, removal, upgrade
 from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, file_crc32c, ledger_dir_name
 from compactord.ledger.guard import WriterGuard, writer_guard
+from compactord.ledger.layout import DAEMON_DIR, DELETING
 from compactord.ledger.lock import unwritable
 from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
-from compactord.ledger.layout import DAEMON_DIR, DELETING
 from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
 from compactord.ledger.reader import LedgerReader
 from compactord.model import LedgerManifest, validate_topic_name
@@ -56,7 +63,7 @@ class LedgerStore:
 
     # -- the root's lock -------------------------------------------------------------------------
 
-    def open(self) -> LedgerStore:
+    def open(self) -> Self:
         """Create the root if needed, take its writer guard (``guard.py``: a local root's lock, an object store's
         lease), which raises the writer epoch, complete the topic deletions a restart interrupted, quarantine
         ledgers that lost their ``CURRENT`` and remove orphans left by a previous run (retired ledgers past their
@@ -135,7 +142,7 @@ class LedgerStore:
         topic of a root one daemon writes): raised by ``open()``; 0 until then (an older version's)."""
         return self.guard.fence("")
 
-    def __enter__(self) -> LedgerStore:
+    def __enter__(self) -> Self:
         return self.open()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-import tempfile
 from typing import Any
 
 import pyarrow as pa
@@ -64,7 +64,7 @@ def check_prefix(prefix: str) -> str:
     :raises InvalidArgument: it is neither.
     """
     if prefix:
-        check_key(prefix[:-1] if prefix.endswith("/") else prefix)
+        check_key(prefix.removesuffix("/"))
     return prefix
 
 

@@ -264,7 +264,7 @@ class LocalStore(ObjectStore):
     def recover(self) -> None:
         # Temporary files of interrupted writes, and the folders that hold nothing then (deletes leave them).
         with self._errors("removing temporary files"):
-            for folder, subfolders, names in os.walk(self.root, topdown=False):
+            for folder, _subfolders, names in os.walk(self.root, topdown=False):
                 for name in names:
                     if name.startswith(PRIVATE) and name.endswith(TMP_SUFFIX):
                         Path(folder, name).unlink(missing_ok=True)
@@ -340,10 +340,7 @@ def _names(folder: Path) -> list[str]:
 
 def _holds_objects(folder: Path) -> bool:
     """Whether a file other than the store's own is in ``folder`` or below (stops at the first)."""
-    for _, _, names in os.walk(folder):
-        if any(not name.startswith(PRIVATE) for name in names):
-            return True
-    return False
+    return any(not name.startswith(PRIVATE) for _, _, names in os.walk(folder) for name in names)
 
 
 def _version(st: os.stat_result) -> str:

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from kafka import KafkaAdminClient
 
+from compactord.compacted_reader import CompactedReader
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import TopicRecreated
-from compactord.compacted_reader import CompactedReader
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.waiting import wait_for

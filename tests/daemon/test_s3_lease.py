@@ -161,7 +161,7 @@ def test_after_an_outage_longer_than_the_lease_compactions_wait_until_the_lease_
         # The store answers again, all but the lease's renewals: it serves reads, and compactions are not ready.
         proxy.refuse(500, matching="compactord/lease")
         proxy.rejoin()
-        code, ready = wait_for(lambda: (r := _readyz(daemon))[0] == 200 and r, 60, "/readyz to serve reads", daemon)
+        _code, ready = wait_for(lambda: (r := _readyz(daemon))[0] == 200 and r, 60, "/readyz to serve reads", daemon)
         assert "the ledger root's store answers again" in daemon.log_text()
         assert ready["reads"] is True and ready["compactions"] is False and ready["status"] == "degraded", ready
         assert ready["problems"] == [LEASE_NOT_HELD], ready

@@ -4,7 +4,6 @@ delay alert follows each topic's own max lag."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path

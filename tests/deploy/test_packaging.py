@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 

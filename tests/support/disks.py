@@ -23,7 +23,7 @@ def tmpfs(mount_point: Path, size: str, *, read_only: bool = False) -> Iterator[
     options = f"size={size}" + (",ro" if read_only else "")
     try:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
-                                 capture_output=True, text=True, timeout=30)
+                                 capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"this test needs a small tmpfs, and mount could not run: {exc}")
     if mounted.returncode != 0:
@@ -32,4 +32,4 @@ def tmpfs(mount_point: Path, size: str, *, read_only: bool = False) -> Iterator[
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60)
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60, check=False)

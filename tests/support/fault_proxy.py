@@ -29,6 +29,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
+from typing import Self
 
 __all__ = ["FaultProxy"]
 
@@ -168,7 +169,7 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     sock.close()
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

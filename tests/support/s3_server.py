@@ -121,7 +121,7 @@ class S3Server:
             try:
                 store.check()
                 return
-            except Exception as exc:  # not up yet: refused, or the bucket not created yet
+            except Exception as exc:  # noqa: BLE001 (not up yet: refused, or the bucket not created yet)
                 problem = str(exc)
             time.sleep(0.1)
         raise RuntimeError(f"weed mini not ready in {_START_TIMEOUT_S} s ({problem}): {self.log_tail()}")

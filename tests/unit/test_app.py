@@ -12,8 +12,8 @@ import pytest
 
 from compactord.api.app import create_app, handler_cannot_exit
 from compactord.config import Settings
-from compactord.errors import CompactionAlreadyRunning, Fenced, LedgerRootLocked
 from compactord.daemon.metrics import Metrics
+from compactord.errors import CompactionAlreadyRunning, Fenced, LedgerRootLocked
 
 
 def test_a_handler_that_raises_system_exit_raises_an_exception_instead() -> None:

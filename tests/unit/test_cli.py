@@ -91,7 +91,7 @@ def test_a_daemon_that_is_not_there_says_start_it_or_set_the_url(capsys: pytest.
 class _Unauthorized(http.server.BaseHTTPRequestHandler):
     message = "a bearer token is required"
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         body = json.dumps({"error": "unauthorized", "message": self.message}).encode()
         self.send_response(401)
         self.send_header("Content-Type", "application/json")

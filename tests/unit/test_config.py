@@ -447,9 +447,9 @@ def test_kafka_client_config_has_security_settings_only_when_the_protocol_uses_t
 ) -> None:
     cfg = settings(kafkaSecurityProtocol=protocol, **_SECURITY).kafka_client_config()
     assert cfg["security_protocol"] == protocol
-    assert (_SASL_ARGS <= cfg.keys()) is sasl
+    assert (cfg.keys() >= _SASL_ARGS) is sasl
     assert not (_SASL_ARGS & cfg.keys()) or sasl
-    assert (_SSL_ARGS <= cfg.keys()) is ssl
+    assert (cfg.keys() >= _SSL_ARGS) is ssl
     assert not (_SSL_ARGS & cfg.keys()) or ssl
     if sasl:
         assert (cfg["sasl_mechanism"], cfg["sasl_plain_username"], cfg["sasl_plain_password"]) == (

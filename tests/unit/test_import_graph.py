@@ -7,6 +7,7 @@ functions, which a run-time check never sees; it is built from whatever modules 
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 import compactord
@@ -102,7 +103,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for group in groups:
         for start in sorted(group):
             cycle = _cycle_through(start, group, edges)
-            steps = frozenset(zip(cycle, cycle[1:]))
+            steps = frozenset(pairwise(cycle))
             if steps not in seen:
                 seen.add(steps)
                 found.append(cycle)

@@ -118,12 +118,12 @@ def test_a_jvm_that_exited_while_starting_leaves_its_lines_held() -> None:
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    (BAD_HEAP, "Invalid maximum heap size: -Xmxlots; Error: Could not create the Java Virtual Machine.; "
-               "Error: A fatal exception has occurred. Program will exit."),
-    (NO_HEAP, "Error occurred during initialization of VM; Could not reserve enough space for 107374182400KB "
-              "object heap"),
-    (SUBMIT_REFUSED, 'Exception in thread "main" org.apache.spark.SparkException: Executor cores must be a '
-                     'positive number'),
+    (BAD_HEAP, ("Invalid maximum heap size: -Xmxlots; Error: Could not create the Java Virtual Machine.; "
+                "Error: A fatal exception has occurred. Program will exit.")),
+    (NO_HEAP, ("Error occurred during initialization of VM; Could not reserve enough space for 107374182400KB "
+               "object heap")),
+    (SUBMIT_REFUSED, ('Exception in thread "main" org.apache.spark.SparkException: Executor cores must be a '
+                      'positive number')),
     ("", ""),
 ])
 def test_a_failed_start_s_reason_is_its_last_telling_lines(text: str, reason: str) -> None:

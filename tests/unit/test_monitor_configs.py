@@ -84,16 +84,16 @@ def test_an_undescribed_topic_is_said_once_and_again_when_the_answer_changes(
     caplog.set_level(logging.INFO, logger="compactord.daemon.monitor")
     for _ in range(5):  # passes, and the refresh after each compaction
         mon.refresh("prices")
-    assert told(caplog) == ["topic prices: the broker did not describe its cleanup configs (DescribeConfigs); "
-                            "whether it compacts the topic itself is unknown"]
+    assert told(caplog) == [("topic prices: the broker did not describe its cleanup configs (DescribeConfigs); "
+                             "whether it compacts the topic itself is unknown")]
     mon.refresh("ticks")
     assert [line.split(":")[0] for line in told(caplog)] == ["topic ticks"]  # each topic once
 
     broker.configs = COMPACT  # the broker describes it now (a grant, an upgrade)
     mon.refresh("prices")
     mon.refresh("prices")
-    assert told(caplog) == ["topic prices: the broker describes its cleanup configs now: cleanup.policy=compact, "
-                            "delete.retention.ms=86400000"]
+    assert told(caplog) == [("topic prices: the broker describes its cleanup configs now: cleanup.policy=compact, "
+                             "delete.retention.ms=86400000")]
     broker.configs = UNKNOWN  # and no longer
     mon.refresh("prices")
     mon.refresh("prices")
@@ -110,8 +110,8 @@ def test_a_described_topic_is_said_only_when_its_configs_change(
     assert told(caplog) == []
     broker.configs = COMPACT
     mon.refresh("prices")
-    assert told(caplog) == ["topic prices: the broker describes its cleanup configs now: cleanup.policy=compact, "
-                            "delete.retention.ms=86400000"]
+    assert told(caplog) == [("topic prices: the broker describes its cleanup configs now: cleanup.policy=compact, "
+                             "delete.retention.ms=86400000")]
 
 
 def test_the_topics_told_are_bounded(monitor: tuple[BacklogMonitor, DescribingBroker],

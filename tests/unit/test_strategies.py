@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +293,7 @@ def chunked_rows(draw: st.DrawFn) -> tuple[list[Row], list[list[Row]]]:
     n_chunks = draw(st.integers(1, 3))
     cuts = sorted(draw(st.lists(st.integers(0, len(rows)), min_size=n_chunks - 1, max_size=n_chunks - 1)))
     bounds = [0, *cuts, len(rows)]
-    return rows, [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+    return rows, [rows[a:b] for a, b in pairwise(bounds)]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)

@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from compactord.engine.channel.frames import HEADER_BYTES, MAX_FRAME_BYTES, FrameError, decode, encode, frame_length
 from compactord.engine.channel.progress import TailRead, sum_reports
@@ -283,7 +283,7 @@ class _Connection:
 class ChannelServer:
     """The process's server (``shared``): a thread running an asyncio loop."""
 
-    _shared: dict[DriverAddress, ChannelServer] = {}
+    _shared: ClassVar[dict[DriverAddress, ChannelServer]] = {}
     _shared_lock = threading.Lock()
 
     @classmethod

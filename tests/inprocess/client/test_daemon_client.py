@@ -98,7 +98,7 @@ class _SlowRoute(http.server.BaseHTTPRequestHandler):
 
     probed: threading.Event
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         if self.path == "/healthz":
             self.probed.set()
             self._json({"status": "ok"})

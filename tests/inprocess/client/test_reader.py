@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from compactord.compacted_reader import CompactedReader
 from compactord.daemon.core import Daemon
-from compactord.server import ThreadedServer
 from compactord.errors import InvalidArgument, TopicRecreated
 from compactord.kafka.admin import KafkaAdmin
 from compactord.model import Position
-from compactord.compacted_reader import CompactedReader
+from compactord.server import ThreadedServer
 from compactord.task import TaskState
 from tests.conftest import settings_for
 from tests.support.brokers import Answers
@@ -88,7 +88,8 @@ def test_reader_before_any_compaction_reads_the_raw_topic(kafka, daemon_api):
 def test_reader_apply_strategy_event_time_respects_markers(kafka, daemon_api):
     daemon, server = daemon_api(compaction_strategy="event-time", compaction_event_time_source="header:et")
     topic = kafka.topic()
-    et = lambda n: [("et", str(n).encode())]
+    def et(n: int) -> list[tuple[str, bytes]]:
+        return [("et", str(n).encode())]
     kafka.produce(topic, [("a", "v10", 0, None, et(10)), ("gone", "x", 0, None, et(5)), ("gone", None, 0, None, et(9))])
     compact(daemon, topic)
     kafka.produce(topic, [("a", "stale", 0, None, et(3)), ("gone", "late", 0, None, et(7)),

@@ -49,7 +49,8 @@ def test_ledger_entries_expire_at_a_later_run_and_the_policy_overrides_the_setti
 def test_under_event_time_a_key_expires_by_its_event_time(kafka, make_factory):
     topic = kafka.topic()
     old, fresh = now_ms() - 2 * HOUR_MS, now_ms()
-    et = lambda t: [("et", str(t).encode())]
+    def et(t: int) -> list[tuple[str, bytes]]:
+        return [("et", str(t).encode())]
     kafka.produce(topic, [
         ("a", "v", 0, fresh, et(old)),  # a fresh timestamp, an old event time: expires
         ("b", "v", 0, old, et(fresh)),  # an old timestamp, a fresh event time: stays

@@ -271,7 +271,7 @@ def test_a_final_read_past_its_memory_budget_keeps_its_windows_on_disk(kafka, tm
     assert spilled.equals(held)
     # A budget of a few windows: some on disk, the last ones still in memory at the end.
     some, some_files = part(4500)
-    assert 0 < some_files and some.equals(held)
+    assert some_files > 0 and some.equals(held)
     last = {key: i for i, (key, _, _) in enumerate(records)}
     live = sorted(i for i in last.values() if records[i][1] is not None)
     assert spilled["offset"].to_pylist() == live

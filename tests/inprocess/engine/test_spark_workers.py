@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pyspark import SparkContext
@@ -56,8 +57,8 @@ def _daemon_workers() -> dict[int, int]:
         if not entry.isdigit():
             continue
         try:
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
-            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])

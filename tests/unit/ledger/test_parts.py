@@ -22,8 +22,8 @@ from compactord.ledger.row_groups import (
     partition_rows,
 )
 from compactord.ledger.store import LedgerStore
-from compactord.storage import LocalStore
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
+from compactord.storage import LocalStore
 
 
 def table(n: int, value_bytes: int = 10, partition: int = 0) -> pa.Table:

@@ -30,7 +30,8 @@ def test_two_writers_racing_a_switch_one_wins_the_other_is_fenced_and_changes_no
             barrier = threading.Barrier(2)
             outcome: dict[int, object] = {}
 
-            def switch(ledger_id: int, base: Pointer = base) -> None:
+            def switch(ledger_id: int, base: Pointer = base, barrier: threading.Barrier = barrier,
+                       outcome: dict[int, object] = outcome) -> None:
                 barrier.wait()
                 try:
                     outcome[ledger_id] = store.switch("t", ledger_id, base, retire_for=60)

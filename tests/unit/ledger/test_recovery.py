@@ -143,12 +143,11 @@ def test_a_full_root_refuses_to_open(tmp_path: Path) -> None:
 def test_a_full_disk_does_not_stop_a_deletion(tmp_path: Path) -> None:
     # deleting is what frees a full disk: without room for the mark, it goes on without one
     disk = tmp_path / "disk"
-    with tmpfs(disk, "256k"):
-        with LedgerStore(disk / "root") as s:
-            s.switch("t", make_ledger(s, "t"))
-            with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as f:
-                while True:
-                    f.write(b"\0" * 4096)
-            assert s.mark_deleting("t") is False
-            s.delete_topic("t")
-            assert s.topics() == [] and not s.topic_dir("t").exists()
+    with tmpfs(disk, "256k"), LedgerStore(disk / "root") as s:
+        s.switch("t", make_ledger(s, "t"))
+        with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        assert s.mark_deleting("t") is False
+        s.delete_topic("t")
+        assert s.topics() == [] and not s.topic_dir("t").exists()

@@ -206,7 +206,7 @@ def test_racing_put_if_match_on_one_version_has_one_winner(store: ObjectStore, r
                                               strict=False))
     base = store.put("t/CURRENT", b"base")
     for _ in range(5):  # a race is a matter of chance: run it a few times
-        won, lost = race(RACERS, lambda i: store.put_if_match("t/CURRENT", f"writer {i}".encode(), base))
+        won, lost = race(RACERS, lambda i, base=base: store.put_if_match("t/CURRENT", f"writer {i}".encode(), base))
         assert len(won) == 1 and len(lost) == RACERS - 1
         assert store.head("t/CURRENT").version == won[0]  # type: ignore[union-attr]
         assert all(exc.current == won[0] for exc in lost)  # each loser saw the winner's write, not the base
@@ -215,7 +215,7 @@ def test_racing_put_if_match_on_one_version_has_one_winner(store: ObjectStore, r
 
 def test_racing_put_if_absent_has_one_winner(store: ObjectStore) -> None:
     for n in range(5):
-        won, lost = race(RACERS, lambda i: store.put_if_absent(f"t/ledger-{n}/claim", f"writer {i}".encode()))
+        won, lost = race(RACERS, lambda i, n=n: store.put_if_absent(f"t/ledger-{n}/claim", f"writer {i}".encode()))
         assert len(won) == 1 and len(lost) == RACERS - 1
         assert store.head(f"t/ledger-{n}/claim").version == won[0]  # type: ignore[union-attr]
 

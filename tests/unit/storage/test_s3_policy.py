@@ -43,7 +43,7 @@ def _calls() -> set[str]:
 
 
 def _doc_blocks() -> list[dict]:
-    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)]
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)]
 
 
 def test_the_files_under_deploy_are_the_docs_blocks() -> None:
