@@ -93,14 +93,14 @@ def _create_topic(bootstrap: str) -> None:
 
 def _wait_ready(daemon: DaemonClient, out: Callable[[str], None]) -> None:
     deadline = time.monotonic() + 300
-    ready = daemon.health.readiness()
+    ready = daemon.readiness()
     if not ready["compactions"]:
         out("waiting for the daemon (the Spark session starts; the first job of a new session is the slowest)...")
     while not ready["compactions"]:
         if time.monotonic() > deadline:
             raise CompactordError("the daemon cannot compact yet: " + "; ".join(ready["problems"]))
         time.sleep(0.5)
-        ready = daemon.health.readiness()
+        ready = daemon.readiness()
 
 
 def _compact(daemon: DaemonClient) -> dict[str, Any]:

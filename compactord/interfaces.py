@@ -359,7 +359,7 @@ class SampledPreviews(Protocol):
     factory that cannot answers only ``?exact=true``)."""
 
     def sampled_preview(self, topic: str, offsets: Mapping[int, PartitionOffsets],
-                        check: Callable[[LedgerManifest], None]) -> dict[str, Any]:
+                        check: Callable[[LedgerManifest], object]) -> dict[str, Any]:
         """The estimate for ``topic`` at the broker's ``offsets``, from its current ledger (``check`` is
         called with that ledger's manifest before it is read, and may raise) and its strategy in force:
         ``records_kept``, ``records_removed``, ``bytes_kept``, ``bytes_removed``, ``sample_records`` (the

@@ -138,7 +138,7 @@ class Entry:
     key: bytes | None
     value: bytes | None
     timestamp: int | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
     event_time: int | None = None
     marker: bool = False
     marker_at: int | None = None

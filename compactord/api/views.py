@@ -292,7 +292,7 @@ def _listed_status(daemon: Daemon, topic: str, row: TopicRow | None) -> dict[str
 
 
 def _status_of_ledger(topic: str, manifest: LedgerManifest | None) -> dict[str, Any]:
-    none = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
+    none: dict[str, Any] = {"topic": topic, "state": None, "task_id": None, "reason": None, "reason_detail": None,
             "last_error": None, "progress": dict(_NO_PROGRESS), "full_rebuild": False, "recreated": False,
             "storage_requests": {}, "read_throttle": None, "kind": None, "warnings": []}
     if manifest is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from compactord.config import Settings
@@ -155,9 +156,10 @@ class Daemon:
     # -- start and stop -------------------------------------------------------------------------
 
     def start(self) -> None:
-        for name, target, args in (("runtime-start", self._start_runtime, ()),
-                                   ("watchdog", self.watchdog.run, (self._stop,)),
-                                   *((name, watch, (self._stop,)) for name, watch in self.health.watches())):
+        threads: list[tuple[str, Callable[..., object], tuple[Any, ...]]] = [
+            ("runtime-start", self._start_runtime, ()), ("watchdog", self.watchdog.run, (self._stop,)),
+            *((name, watch, (self._stop,)) for name, watch in self.health.watches())]
+        for name, target, args in threads:
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -316,7 +316,7 @@ class UnrecordedRuns:
                 log.error("topic %s: run %s is not recorded in the run history: more than %d runs ended while "
                           "the store was down", lost.topic, lost.task_id, self._limit)
 
-    def record(self, append: Callable[[RunRecord], None]) -> None:
+    def record(self, append: Callable[[RunRecord], object]) -> None:
         """``append`` each to the history, oldest first, each let go of once appended; one that fails for its
         topic's objects alone (not ``StorageUnavailable``) is named in the log and let go of, so that it never
         holds back the runs of other topics.

@@ -134,7 +134,7 @@ class SparkCompactionServiceFactory(CompactionServiceFactory):
         return bool(self.store.objects.children(layout.topic_prefix(topic)))
 
     def sampled_preview(self, topic: str, offsets: Mapping[int, PartitionOffsets],
-                        check: Callable[[LedgerManifest], None]) -> dict[str, Any]:
+                        check: Callable[[LedgerManifest], object]) -> dict[str, Any]:
         client_config = self.settings.kafka_client_config()
         handle = self.new_topic_compaction_service(topic).current()
         if handle is None:

@@ -185,7 +185,7 @@ class KafkaRangeReader(DataSourceReader):
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
 
-    def partitions(self) -> Sequence[InputPartition]:
+    def partitions(self) -> Sequence[RangePartition]:
         ranges = [(int(p), int(s), int(e)) for p, s, e in self.spec["ranges"]]
         return [RangePartition(i, group) for i, group in enumerate(pack_ranges(ranges, self.spec.get("read_tasks", 0)))]
 

@@ -39,7 +39,7 @@ def records_to_batch(rows: Sequence[Row], markers: Mapping[int, int | None] | No
     ``zip(*rows)``.
     """
     cols = [list(map(itemgetter(i), rows)) for i in range(7)]
-    return columns_to_batch(pa.array(cols[0], pa.int32()), *cols[1:], markers=markers)
+    return columns_to_batch(pa.array(cols[0], pa.int32()), cols[1], cols[2], cols[3], cols[4], cols[5], cols[6], markers=markers)
 
 
 def columns_to_batch(partitions: int | pa.Array, offsets: Sequence[int] | pa.Array, timestamps: Sequence[Any],

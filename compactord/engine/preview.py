@@ -12,6 +12,7 @@ compaction writes, record for record.
 
 from __future__ import annotations
 
+import builtins
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class LedgerTotals:
     live: int = 0
     bytes: int = 0
     markers: int = 0
-    matched: dict[tuple[int, bytes], int] = field(default_factory=dict)
+    matched: dict[tuple[int, builtins.bytes], int] = field(default_factory=dict)  # builtins: a field is "bytes"
 
 
 def ledger_totals(files: Sequence[str], keys: Collection[bytes] = (), store: ObjectStore | None = None) -> LedgerTotals:
@@ -117,7 +118,7 @@ def sampled_preview(client_config: Mapping[str, Any], topic: str, offsets: Mappi
     replaced = [w for w in winners if (w.partition, w.key) in live]
     kept = ledger.live - len(replaced) * scale + len(kept_tail) * scale
     ledger_bytes = ledger.bytes
-    kept_bytes = ledger_bytes - sum(live[(w.partition, w.key)] for w in replaced) * scale \
+    kept_bytes = ledger_bytes - sum(live[(w.partition, w.key or b"")] for w in replaced) * scale \
         + sum(len(w.key or b"") + len(w.value or b"") for w in kept_tail) * scale
     read = ledger.live + tail_total
     read_bytes = ledger_bytes + tail_bytes * scale
@@ -162,7 +163,7 @@ def _read_tail(client_config: Mapping[str, Any], topic: str, partition: int, sta
         cons.assign([tp])
         cons.seek(tp, start)
         deadline = time.monotonic() + 30
-        while cons.position(tp) < end and time.monotonic() < deadline:
+        while (cons.position(tp) or 0) < end and time.monotonic() < deadline:
             for r in cons.poll(timeout_ms=500).get(tp, ()):
                 if r.offset < end:
                     value = None if empty_deletes and r.value == b"" else r.value

@@ -7,6 +7,7 @@ It is also the boundary where py4j/Spark errors become compactord's (``SparkErro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -270,7 +271,7 @@ class SparkSessionManager:
                     widths=widths, cores=self.cores,
                 )
                 self.run("warm-up", f"compactord warm-up ({run} compaction)",
-                         lambda spec=spec: run_compaction_job(self.spark, spec, strategy.strategy))
+                         functools.partial(run_compaction_job, self.spark, spec, strategy.strategy))
                 ledger = sorted(str(f) for f in (Path(tmp) / run).glob("*.parquet"))
             # The grouping job and previews read through the data source (a final read's tasks run as plain
             # Python tasks), and read and write ledger files in Python tasks: their workers start now too.

@@ -135,7 +135,7 @@ def load_footer(objects: ObjectStore, key: str, size: int | None = None) -> Foot
     if size is None:
         info = objects.head(key)
         if info is None:
-            raise ObjectNotFound(f"{objects.location(key)} does not exist")
+            raise ObjectNotFound(f"{objects.location(key)} does not exist", key=key)
         size = info.size
     start = max(0, size - _TAIL_BYTES)
     tail = objects.get(key, start, size)

@@ -55,7 +55,10 @@ def finalize(manifest: LedgerManifest, objects: ObjectStore, prefix: str) -> Led
             pq.write_table(RECORD_SCHEMA.empty_table(), sink)
             key = prefix + "part-00000-empty.parquet"
             objects.put(key, sink.getvalue().to_pybytes())
-            parts = [objects.head(key)]
+            written = objects.head(key)
+            if written is None:  # removed between its write and this read: not the ledger's own
+                raise ObjectNotFound(f"{objects.location(key)} is gone right after its write", key=key)
+            parts = [written]
         with ThreadPoolExecutor(min(_SEALING_THREADS, len(parts)), thread_name_prefix="seal") as pool:
             # Each in a copy of this thread's context: its reads count for the run that seals (``counting_requests``).
             describe = partial(_describe_part, where, objects, seals)

@@ -65,7 +65,7 @@ def ledger_row_groups(files: Sequence[str | Path], store: ObjectStore | None = N
     bounds, from the footers alone (the driver reads them once per run: ``max_partition_rows``,
     ``partition_groups``). ``facts``: each file's size and CRC-32C as the ledger's manifest lists them
     (``file_footer``)."""
-    groups = []
+    groups: list[RowGroup] = []
     for i, name in enumerate(files):
         size, crc = (facts or {}).get(str(name), (None, None))
         groups += row_groups_of(Path(name), i, file_footer(*locate(store, str(name)), size, crc).metadata)

@@ -19,6 +19,7 @@ condition ``PreconditionFailed``, a missing object ``ObjectNotFound``, any other
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import tempfile
@@ -93,7 +94,7 @@ class ObjectStore(ABC):
         """
 
     @abstractmethod
-    def children(self, prefix: str = "") -> list[str]:
+    def children(self, prefix: str = "") -> builtins.list[str]:
         """The distinct names one level below ``prefix`` (which is empty or ends in ``/``), sorted: an object's
         name, a folder's (a prefix of deeper keys) ending in ``/``, as an object store's delimited listing
         gives them.
@@ -247,7 +248,7 @@ class ObjectStore(ABC):
         for key in keys:
             self.delete(key)
 
-    def delete_prefix(self, prefix: str) -> list[str]:
+    def delete_prefix(self, prefix: str) -> builtins.list[str]:
         """Delete every object under ``prefix`` (which ends in ``/``); return their keys."""
         if not prefix.endswith("/"):
             raise InvalidArgument(f"a prefix to delete ends in '/', got: {prefix!r}")

@@ -12,6 +12,7 @@ never show them. A folder that holds no object is no prefix: listings skip it, a
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -95,7 +96,7 @@ class LocalStore(ObjectStore):
                     self._walk(base / name, f"{folder}/{name}" if folder else name, found)
         return sorted(found, key=lambda info: info.key)
 
-    def _walk(self, path: Path, key: str, found: list[ObjectInfo]) -> None:
+    def _walk(self, path: Path, key: str, found: builtins.list[ObjectInfo]) -> None:
         try:
             st = path.stat()
         except FileNotFoundError:
@@ -106,7 +107,7 @@ class LocalStore(ObjectStore):
         else:
             found.append(_info(key, st))
 
-    def children(self, prefix: str = "") -> list[str]:
+    def children(self, prefix: str = "") -> builtins.list[str]:
         if prefix and not prefix.endswith("/"):
             raise InvalidArgument(f"children are asked of '' or a prefix ending in '/', got: {prefix!r}")
         check_prefix(prefix)
@@ -252,7 +253,7 @@ class LocalStore(ObjectStore):
                 return
             fsync_path(path.parent)
 
-    def delete_prefix(self, prefix: str) -> list[str]:
+    def delete_prefix(self, prefix: str) -> builtins.list[str]:
         # A folder goes as a whole: with it the files a crash left unnamed (a put's or a task's temporary file).
         keys = super().delete_prefix(prefix)
         with self._errors(f"deleting {prefix!r}"), self._locked():

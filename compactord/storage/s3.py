@@ -17,6 +17,7 @@ and conditional writes are enforced (a store that ignores them would let two wri
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -91,7 +92,7 @@ class S3Store(ObjectStore):
         found = [self._info(item) for page in self._pages(prefix, delimiter=False) for item in page.get("Contents", [])]
         return sorted((i for i in found if i is not None), key=lambda info: info.key)
 
-    def children(self, prefix: str = "") -> list[str]:
+    def children(self, prefix: str = "") -> builtins.list[str]:
         if prefix and not prefix.endswith("/"):
             raise InvalidArgument(f"children are asked of '' or a prefix ending in '/', got: {prefix!r}")
         check_prefix(prefix)
@@ -237,8 +238,10 @@ class S3Store(ObjectStore):
                 for number, offset in enumerate(range(0, size, self.part_size), start=1):
                     f.seek(offset)
                     chunk = f.read(self.part_size)
-                    etag = self._io.write("put_file", lambda c, n=number, b=chunk: c.upload_part(
-                        Bucket=self.bucket, Key=full, UploadId=upload, PartNumber=n, Body=b)["ETag"])
+                    def put_part(c: Any, n: int = number, b: bytes = chunk) -> str:
+                        return c.upload_part(Bucket=self.bucket, Key=full, UploadId=upload, PartNumber=n, Body=b)["ETag"]
+
+                    etag = self._io.write("put_file", put_part)
                     parts.append({"PartNumber": number, "ETag": etag})
             return str(self._io.write("put_file", lambda c: c.complete_multipart_upload(
                 Bucket=self.bucket, Key=full, UploadId=upload, MultipartUpload={"Parts": parts}))["ETag"])
@@ -278,7 +281,7 @@ class S3Store(ObjectStore):
         for start in range(0, len(ordered), _DELETE_BATCH):
             self._delete_batch(ordered[start:start + _DELETE_BATCH])
 
-    def _delete_batch(self, keys: list[str]) -> None:
+    def _delete_batch(self, keys: builtins.list[str]) -> None:
         if not keys:
             return
         request = {"Objects": [{"Key": k} for k in keys], "Quiet": True}

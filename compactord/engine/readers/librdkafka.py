@@ -6,9 +6,9 @@ columns (its speed against a pure-Python client: docs/performance.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -20,8 +20,8 @@ __all__ = ["LibrdkafkaRangeReader", "librdkafka_config", "range_consumer"]
 
 _ERROR = Message.error
 # Message.timestamp() is (type, milliseconds), -1 when the record has none; a Message's length is its
-# value's (0 when null).
-_FIELDS = RecordFields(Message.offset, Message.timestamp, Message.key, Message.value, Message.headers,
+# value's (0 when null). A consumed message has its offset (None is a produced one's, before delivery).
+_FIELDS = RecordFields(cast("Callable[[Any], int]", Message.offset), Message.timestamp, Message.key, Message.value, Message.headers,
                        timestamp_ms=itemgetter(1), value_size=len)
 # What one fetch brings: librdkafka's own default for a partition (max.partition.fetch.bytes), and the whole
 # request's bound too (fetch.max.bytes), as a reading consumer fetches one partition. A record reaches the

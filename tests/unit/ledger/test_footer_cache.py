@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from compactord.daemon.metrics import Metrics
-from compactord.errors import InvalidArgument
+from compactord.errors import InvalidArgument, ObjectNotFound
 from compactord.ledger import LedgerStore, footer_cache
 from compactord.ledger.footer_cache import DEFAULT_MAX_BYTES, FooterCache, load_footer
 from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest, StrategySettings
@@ -170,3 +170,10 @@ def test_the_cache_s_lookups_and_bytes_are_metrics(tmp_path) -> None:
         key = ("compactord_storage_metadata_cache_lookups_total", result)
         assert after[key] - before[key] == 2
     assert after[("compactord_storage_metadata_cache_bytes", None)] == footer_cache.SHARED.stats().bytes > 0
+
+
+def test_a_footer_of_a_missing_object_is_object_not_found(tmp_path) -> None:
+    objects = LocalStore(tmp_path)
+    with pytest.raises(ObjectNotFound, match="does not exist") as raised:
+        load_footer(objects, "orders/gone.parquet")  # no size given: the HEAD finds nothing
+    assert raised.value.key == "orders/gone.parquet"
