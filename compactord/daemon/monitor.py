@@ -206,6 +206,7 @@ class BacklogMonitor:
         asked = time.time()
         broker_topics = set(self._broker.list_topics())
         store_topics = set(self._store.topics())
+        self._metrics.per_topic_for(len(broker_topics | store_topics), self._settings.metrics_per_topic_max_topics)
         self._note_missing(broker_topics, store_topics)
         # Before the measure: a task that ends (or a policy set) while this pass measures makes it stale.
         before = {t: (self._registry.last(t), self._registry.live(t) is not None) for t in broker_topics}
