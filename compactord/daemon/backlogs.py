@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from compactord.config import Settings
-from compactord.daemon.broker_watch import PING_DEADLINE_S, OneCallAtATime
+from compactord.daemon.broker_watch import OneCallAtATime
 from compactord.errors import CompactordError, LedgerCorrupt
 from compactord.kafka.backlog import TailSample, sample_tails
 from compactord.model import LedgerManifest
@@ -175,16 +175,12 @@ class _Monitor(Protocol):  # the backlog monitor, as far as this module needs it
 
 class BacklogCache:
     """What the daemon asks of backlogs outside the monitor's pass: a task's end measures its topic again at once
-    (for the metrics, the monitor and the listing), and the broker's list of topics within a deadline."""
+    (for the metrics, the monitor and the listing), within a deadline if given."""
 
     def __init__(self, monitor: _Monitor, registry: TaskRegistry) -> None:
         self._monitor = monitor
         self._registry = registry
         self._calls = OneCallAtATime()  # a stalled broker holds one thread, not every request
-
-    def topics_on_broker(self, list_topics: Callable[[], list[str]]) -> list[str]:
-        """``list_topics()``, waited for at most ``PING_DEADLINE_S``. :raises BrokerUnavailable: no answer by then."""
-        return self._calls.call(list_topics, PING_DEADLINE_S, "a list of its topics")
 
     def measure(self, topic: str, *, for_listing: bool = False, within_s: float | None = None) -> Backlog | None:
         """Measure ``topic`` now and keep it as the monitor's (with its metrics); None if the broker does not

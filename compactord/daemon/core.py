@@ -414,13 +414,6 @@ class Daemon:
             chosen = None
         return chosen or self.settings.compaction_strategy
 
-    def known_topics(self) -> dict[str, bool]:
-        """Every topic on the broker, with a ledger or with a task, sorted; each with whether the
-        broker has it. :raises BrokerUnavailable: the broker is down."""
-        on_broker = set(self.backlogs.topics_on_broker(self.admin.list_topics))
-        known = on_broker | set(self.store.topics()) | {t.topic for t in self.registry.tasks()}
-        return {topic: topic in on_broker for topic in sorted(known)}
-
     # -- run history ----------------------------------------------------------------------------
 
     def _record_run(self, ctx: CompactionTaskCtx, final: TaskState) -> None:
