@@ -88,7 +88,7 @@ class BacklogMonitor:
         self.missing: set[str] = set()
         self.topics: dict[str, BrokerTopic] = {}  # what the broker last said of each topic seen
         self.rows = TopicRows()  # what the listing shows of each topic, as of the last pass
-        self.meter = BacklogMeter(settings, registry, metrics)
+        self.meter = BacklogMeter(settings, registry, metrics, store=store)
         self._configs_told: OrderedDict[str, TopicConfigs] = OrderedDict()
         self._configs_lock = threading.Lock()
         self.sweeper = StorageSweeper(settings, store, registry, metrics)  # its timer is this scheduler's
@@ -217,7 +217,7 @@ class BacklogMonitor:
         rows: dict[str, TopicRow] = {}
         for topic in sorted(broker_topics | store_topics):
             watched = bool(self._pattern.fullmatch(topic)) or topic in store_topics
-            rows[topic] = row = self._row(topic)
+            rows[topic] = row = self._row(topic, on_root=topic in store_topics)
             answer = answers.get(topic)
             if answer is None:
                 continue
@@ -236,12 +236,13 @@ class BacklogMonitor:
         self._metrics.monitor_pass_broker_requests.set(self._metrics.thread_broker_requests() - requests)
         self._metrics.monitor_pass_topics.set(len(views))
 
-    def _row(self, topic: str) -> TopicRow:
-        """What the listing shows of the topic's ledger, last run and policies (read now, kept till the next pass)."""
+    def _row(self, topic: str, on_root: bool = True) -> TopicRow:
+        """What the listing shows of the topic's ledger, last run and policies, as kept in memory (each read once,
+        then as this daemon changes it); ``on_root=False``: the root has no folder of the topic."""
         error: CompactordError | None = None
         manifest = None
         try:
-            manifest = self.meter.ledger(topic, raising=True)
+            manifest = self.meter.ledger(topic, raising=True, on_root=on_root)
         except CompactordError as exc:
             error = exc
         try:
