@@ -206,7 +206,9 @@ class BacklogMonitor:
         asked = time.time()
         broker_topics = set(self._broker.list_topics())
         store_topics = set(self._store.topics())
-        self._metrics.per_topic_for(len(broker_topics | store_topics), self._settings.metrics_per_topic_max_topics)
+        # The topics with metric series: matched by the pattern, or with a folder under the root.
+        watched = {t for t in broker_topics if self._pattern.fullmatch(t)} | store_topics
+        self._metrics.per_topic_for(len(watched), self._settings.metrics_per_topic_max_topics)
         self._note_missing(broker_topics, store_topics)
         # Before the measure: a task that ends (or a policy set) while this pass measures makes it stale.
         before = {t: (self._registry.last(t), self._registry.live(t) is not None) for t in broker_topics}
@@ -216,7 +218,6 @@ class BacklogMonitor:
         views: dict[str, tuple[LedgerManifest | None, BrokerTopic]] = {}
         rows: dict[str, TopicRow] = {}
         for topic in sorted(broker_topics | store_topics):
-            watched = bool(self._pattern.fullmatch(topic)) or topic in store_topics
             rows[topic] = row = self._row(topic, on_root=topic in store_topics)
             answer = answers.get(topic)
             if answer is None:
@@ -225,10 +226,10 @@ class BacklogMonitor:
                 (log.warning if self._pattern.fullmatch(topic) else log.debug)(
                     "backlog of topic %s not measured: %s", topic, answer)
                 continue
-            views[topic] = (row.manifest, self._keep(topic, answer, asked, series=watched))
+            views[topic] = (row.manifest, self._keep(topic, answer, asked, series=topic in watched))
         backlogs = self.meter.measure_many(views)
-        for backlog in backlogs.values():
-            self.record_backlog(backlog)
+        for topic, backlog in backlogs.items():
+            self.record_backlog(backlog, series=topic in watched)
         self.rows.replace(rows, broker_topics, asked)
         self._trigger(views, backlogs, before)
         self._metrics.monitor_pass_seconds.set(time.monotonic() - started)
@@ -317,10 +318,13 @@ class BacklogMonitor:
         except CompactionAlreadyRunning:
             pass
 
-    def record_backlog(self, backlog: Backlog) -> None:
-        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics."""
+    def record_backlog(self, backlog: Backlog, series: bool = True) -> None:
+        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics (``series``; a topic
+        neither watched nor with a ledger is listed without any)."""
         topic = backlog.topic
         self.backlogs[topic] = backlog
+        if not series:
+            return
         m = self._metrics
         m.backlog_records.labels(topic).set(backlog.records)
         m.backlog_bytes.labels(topic).set(backlog.bytes)
