@@ -206,9 +206,9 @@ class BacklogMonitor:
         asked = time.time()
         broker_topics = set(self._broker.list_topics())
         store_topics = set(self._store.topics())
-        # The topics with metric series: matched by the pattern, or with a folder under the root.
-        watched = {t for t in broker_topics if self._pattern.fullmatch(t)} | store_topics
-        self._metrics.per_topic_for(len(watched), self._settings.metrics_per_topic_max_topics)
+        # The topics with metric series: matched by the pattern, or with a ledger (at most: a folder under the root).
+        watched = {t for t in broker_topics if self._pattern.fullmatch(t)}
+        self._metrics.per_topic_for(len(watched | store_topics), self._settings.metrics_per_topic_max_topics)
         self._note_missing(broker_topics, store_topics)
         # Before the measure: a task that ends (or a policy set) while this pass measures makes it stale.
         before = {t: (self._registry.last(t), self._registry.live(t) is not None) for t in broker_topics}
@@ -219,6 +219,8 @@ class BacklogMonitor:
         rows: dict[str, TopicRow] = {}
         for topic in sorted(broker_topics | store_topics):
             rows[topic] = row = self._row(topic, on_root=topic in store_topics)
+            if row.manifest is not None or row.error is not None:
+                watched.add(topic)
             answer = answers.get(topic)
             if answer is None:
                 continue
