@@ -43,12 +43,12 @@ PARTITIONS = 4
 
 
 @contextlib.contextmanager
-def daemon_process(work: Path, bootstrap: str, conf: dict[str, str] | None = None,
+def daemon_process(work: Path, bootstrap: str, conf: dict[str, str] | None = None, *, ready_for: str = "compactions",
                    ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A daemon (``compactord run`` as a subprocess, its own ledger root and log under ``work``) on a free
-    loopback port, ready for compactions: (its process, its base URL). ``conf``: broker.conf keys that replace
-    or add to the bench's. Stopped on exit, with its Spark JVM (its own process group) if it does not end
-    within a minute."""
+    loopback port, ready for compactions (``ready_for="reads"``: as soon as ``/readyz`` says it serves reads):
+    (its process, its base URL). ``conf``: broker.conf keys that replace or add to the bench's. Stopped on
+    exit, with its Spark JVM (its own process group) if it does not end within a minute."""
     port = free_port()
     keys = {"kafkaBootstrapServers": bootstrap, "compactedLedgerRoot": str(work / "ledgers"), "httpPort": str(port),
             "sparkMaster": "local[2]", "compactionTopicsPattern": "(?!)", "brokerServiceCompactionThresholdInBytes": "0",
@@ -64,13 +64,13 @@ def daemon_process(work: Path, bootstrap: str, conf: dict[str, str] | None = Non
                 deadline = time.monotonic() + 300
                 while True:
                     try:
-                        if client.get("/readyz").json().get("compactions"):
+                        if client.get("/readyz").json().get(ready_for):
                             break
                     except (httpx.HTTPError, ValueError):
                         pass
                     if time.monotonic() > deadline or daemon.poll() is not None:
                         raise SystemExit(f"the daemon did not become ready; see {work / 'daemon.log'}")
-                    time.sleep(0.5)
+                    time.sleep(0.5 if ready_for == "compactions" else 0.05)
             yield daemon, base
         finally:
             daemon.terminate()

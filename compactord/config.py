@@ -276,6 +276,10 @@ class Settings:
     http_idle_timeout_seconds: int = _key("httpIdleTimeoutSeconds", int_range(1, 3600), "5", "http",
         "A connection that sends no request (a first one, or the next one on a kept-alive connection) "
         "for this many seconds is closed.")
+    metrics_per_topic_max_topics: int = _key("metricsPerTopicMaxTopics", int_range(0, 10_000_000), "1000", "http",
+        "/metrics has series per topic (backlog, ledger, runs: docs/operations.md) while at most this many topics "
+        "are matched by compactionTopicsPattern or have a folder under the root (as of the backlog monitor's last "
+        "pass); past it only the totals are exported (0 = never per topic).")
     # Logging
     log_format: str = _key("logFormat", choice("text", "json"), "text", "logging",
         "text or json (one object a line).")

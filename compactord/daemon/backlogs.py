@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from compactord.config import Settings
-from compactord.daemon.broker_watch import PING_DEADLINE_S, OneCallAtATime
+from compactord.daemon.broker_watch import OneCallAtATime
 from compactord.errors import CompactordError, LedgerCorrupt
 from compactord.kafka.backlog import TailSample, sample_tails
 from compactord.model import LedgerManifest
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.metrics import Metrics
     from compactord.daemon.registry import TaskRegistry
+    from compactord.interfaces import TopicCompactionService
+    from compactord.ledger.store import LedgerStore
 
 __all__ = ["Backlog", "BacklogCache", "BacklogMeter", "triggers_fired"]
 
@@ -81,31 +83,57 @@ class BacklogMeter:
     """Measures backlogs from the broker's offsets (``BrokerTopic``) and the topic's current ledger."""
 
     def __init__(self, settings: Settings, registry: TaskRegistry, metrics: Metrics,
-                 sampler: Callable[..., dict[str, TailSample]] = sample_tails) -> None:
+                 sampler: Callable[..., dict[str, TailSample]] = sample_tails, store: LedgerStore | None = None) -> None:
+        """``store``: the ledger root's, whose pointers say whether a manifest kept here is still the current one
+        (None: every measure asks the topic's service)."""
         self._settings = settings
         self._registry = registry
         self._metrics = metrics
         self._sampler = sampler
+        self._store = store
         self._samples: dict[str, tuple[tuple[tuple[int, int], ...], TailSample]] = {}
+        # Each topic's current ledger's manifest as last read: a ledger never changes once written, and its id is
+        # never used again, so it is read again only when the pointer names another ledger.
+        self._manifests: dict[str, LedgerManifest] = {}
         self._lock = threading.Lock()
 
-    def ledger(self, topic: str, raising: bool = False) -> LedgerManifest | None:
+    def ledger(self, topic: str, raising: bool = False, on_root: bool = True) -> LedgerManifest | None:
         """The topic's current ledger as its service holds it (None: none, or it cannot be read; the gauge
-        ``compactord_ledger_corrupt`` says which). A topic with no state here has no service made for it.
+        ``compactord_ledger_corrupt`` says which). A topic with no state here has no service made for it;
+        ``on_root=False``: the root's listing has no folder of the topic (so it has no ledger), nothing is asked.
 
         :raises LedgerCorrupt: ``raising``, and the ledger or its pointer cannot be read."""
+        if not on_root:
+            with self._lock:
+                self._manifests.pop(topic, None)
+            return None
         service = self._registry.existing_service(topic)
         if service is None:
             return None
         failure: LedgerCorrupt | None = None
         try:
-            manifest = service.ledger_info()
+            manifest = self._current(topic, service)
         except LedgerCorrupt as exc:
             manifest, failure = None, exc
         corrupt = failure is not None or service.corrupt_ledger() is not None
         self._metrics.ledger_corrupt.labels(topic).set(1 if corrupt else 0)
         if failure is not None and raising:
             raise failure
+        return manifest
+
+    def _current(self, topic: str, service: TopicCompactionService) -> LedgerManifest | None:
+        """The current ledger's manifest: the one kept while the pointer (as the store keeps it) names its ledger,
+        else the service's, kept."""
+        with self._lock:
+            kept = self._manifests.get(topic)
+        if kept is not None and self._store is not None and self._store.current_ledger_id(topic) == kept.ledger_id:
+            return kept
+        manifest = service.ledger_info()
+        with self._lock:
+            if manifest is None:
+                self._manifests.pop(topic, None)
+            else:
+                self._manifests[topic] = manifest
         return manifest
 
     def measure_many(self, views: dict[str, tuple[LedgerManifest | None, BrokerTopic]]) -> dict[str, Backlog]:
@@ -161,6 +189,7 @@ class BacklogMeter:
     def forget(self, topic: str) -> None:
         with self._lock:
             self._samples.pop(topic, None)
+            self._manifests.pop(topic, None)
 
 
 def _key(tail: _Tail) -> tuple[tuple[int, int], ...]:
@@ -175,16 +204,12 @@ class _Monitor(Protocol):  # the backlog monitor, as far as this module needs it
 
 class BacklogCache:
     """What the daemon asks of backlogs outside the monitor's pass: a task's end measures its topic again at once
-    (for the metrics, the monitor and the listing), and the broker's list of topics within a deadline."""
+    (for the metrics, the monitor and the listing), within a deadline if given."""
 
     def __init__(self, monitor: _Monitor, registry: TaskRegistry) -> None:
         self._monitor = monitor
         self._registry = registry
         self._calls = OneCallAtATime()  # a stalled broker holds one thread, not every request
-
-    def topics_on_broker(self, list_topics: Callable[[], list[str]]) -> list[str]:
-        """``list_topics()``, waited for at most ``PING_DEADLINE_S``. :raises BrokerUnavailable: no answer by then."""
-        return self._calls.call(list_topics, PING_DEADLINE_S, "a list of its topics")
 
     def measure(self, topic: str, *, for_listing: bool = False, within_s: float | None = None) -> Backlog | None:
         """Measure ``topic`` now and keep it as the monitor's (with its metrics); None if the broker does not

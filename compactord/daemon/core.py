@@ -205,9 +205,6 @@ class Daemon:
 
     # -- what the API views ask (``api/views.py``) ----------------------------------------------
 
-    def known_topics(self) -> dict[str, bool]:
-        return self.topics.known_topics()
-
     def strategy_name(self, topic: str) -> str:
         return self.topics.strategy_name(topic)
 
@@ -223,7 +220,7 @@ class Daemon:
 
     def _refresh_after_task(self, topic: str) -> None:
         # What reads check against (log starts, topic id) is fresh when a run has just looked; and the
-        # backlog metrics are the ones after the run, not before it (GET /v1/topics measures on its own).
+        # backlog metrics and the listing's row are the ones after the run, not before it.
         if self.monitor.refresh_quietly(topic) is not None:
             self.backlogs.measure(topic, for_listing=False)
 

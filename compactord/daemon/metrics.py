@@ -2,11 +2,16 @@
 
 One ``CollectorRegistry`` per daemon (not the global one), served at ``/metrics``. Time-based values
 (seconds since the last success, tasks running) are computed at scrape time by a custom collector.
+
+The metrics with a ``topic`` label make series per topic; ``per_topic_for`` turns them off while the monitor
+knows more topics than ``metricsPerTopicMaxTopics`` (the series are dropped and none is made; the totals
+stay), and on again below it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +27,8 @@ from compactord.task_report import count_request
 
 __all__ = ["Metrics"]
 
+log = logging.getLogger(__name__)
+
 _RESULT = {TaskState.SUCCEED: "succeeded", TaskState.FAILED: "failed", TaskState.CANCELLED: "cancelled"}
 _DURATION_BUCKETS = (1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 # A store's request: a local disk's in microseconds, S3's in milliseconds, a retried one in seconds.
@@ -31,9 +38,55 @@ _REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _THREAD = threading.local()  # per thread: its broker requests (``thread_broker_requests``)
 
 
+class _Discarded:
+    """The series of a topic while per-topic series are off: what is set or counted on it goes nowhere."""
+
+    def set(self, value: float) -> None:
+        pass
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+_DISCARDED = _Discarded()
+
+
+class _PerTopic:
+    """A metric with a ``topic`` label: ``labels`` makes a series only while ``exported()`` says so."""
+
+    exported: Callable[[], bool]
+
+    def labels(self, *values: Any, **named: Any) -> Any:
+        if not self.exported():
+            return _DISCARDED
+        return super().labels(*values, **named)  # type: ignore[misc]
+
+    def series_of(self, topic: str) -> list[tuple[str, ...]]:
+        """The label values of the topic's series (prometheus-client keeps them in ``_metrics``)."""
+        at = self._labelnames.index("topic")  # type: ignore[attr-defined]
+        with self._lock:  # type: ignore[attr-defined]
+            return [values for values in self._metrics if values[at] == topic]  # type: ignore[attr-defined]
+
+
+class _TopicCounter(_PerTopic, Counter):
+    pass
+
+
+class _TopicGauge(_PerTopic, Gauge):
+    pass
+
+
+class _TopicHistogram(_PerTopic, Histogram):
+    pass
+
+
 class _LiveCollector(Collector):
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], per_topic: Callable[[], bool]) -> None:
         self._snapshot = snapshot
+        self._per_topic = per_topic
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self._snapshot()
@@ -44,7 +97,7 @@ class _LiveCollector(Collector):
             labels=["topic"],
         )
         now = time.time()
-        for topic, ts in snap["last_success"].items():
+        for topic, ts in snap["last_success"].items() if self._per_topic() else ():
             since.add_metric([topic], max(0.0, now - ts))
         yield since
         since_monitor = GaugeMetricFamily(
@@ -84,7 +137,9 @@ class Metrics:
     def __init__(self, snapshot: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.compactions = Counter(
+        self._per_topic = True
+        self._per_topic_lock = threading.Lock()
+        self.compactions = _TopicCounter(
             "compactord_compactions", "Ended compactions by result (succeeded, failed, cancelled)",
             ["topic", "result"], registry=r,
         )
@@ -92,58 +147,58 @@ class Metrics:
             "compactord_tasks", "Ended tasks by why they ran (a kind of compactord.task.REASON_KINDS) and result",
             ["reason", "result"], registry=r,
         )
-        self.duration = Histogram(
+        self.duration = _TopicHistogram(
             "compactord_compaction_duration_seconds", "Duration of ended compactions", ["topic"],
             buckets=_DURATION_BUCKETS, registry=r,
         )
-        self.recreated_rebuilds = Counter(
+        self.recreated_rebuilds = _TopicCounter(
             "compactord_recreated_rebuilds", "Full rebuilds because the topic's log was a new one (recreated)",
             ["topic"], registry=r)
-        self.switch_warnings = Counter(
+        self.switch_warnings = _TopicCounter(
             "compactord_switch_warnings", "Switches that committed and then failed a later step (fsync)",
             ["topic"], registry=r)
-        self.history_failures = Counter(
+        self.history_failures = _TopicCounter(
             "compactord_history_failures", "Runs of the topic its run history could not record (its objects at "
             "fault, not the store: logged)", ["topic"], registry=r)
-        self.topic_broker_compacted = Gauge(
+        self.topic_broker_compacted = _TopicGauge(
             "compactord_topic_broker_compacted", "1 if the broker compacts the topic itself (cleanup.policy)",
             ["topic"], registry=r)
-        self.removed = Counter("compactord_removed_events", "Records removed by compaction (Pulsar's removed events)",
+        self.removed = _TopicCounter("compactord_removed_events", "Records removed by compaction (Pulsar's removed events)",
                                ["topic"], registry=r)
-        self.records_read = Counter("compactord_records_read", "Records read by compactions (ledger + tail)",
+        self.records_read = _TopicCounter("compactord_records_read", "Records read by compactions (ledger + tail)",
                                     ["topic"], registry=r)
-        self.bytes_read = Counter("compactord_bytes_read", "Key and value bytes read from Kafka by compactions",
+        self.bytes_read = _TopicCounter("compactord_bytes_read", "Key and value bytes read from Kafka by compactions",
                                   ["topic"], registry=r)
-        self.records_written = Counter("compactord_records_written", "Entries written into new ledgers",
+        self.records_written = _TopicCounter("compactord_records_written", "Entries written into new ledgers",
                                        ["topic"], registry=r)
-        self.bytes_written = Counter("compactord_bytes_written", "Bytes of new ledgers", ["topic"], registry=r)
-        self.spilled_bytes = Counter("compactord_spilled_bytes",
+        self.bytes_written = _TopicCounter("compactord_bytes_written", "Bytes of new ledgers", ["topic"], registry=r)
+        self.spilled_bytes = _TopicCounter("compactord_spilled_bytes",
                                      "Bytes reading tasks wrote to their local disk (windows past their memory budget)",
                                      ["topic"], registry=r)
-        self.compacted_entries = Gauge("compactord_compacted_entries", "Live entries in the current ledger",
+        self.compacted_entries = _TopicGauge("compactord_compacted_entries", "Live entries in the current ledger",
                                        ["topic"], registry=r)
-        self.compacted_bytes = Gauge("compactord_compacted_bytes", "Size of the current ledger", ["topic"], registry=r)
-        self.backlog_records = Gauge("compactord_backlog_records", "Records after the horizon", ["topic"], registry=r)
-        self.backlog_bytes = Gauge("compactord_backlog_bytes", "Estimated bytes after the horizon", ["topic"],
+        self.compacted_bytes = _TopicGauge("compactord_compacted_bytes", "Size of the current ledger", ["topic"], registry=r)
+        self.backlog_records = _TopicGauge("compactord_backlog_records", "Records after the horizon", ["topic"], registry=r)
+        self.backlog_bytes = _TopicGauge("compactord_backlog_bytes", "Estimated bytes after the horizon", ["topic"],
                                    registry=r)
-        self.backlog_age = Gauge("compactord_backlog_age_seconds", "Age of the oldest record after the horizon",
+        self.backlog_age = _TopicGauge("compactord_backlog_age_seconds", "Age of the oldest record after the horizon",
                                  ["topic"], registry=r)
-        self.topic_max_lag = Gauge(
+        self.topic_max_lag = _TopicGauge(
             "compactord_topic_max_lag_seconds",
             "The topic's effective max lag at the monitor's last pass: compactionMaxLagSeconds or the topic's "
             "maxLagSeconds policy, lowered to half its delete.retention.ms where the broker compacts it; 0: none",
             ["topic"], registry=r)
-        self.dirty_ratio = Gauge("compactord_dirty_ratio", "Tail records / (ledger + tail records)", ["topic"],
+        self.dirty_ratio = _TopicGauge("compactord_dirty_ratio", "Tail records / (ledger + tail records)", ["topic"],
                                  registry=r)
         self.uncleanable = Gauge("compactord_uncleanable_topics", "Topics whose last 3 compactions failed",
                                  registry=r)
-        self.topic_uncleanable = Gauge("compactord_topic_uncleanable", "1 if the topic's last 3 compactions failed",
+        self.topic_uncleanable = _TopicGauge("compactord_topic_uncleanable", "1 if the topic's last 3 compactions failed",
                                        ["topic"], registry=r)
-        self.ledger_corrupt = Gauge("compactord_ledger_corrupt", "1 if the topic's current ledger fails verification",
+        self.ledger_corrupt = _TopicGauge("compactord_ledger_corrupt", "1 if the topic's current ledger fails verification",
                                     ["topic"], registry=r)
         self.missing_topics = Gauge("compactord_topics_missing_on_broker",
                                     "Topics with a ledger that the broker no longer lists", registry=r)
-        self.topic_missing = Gauge("compactord_topic_missing_on_broker", "1 if the broker no longer lists the topic",
+        self.topic_missing = _TopicGauge("compactord_topic_missing_on_broker", "1 if the broker no longer lists the topic",
                                    ["topic"], registry=r)
         self.max_compaction_delay = Gauge(
             "compactord_max_compaction_delay_seconds",
@@ -156,11 +211,11 @@ class Metrics:
             "compactord_uncleanable_bytes",
             "Backlog bytes of the monitored topics whose last compaction failed (Kafka's uncleanable-bytes)",
             registry=r)
-        self.last_run_kept_ratio = Gauge(
+        self.last_run_kept_ratio = _TopicGauge(
             "compactord_last_run_kept_ratio",
             "Of the records the topic's last successful compaction read, the share it kept (entries and "
             "deletion markers written / records read)", ["topic"], registry=r)
-        self.task_cpu_ratio = Gauge(
+        self.task_cpu_ratio = _TopicGauge(
             "compactord_task_cpu_ratio",
             "The topic's last compaction's reading tasks: CPU seconds per wall second, summed over the tasks "
             "(near 1: each had a core; far below: they waited for one, or for the broker)", ["topic"], registry=r)
@@ -196,9 +251,40 @@ class Metrics:
             "compactord_http_response_buffer_bytes",
             "Bytes of large answers held for clients still receiving them (bounded by httpResponseBufferBytes)",
             registry=r)
+        self.per_topic_series = Gauge(
+            "compactord_per_topic_series", "1 while the series per topic are exported (the monitor's last pass "
+            "knew at most metricsPerTopicMaxTopics topics), 0 while only the totals are", registry=r)
+        self.per_topic_series.set(1)
+        for metric in self._topic_metrics():
+            metric.exported = self.per_topic_exported
         r.register(_FooterCacheCollector())
         if snapshot is not None:
-            r.register(_LiveCollector(snapshot))
+            r.register(_LiveCollector(snapshot, self.per_topic_exported))
+
+    def _topic_metrics(self) -> list[_PerTopic]:
+        return [m for m in vars(self).values() if isinstance(m, _PerTopic)]
+
+    def per_topic_exported(self) -> bool:
+        return self._per_topic
+
+    def per_topic_for(self, topics: int, max_topics: int) -> None:
+        """Export the series per topic while ``topics`` (the topics the monitor knows) is at most ``max_topics``;
+        past it drop them (none is made until it is no more), and say so once in the log."""
+        exported = topics <= max_topics
+        with self._per_topic_lock:
+            if exported == self._per_topic:
+                return
+            self._per_topic = exported
+            if not exported:
+                for metric in self._topic_metrics():
+                    metric.clear()  # type: ignore[attr-defined]
+        self.per_topic_series.set(1 if exported else 0)
+        if exported:
+            log.info("metrics: series per topic exported again (%d topics, metricsPerTopicMaxTopics=%d)",
+                     topics, max_topics)
+        else:
+            log.info("metrics: no series per topic past metricsPerTopicMaxTopics=%d (%d topics); the totals stay",
+                     max_topics, topics)
 
     def task_ended(self, ctx: CompactionTaskCtx) -> None:
         topic, result = ctx.topic, _RESULT.get(ctx.state)
@@ -244,20 +330,12 @@ class Metrics:
         self.storage_request_seconds.labels(op).observe(seconds)
 
     def forget(self, topic: str) -> None:
-        """Drop every series of a deleted topic (a test checks that each metric with a topic label is
-        here: a series left behind lives as long as the process)."""
-        for metric in (self.duration, self.recreated_rebuilds, self.switch_warnings, self.history_failures,
-                       self.topic_broker_compacted,
-                       self.removed, self.records_read, self.bytes_read, self.records_written,
-                       self.bytes_written, self.spilled_bytes, self.compacted_entries, self.compacted_bytes, self.backlog_records,
-                       self.backlog_bytes, self.backlog_age, self.topic_max_lag, self.dirty_ratio, self.topic_uncleanable,
-                       self.ledger_corrupt, self.topic_missing, self.last_run_kept_ratio,
-                       self.task_cpu_ratio):
-            with contextlib.suppress(KeyError):  # prometheus-client < 0.21 raises for an absent series
-                metric.remove(topic)
-        for result in _RESULT.values():
-            with contextlib.suppress(KeyError):
-                self.compactions.remove(topic, result)
+        """Drop every series of a deleted topic, of every metric with a ``topic`` label (a series left behind
+        lives as long as the process)."""
+        for metric in self._topic_metrics():
+            for values in metric.series_of(topic):
+                with contextlib.suppress(KeyError):  # removed meanwhile (prometheus-client < 0.21 raises)
+                    metric.remove(*values)  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

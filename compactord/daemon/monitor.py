@@ -88,7 +88,7 @@ class BacklogMonitor:
         self.missing: set[str] = set()
         self.topics: dict[str, BrokerTopic] = {}  # what the broker last said of each topic seen
         self.rows = TopicRows()  # what the listing shows of each topic, as of the last pass
-        self.meter = BacklogMeter(settings, registry, metrics)
+        self.meter = BacklogMeter(settings, registry, metrics, store=store)
         self._configs_told: OrderedDict[str, TopicConfigs] = OrderedDict()
         self._configs_lock = threading.Lock()
         self.sweeper = StorageSweeper(settings, store, registry, metrics)  # its timer is this scheduler's
@@ -206,6 +206,9 @@ class BacklogMonitor:
         asked = time.time()
         broker_topics = set(self._broker.list_topics())
         store_topics = set(self._store.topics())
+        # The topics with metric series: matched by the pattern, or with a ledger (at most: a folder under the root).
+        watched = {t for t in broker_topics if self._pattern.fullmatch(t)}
+        self._metrics.per_topic_for(len(watched | store_topics), self._settings.metrics_per_topic_max_topics)
         self._note_missing(broker_topics, store_topics)
         # Before the measure: a task that ends (or a policy set) while this pass measures makes it stale.
         before = {t: (self._registry.last(t), self._registry.live(t) is not None) for t in broker_topics}
@@ -215,8 +218,9 @@ class BacklogMonitor:
         views: dict[str, tuple[LedgerManifest | None, BrokerTopic]] = {}
         rows: dict[str, TopicRow] = {}
         for topic in sorted(broker_topics | store_topics):
-            watched = bool(self._pattern.fullmatch(topic)) or topic in store_topics
-            rows[topic] = row = self._row(topic)
+            rows[topic] = row = self._row(topic, on_root=topic in store_topics)
+            if row.manifest is not None or row.error is not None:
+                watched.add(topic)
             answer = answers.get(topic)
             if answer is None:
                 continue
@@ -224,10 +228,10 @@ class BacklogMonitor:
                 (log.warning if self._pattern.fullmatch(topic) else log.debug)(
                     "backlog of topic %s not measured: %s", topic, answer)
                 continue
-            views[topic] = (row.manifest, self._keep(topic, answer, asked, series=watched))
+            views[topic] = (row.manifest, self._keep(topic, answer, asked, series=topic in watched))
         backlogs = self.meter.measure_many(views)
-        for backlog in backlogs.values():
-            self.record_backlog(backlog)
+        for topic, backlog in backlogs.items():
+            self.record_backlog(backlog, series=topic in watched)
         self.rows.replace(rows, broker_topics, asked)
         self._trigger(views, backlogs, before)
         self._metrics.monitor_pass_seconds.set(time.monotonic() - started)
@@ -235,12 +239,13 @@ class BacklogMonitor:
         self._metrics.monitor_pass_broker_requests.set(self._metrics.thread_broker_requests() - requests)
         self._metrics.monitor_pass_topics.set(len(views))
 
-    def _row(self, topic: str) -> TopicRow:
-        """What the listing shows of the topic's ledger, last run and policies (read now, kept till the next pass)."""
+    def _row(self, topic: str, on_root: bool = True) -> TopicRow:
+        """What the listing shows of the topic's ledger, last run and policies, as kept in memory (each read once,
+        then as this daemon changes it); ``on_root=False``: the root has no folder of the topic."""
         error: CompactordError | None = None
         manifest = None
         try:
-            manifest = self.meter.ledger(topic, raising=True)
+            manifest = self.meter.ledger(topic, raising=True, on_root=on_root)
         except CompactordError as exc:
             error = exc
         try:
@@ -315,10 +320,13 @@ class BacklogMonitor:
         except CompactionAlreadyRunning:
             pass
 
-    def record_backlog(self, backlog: Backlog) -> None:
-        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics."""
+    def record_backlog(self, backlog: Backlog, series: bool = True) -> None:
+        """Keep a measure of a topic's backlog (``GET /v1/topics``) and set its metrics (``series``; a topic
+        neither watched nor with a ledger is listed without any)."""
         topic = backlog.topic
         self.backlogs[topic] = backlog
+        if not series:
+            return
         m = self._metrics
         m.backlog_records.labels(topic).set(backlog.records)
         m.backlog_bytes.labels(topic).set(backlog.bytes)

@@ -3,11 +3,17 @@
 ``<root>/<topic>/policies.json`` overrides the broker-wide thresholds and the strategy for one topic
 (Pulsar's topic-level compaction threshold); ``<root>/<topic>/UNLOADED`` makes the backlog monitor
 skip a topic that moved to another broker, until it is loaded again or compacted by hand.
+
+Both are read once per topic, when first needed, and then kept as this daemon writes them: it is the only
+writer of its root (the local root's lock, the object store's lease), so the monitor's pass asks the store
+nothing for them. A policies file that cannot be used is not kept: it is read again at each use, so that a
+repaired file is seen.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -97,6 +103,9 @@ class TopicPolicies:
         }
 
 
+_NONE = TopicPolicies()  # a topic without overrides (one object for every such topic)
+
+
 class PolicyStore:
     """Reads and writes the per-topic objects through the ledger store's object store (``LedgerStore.objects``)."""
 
@@ -104,25 +113,39 @@ class PolicyStore:
         self._store = store
         self.allowed_strategies = tuple(allowed_strategies)
         self._unloaded: dict[str, bool] = {}  # each topic's unload mark as last read or set (one writer per root)
+        self._policies: dict[str, TopicPolicies] = {}  # each topic's overrides as last read or written
+        self._lock = threading.Lock()
+        self._writes = 0  # policy writes so far: a read that a write overtook is not kept
 
     def _key(self, topic: str, name: str) -> str:
         self._store.topic_dir(topic)  # checks the name, and that the topic's folder is the root's
         return layout.topic_prefix(topic) + name
 
     def get(self, topic: str) -> TopicPolicies:
-        """The topic's overrides (none if it has no file).
+        """The topic's overrides (none if it has no file): read once, then as this process writes them.
 
         :raises PoliciesUnreadable: the file holds bad overrides (e.g. edited by hand); the monitor then
             skips this topic only, and a PUT or DELETE of the policies repairs it.
         :raises StorageUnavailable: the store does not answer: the file may well be fine, and nothing is
             to be repaired.
         """
+        with self._lock:
+            known, writes = self._policies.get(topic), self._writes
+        if known is not None:
+            return known
+        read = self._read(topic)
+        with self._lock:
+            if self._writes == writes:
+                self._policies[topic] = read
+        return read
+
+    def _read(self, topic: str) -> TopicPolicies:
         objects = self._store.objects
         key = self._key(topic, POLICIES)
         try:
             return TopicPolicies.from_json(json.loads(objects.get(key)), self.allowed_strategies)
         except ObjectNotFound:
-            return TopicPolicies()
+            return _NONE
         except ValueError as exc:  # InvalidArgument is a ValueError too
             raise PoliciesUnreadable(
                 f"policies file {objects.location(key)} of topic {topic!r} is not usable ({exc}); replace it with "
@@ -130,10 +153,24 @@ class PolicyStore:
             ) from exc
 
     def put(self, topic: str, policies: TopicPolicies) -> None:
-        self._store.objects.put(self._key(topic, POLICIES), json.dumps(policies.to_json(), indent=1).encode())
+        key = self._key(topic, POLICIES)
+        self._written(topic, None)  # read again if the write fails
+        self._store.objects.put(key, json.dumps(policies.to_json(), indent=1).encode())
+        self._written(topic, policies)
 
     def delete(self, topic: str) -> None:
-        self._store.objects.delete(self._key(topic, POLICIES))
+        key = self._key(topic, POLICIES)
+        self._written(topic, None)
+        self._store.objects.delete(key)
+        self._written(topic, _NONE)
+
+    def _written(self, topic: str, policies: TopicPolicies | None) -> None:
+        with self._lock:
+            self._writes += 1
+            if policies is None:
+                self._policies.pop(topic, None)
+            else:
+                self._policies[topic] = policies
 
     def unloaded(self, topic: str) -> bool:
         """Whether the topic is unloaded (its mark is read once, then kept as this process sets it)."""
@@ -149,6 +186,7 @@ class PolicyStore:
     def forget(self, topic: str) -> None:
         """Drop what is kept of a deleted topic."""
         self._unloaded.pop(topic, None)
+        self._written(topic, None)
 
     def set_unloaded(self, topic: str, unloaded: bool) -> None:
         key = self._key(topic, UNLOADED)

@@ -80,13 +80,6 @@ class Topics:
                 raise BrokerUnavailable(problem)
             self.require_topic(topic)
 
-    def known_topics(self) -> dict[str, bool]:
-        """Every topic on the broker, with a ledger or with a task, sorted; each with whether the
-        broker has it. :raises BrokerUnavailable: the broker is down."""
-        on_broker = set(self._backlogs.topics_on_broker(self._admin.list_topics))
-        known = on_broker | set(self._store.topics()) | {t.topic for t in self._registry.tasks()}
-        return {topic: topic in on_broker for topic in sorted(known)}
-
     def set_policies(self, topic: str, policies: TopicPolicies | None) -> None:
         if policies is None:
             self._policies.delete(topic)

@@ -28,7 +28,7 @@ from compactord import __version__
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, wait_state
 from tests.support.processes import alive
-from tests.support.timeouts import STOP_TIMEOUT_S
+from tests.support.timeouts import READY_TIMEOUT_S, STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 
 from .conftest import Launcher, assert_error, run_cli
@@ -41,7 +41,9 @@ DEMO = "stock-ticker"
 
 @pytest.fixture(scope="module")
 def daemon(launch: Launcher) -> Iterator[DaemonProcess]:
-    quick = launch.prepare("first-hour", compactionMaxConcurrentTasks=2)
+    # The listing shows what the monitor's last pass saw: it passes every 5 s here (60 s by default).
+    quick = launch.prepare("first-hour", compactionMaxConcurrentTasks=2,
+                           brokerServiceCompactionMonitorIntervalInSeconds=5)
     quick.args = ("--embedded-broker",)
     try:
         yield quick.start().wait_ready()
@@ -82,14 +84,26 @@ def cli(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env={"COMPACTORD_URL": f"127.0.0.1:{daemon.port}"})
 
 
-def topic_row(daemon: DaemonProcess, topic: str) -> dict[str, str]:
+def listed(daemon: DaemonProcess, topic: str) -> dict[str, str] | None:
+    """The topic's row of ``compactord topics`` (None: not listed)."""
     out = ok(cli(daemon, "topics"))
     header, *rows = out.splitlines()
     assert header.split()[:4] == ["TOPIC", "ON_BROKER", "BACKLOG", "LAST"], header
     assert "None" not in out, out
     row = next((r.split() for r in rows if r.split()[0] == topic), None)
-    assert row is not None, out
-    return {"on_broker": row[1], "backlog": row[2], "last": row[3]}
+    return None if row is None else {"on_broker": row[1], "backlog": row[2], "last": row[3]}
+
+
+def topic_row(daemon: DaemonProcess, topic: str) -> dict[str, str]:
+    row = listed(daemon, topic)
+    assert row is not None, f"topic {topic} not listed"
+    return row
+
+
+def listed_as(daemon: DaemonProcess, topic: str, expected: dict[str, str]) -> None:
+    """Wait until the listing shows ``expected`` for the topic: what the monitor's next pass measures."""
+    wait_for(lambda: listed(daemon, topic) == expected, READY_TIMEOUT_S,
+             f"a monitor pass that lists topic {topic} as {expected}", daemon)
 
 
 # -- 1. the quick start -----------------------------------------------------------------------------
@@ -112,8 +126,9 @@ def test_quick_start_demo_then_topics_status_read(daemon: DaemonProcess, info: d
     assert re.search(r"compaction \S+: Succeed", demo), demo
     assert "latest price per symbol" in demo and "TSLA: (deleted: tombstone)" in demo
 
-    # the demo left 3 ticks and a tombstone after the horizon: the listing measures them at once
-    assert topic_row(daemon, DEMO) == {"on_broker": "yes", "backlog": "4", "last": "SUCCESS"}
+    # the demo left 3 ticks and a tombstone after the horizon: the listing shows them once the monitor's next
+    # pass has measured them
+    listed_as(daemon, DEMO, {"on_broker": "yes", "backlog": "4", "last": "SUCCESS"})
     status = ok(cli(daemon, "status", DEMO))
     assert "status    SUCCESS" in status and "None" not in status
     rows = [line.split() for line in ok(cli(daemon, "read", DEMO, "--partition", "0")).splitlines()[1:]]
@@ -131,14 +146,14 @@ def test_backlog_before_a_first_compaction_and_a_topic_the_broker_lost(daemon: D
                                                                      kafka: Kafka) -> None:
     fresh = kafka.topic(prefix="fh")
     kafka.produce(fresh, [(f"k{i % 3}", f"v{i}") for i in range(7)])
-    assert topic_row(daemon, fresh) == {"on_broker": "yes", "backlog": "7", "last": "NOT_RUN"}
+    listed_as(daemon, fresh, {"on_broker": "yes", "backlog": "7", "last": "NOT_RUN"})
 
     lost = kafka.topic(prefix="fh")
     kafka.produce(lost, [("k", "v")])
     ok(cli(daemon, "compact", lost, "--wait"))
     kafka.admin.delete_topics([lost])
     wait_for(lambda: lost not in kafka.admin.list_topics(), 30, f"topic {lost} to be deleted", interval=0.2)
-    assert topic_row(daemon, lost) == {"on_broker": "no", "backlog": "0", "last": "SUCCESS"}
+    listed_as(daemon, lost, {"on_broker": "no", "backlog": "0", "last": "SUCCESS"})
     assert {"topic": lost, "on_broker": False} == {
         k: v for t in json.loads(ok(cli(daemon, "topics", "--json")))["topics"] if t["topic"] == lost
         for k, v in t.items() if k in ("topic", "on_broker")}

@@ -17,6 +17,7 @@ import pytest
 from tests.daemon.conftest import metric, metric_samples
 from tests.support.daemon import DaemonProcess
 from tests.support.s3_server import BUCKET
+from tests.support.timeouts import READY_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -113,3 +114,89 @@ def test_the_listing_filters_by_prefix_and_state(daemon: DaemonProcess, topics: 
     assert refused.status_code == 422 and "running, failed, behind" in refused.json()["message"], refused.text
     assert daemon.http.get("/v1/topics", params={"limit": 0}).status_code == 422
     assert daemon.http.get("/v1/topics", params={"limit": 1001}).status_code == 422
+
+
+WATCHED = 8  # topics of the daemon whose monitor passes every second, each compacted once by its first passes
+UNWATCHED = 4  # and topics of its broker that it measures but never compacts (nothing of them on its root)
+
+
+@pytest.fixture(scope="module")
+def passing(launch: Any, s3_server: Any, kafka: Any) -> tuple[DaemonProcess, list[str]]:
+    """A daemon on an S3 root whose monitor passes every second over ``WATCHED`` topics of its own, once each
+    of them is compacted (its pointer switched, its run recorded) and a pass has seen it so."""
+    prefix = f"lstw{uuid.uuid4().hex[:6]}"
+    watched = [kafka.topic(prefix=prefix) for _ in range(WATCHED)]
+    for topic in watched + [kafka.topic(prefix=f"lstu{uuid.uuid4().hex[:6]}") for _ in range(UNWATCHED)]:
+        kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(BIG)])
+    started: DaemonProcess = launch("listing-passes", root=f"s3://{BUCKET}/passes-{uuid.uuid4().hex[:12]}",
+                                    brokerServiceCompactionMonitorIntervalInSeconds="1",
+                                    compactionTopicsPattern=f"{prefix}-.*", compactionThresholdInMessages=10,
+                                    **s3_server.daemon_conf())
+
+    def compacted() -> bool:
+        body = started.http.get("/v1/topics", params={"prefix": prefix}).json()
+        return len(body["topics"]) == WATCHED and all(
+            t["last_compaction"]["status"] == "SUCCESS" and (t["backlog"] or {}).get("records") == 0
+            for t in body["topics"])
+
+    wait_for(compacted, TASK_TIMEOUT_S, f"the {WATCHED} topics compacted and seen so by a pass", started)
+    return started, watched
+
+
+def passes(daemon: DaemonProcess) -> float:
+    return metric(daemon, "compactord_monitor_runs_total", result="ok") or 0.0
+
+
+def reads_in_two_passes(daemon: DaemonProcess) -> tuple[dict[str, float], int]:
+    """The store's read requests (get, head, list) from the end of a pass to the end of the second after it,
+    and the scrapes of ``/metrics`` made meanwhile (each lists the root's quarantine once)."""
+    first = passes(daemon)
+    wait_for(lambda: passes(daemon) >= first + 1, READY_TIMEOUT_S, "a monitor pass", daemon)
+    _broker, before = counted(daemon)
+    at, scrapes = passes(daemon), 1
+
+    def two_more() -> bool:
+        nonlocal scrapes
+        scrapes += 1
+        return passes(daemon) >= at + 2
+
+    wait_for(two_more, READY_TIMEOUT_S, "two monitor passes", daemon, interval=0.5)
+    _broker, after = counted(daemon)
+    return {op: after.get(op, 0) - before.get(op, 0) for op in ("get", "head", "list")}, scrapes + 1
+
+
+def test_a_pass_asks_the_store_nothing_per_topic(passing: tuple[DaemonProcess, list[str]]) -> None:
+    """The topics' pointers, ledgers, policies and last runs are read once, then kept: two passes over
+    ``WATCHED`` compacted topics and ``UNWATCHED`` others make no get and no head, and a list of the root's
+    folders each; so do they once the daemon restarted (each read once, by its first pass)."""
+    daemon, _watched = passing
+    for restarted in (False, True):
+        if restarted:
+            daemon.stop()
+            daemon.start().wait_ready()
+            wait_for(lambda: passes(daemon) >= 1, READY_TIMEOUT_S, "the restarted daemon's first pass", daemon)
+        reads, scrapes = reads_in_two_passes(daemon)
+        assert reads["get"] + reads["head"] == 0, (restarted, reads)
+        assert reads["list"] <= 4 + scrapes, (restarted, reads, scrapes)  # a list a pass, a third pass begun
+
+
+def test_a_policy_written_is_the_one_the_passes_use(passing: tuple[DaemonProcess, list[str]], kafka: Any) -> None:
+    """A policy this daemon writes is kept as written: the passes after it use it without reading it again."""
+    daemon, watched = passing
+    held, free = watched[0], watched[1]
+    response = daemon.http.put(f"/v1/topics/{held}/policies", json={"thresholdMessages": 1000})
+    assert response.status_code == 200, response.text
+    for topic in (held, free):
+        kafka.produce(topic, [(f"k{i}", f"again{i}") for i in range(BIG)])
+
+    def rows() -> dict[str, Any]:
+        return {t["topic"]: t for t in daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
+
+    finished = rows()[free]["last_compaction"]["finished_at"]
+    wait_for(lambda: rows()[free]["last_compaction"]["finished_at"] != finished and
+             rows()[free]["backlog"]["records"] == 0, TASK_TIMEOUT_S, f"topic {free} compacted again", daemon)
+    at = passes(daemon)
+    wait_for(lambda: passes(daemon) >= at + 2, READY_TIMEOUT_S, "two monitor passes", daemon)
+    row = rows()[held]
+    assert row["backlog"]["records"] == BIG and row["current_task"] is None, row
+    assert row["behind"] is False, row

@@ -52,3 +52,34 @@ def test_an_ended_task_counts_under_its_reason_and_sets_the_kept_ratio() -> None
     assert samples[("compactord_last_run_kept_ratio", (("topic", "orders"),))] == 0.25
     assert samples[("compactord_spilled_bytes_total", (("topic", "orders"),))] == 8192
     assert samples[("compactord_task_cpu_ratio", (("topic", "orders"),))] == 0.5
+
+
+def test_past_the_bound_of_topics_no_series_per_topic_is_exported_and_the_totals_stay() -> None:
+    from compactord.config import settings_from_properties
+
+    bound = settings_from_properties({"metricsPerTopicMaxTopics": "2"}).metrics_per_topic_max_topics
+    assert bound == 2 and settings_from_properties({}).metrics_per_topic_max_topics == 1000
+    metrics = Metrics()
+    metrics.backlog_records.labels("orders").set(5)
+    metrics.uncleanable.set(1)
+    metrics.per_topic_for(2, bound)
+    assert topics_in(metrics) == {"orders"}
+    metrics.per_topic_for(3, bound)
+    assert topics_in(metrics) == set()
+    metrics.backlog_records.labels("payments").set(7)  # made by the pass, kept nowhere
+    metrics.compactions.labels("payments", "succeeded").inc()
+    metrics.duration.labels("payments").observe(1.5)
+    samples = {s.name: s.value for family in text_string_to_metric_families(metrics.render().decode())
+               for s in family.samples if not s.labels}
+    assert topics_in(metrics) == set() and samples["compactord_uncleanable_topics"] == 1
+    assert samples["compactord_per_topic_series"] == 0
+    metrics.per_topic_for(2, bound)
+    metrics.backlog_records.labels("payments").set(7)
+    assert topics_in(metrics) == {"payments"}
+
+
+def test_series_per_topic_can_be_turned_off_whatever_the_count() -> None:
+    metrics = Metrics()
+    metrics.per_topic_for(1, 0)
+    metrics.ledger_corrupt.labels("orders").set(1)
+    assert topics_in(metrics) == set()
