@@ -2,9 +2,10 @@
 (``tests.support.daemon.DaemonProcess``), driven over HTTP.
 
 A daemon start costs 15-25 s (Spark start and warm-up on the 2-core CI machine), so each test module
-starts the daemons it needs once (``launch``, module-scoped), and the modules that read, fuzz, run
-the CLI and watch the backlog monitor share one package-scoped daemon (``shared_daemon``). Every
-daemon is stopped by PID in teardown, also when a test fails.
+starts the daemons it needs once (``launch``, module-scoped), the modules that read, fuzz, run
+the CLI and watch the backlog monitor share one package-scoped daemon with a token (``shared_daemon``),
+and those that need a daemon without one share another (``open_daemon``). Every daemon is stopped by
+PID in teardown, also when a test fails.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from compactord.embedded import EmbeddedBroker, free_port
 from tests.support.daemon import DaemonProcess, write_conf
-from tests.support.probes import PAUSES_ENV
+from tests.support.probes import GATE_ENV, PAUSES_ENV
 
 PAUSING_FACTORY = "tests.support.probes:PausingFactory"
 
@@ -33,6 +34,8 @@ MONITOR_PATTERN = "mon-[0-9]+-[0-9a-f]{6}"
 SHARED_THRESHOLD_MESSAGES = 1000
 # A strategy plug-in the shared daemon lists: a topic that chooses it fails every compaction.
 FAILING_STRATEGY = "tests.support.plugins.failing:FailingOrder"
+# The open daemon answers to these host names only (it listens on every address).
+OPEN_HOST = "compactord.example"
 
 
 class Launcher:
@@ -116,6 +119,32 @@ def shared_daemon(broker: EmbeddedBroker,
             compactionMaxConcurrentTasks=2,
             compactionStrategyPlugins=FAILING_STRATEGY,
         )
+    finally:
+        launcher.stop_all()
+
+
+@pytest.fixture(scope="package")
+def open_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The open daemon's gate: while this file is missing, its runs wait in Running (a test removes it and
+    touches it again, also when it fails)."""
+    gate = tmp_path_factory.mktemp("open-gate") / "open"
+    gate.touch()
+    return gate
+
+
+@pytest.fixture(scope="package")
+def open_daemon(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory,
+                open_gate: Path) -> Iterator[DaemonProcess]:
+    """One daemon without a token on purpose: on every address (``httpAllowUnauthenticated``), answering to
+    ``OPEN_HOST`` and the loopback names only; every request is allowed, state-changing ones must say JSON. Its
+    runs pass ``open_gate`` (at Running) while that file exists."""
+    launcher = Launcher(broker, tmp_path_factory.mktemp("open"))
+    try:
+        daemon = launcher.prepare("open", httpBindAddress="0.0.0.0", httpAllowUnauthenticated="true",
+                                  httpAllowedHosts=f"{OPEN_HOST},127.0.0.1,localhost",
+                                  compactionServiceFactoryClassName=PAUSING_FACTORY)
+        daemon.env[GATE_ENV] = f"running:{open_gate}"
+        yield daemon.start().wait_ready()
     finally:
         launcher.stop_all()
 
