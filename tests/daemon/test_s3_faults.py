@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from compactord.daemon.store_watch import PROBE_KEY
 from tests.support.daemon import DaemonProcess, compact, wait_state
 from tests.support.fault_proxy import FaultProxy
+from tests.support.probes import GATE_ENV
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
@@ -23,7 +25,6 @@ from .conftest import Launcher, assert_error, metric, metric_samples
 
 pytestmark = pytest.mark.slow
 
-PAUSE_S = 3  # at the run's start and once its ledger is written: time for the test to set a fault
 WRITE_BUDGET_S = 3  # storageWriteRetrySeconds: a store down longer fails the compaction's writes soon
 DOWN = "the ledger root's store does not answer"
 
@@ -39,20 +40,36 @@ def root() -> str:
     return f"s3://{BUCKET}/faults-{uuid.uuid4().hex[:12]}"
 
 
-def _start(launch: Launcher, name: str, root: str, s3_server: Any, proxy: FaultProxy) -> DaemonProcess:
-    return launch(name, root=root, pauses=f"running:{PAUSE_S},written:{PAUSE_S}",  # type: ignore[arg-type]
-                  storageWriteRetrySeconds=WRITE_BUDGET_S, **s3_server.daemon_conf(proxy.endpoint))
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A gate file for the run's start and one for once its ledger is written: a test removes one to hold the next
+    run there while it sets a fault."""
+    folder = tmp_path_factory.mktemp("s3-faults-gates")
+    found = {point: folder / point for point in ("running", "written")}
+    for gate in found.values():
+        gate.touch()
+    return found
+
+
+def _start(launch: Launcher, name: str, root: str, s3_server: Any, proxy: FaultProxy,
+           gates: dict[str, Path]) -> DaemonProcess:
+    daemon = launch.prepare(name, root=root, pauses="",  # type: ignore[arg-type]
+                            storageWriteRetrySeconds=WRITE_BUDGET_S, **s3_server.daemon_conf(proxy.endpoint))
+    daemon.env[GATE_ENV] = ",".join(f"{point}:{gate}" for point, gate in gates.items())
+    return daemon.start().wait_ready()
 
 
 @pytest.fixture(scope="module")
-def daemon(launch: Launcher, root: str, s3_server: Any, proxy: FaultProxy) -> DaemonProcess:
-    return _start(launch, "s3-faults", root, s3_server, proxy)
+def daemon(launch: Launcher, root: str, s3_server: Any, proxy: FaultProxy, gates: dict[str, Path]) -> DaemonProcess:
+    return _start(launch, "s3-faults", root, s3_server, proxy, gates)
 
 
 @pytest.fixture(autouse=True)
-def healed(proxy: FaultProxy) -> Iterator[None]:
+def healed(proxy: FaultProxy, gates: dict[str, Path]) -> Iterator[None]:
     yield
     proxy.heal()  # a failed test leaves no fault to the next
+    for gate in gates.values():
+        gate.touch()
 
 
 def _view(daemon: DaemonProcess, topic: str) -> dict[bytes, bytes]:
@@ -67,10 +84,14 @@ def _readyz(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
     return response.status_code, response.json()
 
 
-def _paused_at(daemon: DaemonProcess, point: str, times: int) -> None:
-    """Wait until tasks have paused at ``point`` ``times`` times in all (counted over the daemon's log)."""
-    wait_for(lambda: daemon.log_text().count(f"at test pause point {point!r}") >= times, 120,
-             f"a task to pause at {point!r} ({times} in all)", daemon)
+def _holds(daemon: DaemonProcess, point: str) -> int:
+    """How many times tasks have been held at ``point``'s gate (counted over the daemon's log)."""
+    return daemon.log_text().count(f"held at test gate {point!r}")
+
+
+def _held_at(daemon: DaemonProcess, point: str, times: int) -> None:
+    """Wait until tasks have been held at ``point`` ``times`` times in all."""
+    wait_for(lambda: _holds(daemon, point) >= times, 120, f"a task to be held at {point!r} ({times} in all)", daemon)
 
 
 def _requests(daemon: DaemonProcess) -> float:
@@ -127,16 +148,18 @@ def test_a_hung_store_is_answered_at_once_while_down_and_served_again_once_back(
 
 
 def test_throttling_shorter_than_the_budgets_is_retried(daemon: DaemonProcess, kafka: Any,
-                                                       proxy: FaultProxy) -> None:
+                                                       proxy: FaultProxy, gates: dict[str, Path]) -> None:
     topic = kafka.topic(prefix="throttled")
     kafka.produce(topic, [(f"k{i % 40}", f"v{i}") for i in range(200)])
-    pauses = daemon.log_text().count("at test pause point 'written'")
+    holds = _holds(daemon, "written")
+    gates["written"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "written", pauses + 1)
+    _held_at(daemon, "written", holds + 1)
     # From here on, the driver alone asks the store (the new ledger's switch): each of its requests is
     # counted by the proxy and by the daemon's metric, the 503'd one and its retry included.
     faulted, seen, counted = len(proxy.faulted), len(proxy.seen), _requests(daemon)
     proxy.fail(1, 503)
+    gates["written"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
     [throttled] = proxy.faulted[faulted:]
@@ -148,14 +171,16 @@ def test_throttling_shorter_than_the_budgets_is_retried(daemon: DaemonProcess, k
 
 
 def test_a_reset_upload_is_retried_and_the_compaction_succeeds(daemon: DaemonProcess, kafka: Any,
-                                                             proxy: FaultProxy) -> None:
+                                                             proxy: FaultProxy, gates: dict[str, Path]) -> None:
     topic = kafka.topic(prefix="reset")
     kafka.produce(topic, [(f"k{i % 40}", f"v{i}") for i in range(200)])
-    pauses = daemon.log_text().count("at test pause point 'running'")
+    holds = _holds(daemon, "running")
+    gates["running"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "running", pauses + 1)
+    _held_at(daemon, "running", holds + 1)
     faulted, seen = len(proxy.faulted), len(proxy.seen)
     proxy.reset_uploads(1)  # the next request with a body (a part of the new ledger) is cut after 1 KiB
+    gates["running"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
     [cut] = proxy.faulted[faulted:]
@@ -165,15 +190,17 @@ def test_a_reset_upload_is_retried_and_the_compaction_succeeds(daemon: DaemonPro
 
 def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_stays_served(
         launch: Launcher, daemon: DaemonProcess, kafka: Any, proxy: FaultProxy, s3_server: Any,
-        root: str) -> None:
+        root: str, gates: dict[str, Path]) -> None:
     topic = _compacted(daemon, kafka, "down")
     view = _view(daemon, topic)
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
     kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(40)])
-    pauses = daemon.log_text().count("at test pause point 'running'")
+    holds = _holds(daemon, "running")
+    gates["running"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "running", pauses + 1)
+    _held_at(daemon, "running", holds + 1)
     proxy.refuse(500)  # longer than storageWriteRetrySeconds: every write of the run gives up
+    gates["running"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "ERROR" and "InternalError" in final["last_error"], final
     code, ready = _readyz(daemon)
@@ -192,7 +219,7 @@ def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_s
 
     # The failed run's objects are gone after the next start: only the served ledger is under the topic.
     daemon.stop()
-    restarted = _start(launch, "s3-faults-restarted", root, s3_server, proxy)
+    restarted = _start(launch, "s3-faults-restarted", root, s3_server, proxy, gates)
     assert _view(restarted, topic) == view
     prefix = root.split("/", 3)[3]
     ledgers = {key.split("/")[1] for key in (i.key for i in s3_server.store(prefix).list(f"{topic}/"))
