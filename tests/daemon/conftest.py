@@ -4,13 +4,16 @@
 A daemon start costs 15-25 s (Spark start and warm-up on the 2-core CI machine), so each test module
 starts the daemons it needs once (``launch``, module-scoped), the modules that read, fuzz, run
 the CLI and watch the backlog monitor share one package-scoped daemon with a token (``shared_daemon``),
-and those that need a daemon without one share another (``open_daemon``). Every daemon is stopped by
-PID in teardown, also when a test fails.
+those that need a daemon without one share another (``open_daemon``), and those that hang or stop their
+broker share a broker of their own and its daemon (``isolated_broker``, ``isolated_daemon``). Every daemon
+is stopped by PID in teardown, also when a test fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -145,6 +148,40 @@ def open_daemon(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
                                   compactionServiceFactoryClassName=PAUSING_FACTORY)
         daemon.env[GATE_ENV] = f"running:{open_gate}"
         yield daemon.start().wait_ready()
+    finally:
+        launcher.stop_all()
+
+
+@pytest.fixture(scope="package")
+def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A broker of its own, so that a test that hangs (SIGSTOP) or stops it stops no other test; resumed
+    (SIGCONT) and stopped in teardown, also when a test fails. The module that stops it runs last of those
+    using it (test_recreate.py)."""
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("isolated-broker") / "tansu.log").start()
+    try:
+        yield broker
+    finally:
+        if broker.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(broker.pid, signal.SIGCONT)
+        broker.stop()
+
+
+# The isolated daemon's kafkaRequestTimeoutMs: longer than any wait of its tests, so that a stalled broker is
+# seen by the watch's own deadline on a ping, and a listing's own deadline on the broker, not after a request's
+# timeout (test_probes.py).
+ISOLATED_REQUEST_TIMEOUT_MS = 300_000
+
+
+@pytest.fixture(scope="package")
+def isolated_daemon(isolated_broker: EmbeddedBroker,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon of ``isolated_broker``, its monitor's pass an hour away (whatever answers 410 in
+    test_recreate.py is the reads' own check)."""
+    launcher = Launcher(isolated_broker, tmp_path_factory.mktemp("isolated"))
+    try:
+        yield launcher("isolated", kafkaRequestTimeoutMs=ISOLATED_REQUEST_TIMEOUT_MS,
+                       brokerServiceCompactionMonitorIntervalInSeconds=3600)
     finally:
         launcher.stop_all()
 
