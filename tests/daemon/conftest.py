@@ -4,9 +4,10 @@
 A daemon start costs 15-25 s (Spark start and warm-up on the 2-core CI machine), so each test module
 starts the daemons it needs once (``launch``, module-scoped), the modules that read, fuzz, run
 the CLI and watch the backlog monitor share one package-scoped daemon with a token (``shared_daemon``),
-those that need a daemon without one share another (``open_daemon``), and those that hang or stop their
-broker share a broker of their own and its daemon (``isolated_broker``, ``isolated_daemon``). Every daemon
-is stopped by PID in teardown, also when a test fails.
+those that need a daemon without one share another (``open_daemon``), those that hang or stop their
+broker share a broker of their own and its daemon (``isolated_broker``, ``isolated_daemon``), and those of
+an S3 root share a daemon whose store is reached through a fault-injecting proxy (``s3_daemon``). Every
+daemon is stopped by PID in teardown, also when a test fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,9 @@ import pytest
 
 from compactord.embedded import EmbeddedBroker, free_port
 from tests.support.daemon import DaemonProcess, write_conf
+from tests.support.fault_proxy import FaultProxy
 from tests.support.probes import GATE_ENV, PAUSES_ENV
+from tests.support.s3_server import BUCKET
 
 PAUSING_FACTORY = "tests.support.probes:PausingFactory"
 
@@ -182,6 +186,47 @@ def isolated_daemon(isolated_broker: EmbeddedBroker,
     try:
         yield launcher("isolated", kafkaRequestTimeoutMs=ISOLATED_REQUEST_TIMEOUT_MS,
                        brokerServiceCompactionMonitorIntervalInSeconds=3600)
+    finally:
+        launcher.stop_all()
+
+
+# The S3 daemon's storageWriteRetrySeconds: a store down longer fails a compaction's writes soon.
+S3_WRITE_BUDGET_S = 3
+
+
+@pytest.fixture(scope="package")
+def s3_proxy(s3_server: Any) -> Iterator[FaultProxy]:
+    """The fault-injecting proxy in front of the session's S3 server that ``s3_daemon`` reaches it through (it
+    relays all until a test sets a fault; the tests that do heal it at their end, also when they fail)."""
+    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="package")
+def s3_gates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``s3_daemon``'s gate files, at the run's start (``running``) and once its ledger is written (``written``):
+    a test removes one to hold the next run there (and touches it again, also when it fails)."""
+    folder = tmp_path_factory.mktemp("s3-gates")
+    found = {point: folder / point for point in ("running", "written")}
+    for gate in found.values():
+        gate.touch()
+    return found
+
+
+@pytest.fixture(scope="package")
+def s3_daemon(broker: EmbeddedBroker, s3_server: Any, s3_proxy: FaultProxy, s3_gates: dict[str, Path],
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon on a fresh S3 root, through ``s3_proxy``, its runs passing ``s3_gates``; the monitor's pass an hour
+    away and no periodic sweep (a pass lists the root: the requests test_s3_root.py counts are the reads' own). A
+    test may stop it and start it again (the same ``DaemonProcess``)."""
+    launcher = Launcher(broker, tmp_path_factory.mktemp("s3"))
+    try:
+        root: Any = f"s3://{BUCKET}/daemon-{uuid.uuid4().hex[:12]}"
+        daemon = launcher.prepare("s3", root=root, pauses="", storageWriteRetrySeconds=S3_WRITE_BUDGET_S,
+                                  brokerServiceCompactionMonitorIntervalInSeconds=3600, storageSweepIntervalSeconds=0,
+                                  **s3_server.daemon_conf(s3_proxy.endpoint))
+        daemon.env[GATE_ENV] = ",".join(f"{point}:{gate}" for point, gate in s3_gates.items())
+        yield daemon.start().wait_ready()
     finally:
         launcher.stop_all()
 

@@ -7,7 +7,6 @@ ledger is what is served once the store is back, the failed run's objects gone a
 from __future__ import annotations
 
 import base64
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,51 +16,29 @@ import pytest
 from compactord.daemon.store_watch import PROBE_KEY
 from tests.support.daemon import DaemonProcess, compact, wait_state
 from tests.support.fault_proxy import FaultProxy
-from tests.support.probes import GATE_ENV
-from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, assert_error, metric, metric_samples
+from .conftest import assert_error, metric, metric_samples
 
 pytestmark = pytest.mark.slow
 
-WRITE_BUDGET_S = 3  # storageWriteRetrySeconds: a store down longer fails the compaction's writes soon
 DOWN = "the ledger root's store does not answer"
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as p:
-        yield p
+def proxy(s3_proxy: FaultProxy) -> FaultProxy:
+    return s3_proxy
 
 
 @pytest.fixture(scope="module")
-def root() -> str:
-    return f"s3://{BUCKET}/faults-{uuid.uuid4().hex[:12]}"
+def gates(s3_gates: dict[str, Path]) -> dict[str, Path]:
+    return s3_gates
 
 
 @pytest.fixture(scope="module")
-def gates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A gate file for the run's start and one for once its ledger is written: a test removes one to hold the next
-    run there while it sets a fault."""
-    folder = tmp_path_factory.mktemp("s3-faults-gates")
-    found = {point: folder / point for point in ("running", "written")}
-    for gate in found.values():
-        gate.touch()
-    return found
-
-
-def _start(launch: Launcher, name: str, root: str, s3_server: Any, proxy: FaultProxy,
-           gates: dict[str, Path]) -> DaemonProcess:
-    daemon = launch.prepare(name, root=root, pauses="",  # type: ignore[arg-type]
-                            storageWriteRetrySeconds=WRITE_BUDGET_S, **s3_server.daemon_conf(proxy.endpoint))
-    daemon.env[GATE_ENV] = ",".join(f"{point}:{gate}" for point, gate in gates.items())
-    return daemon.start().wait_ready()
-
-
-@pytest.fixture(scope="module")
-def daemon(launch: Launcher, root: str, s3_server: Any, proxy: FaultProxy, gates: dict[str, Path]) -> DaemonProcess:
-    return _start(launch, "s3-faults", root, s3_server, proxy, gates)
+def daemon(s3_daemon: DaemonProcess) -> DaemonProcess:
+    """The package's S3 daemon (storageWriteRetrySeconds=3), through ``proxy``, its runs passing ``gates``."""
+    return s3_daemon
 
 
 @pytest.fixture(autouse=True)
@@ -189,8 +166,7 @@ def test_a_reset_upload_is_retried_and_the_compaction_succeeds(daemon: DaemonPro
 
 
 def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_stays_served(
-        launch: Launcher, daemon: DaemonProcess, kafka: Any, proxy: FaultProxy, s3_server: Any,
-        root: str, gates: dict[str, Path]) -> None:
+        daemon: DaemonProcess, kafka: Any, proxy: FaultProxy, s3_server: Any, gates: dict[str, Path]) -> None:
     topic = _compacted(daemon, kafka, "down")
     view = _view(daemon, topic)
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
@@ -219,9 +195,9 @@ def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_s
 
     # The failed run's objects are gone after the next start: only the served ledger is under the topic.
     daemon.stop()
-    restarted = _start(launch, "s3-faults-restarted", root, s3_server, proxy, gates)
+    restarted = daemon.start().wait_ready()
     assert _view(restarted, topic) == view
-    prefix = root.split("/", 3)[3]
+    prefix = str(daemon.root).split("/", 3)[3]
     ledgers = {key.split("/")[1] for key in (i.key for i in s3_server.store(prefix).list(f"{topic}/"))
                if key.split("/")[1].startswith("ledger-")}
     assert ledgers == {f"ledger-{horizon['ledger_id']}"}, ledgers

@@ -34,7 +34,7 @@ SWEPT_BOUND_S = GRACE_S + 60
 
 
 @pytest.fixture(scope="module")
-def s3_daemon(launch: Any, s3_server: Any) -> DaemonProcess:
+def sweep_daemon(launch: Any, s3_server: Any) -> DaemonProcess:
     """One daemon on a fresh S3 root, with the short sweep and a grace of ``GRACE_S`` (the S3 tests' topics are
     their own: a periodic pass never removes what a pointer names, retired ledgers included)."""
     daemon: DaemonProcess = launch(
@@ -46,9 +46,9 @@ def s3_daemon(launch: Any, s3_server: Any) -> DaemonProcess:
 
 
 @pytest.mark.slow
-def test_the_periodic_sweep_removes_an_old_orphan_of_an_s3_root(s3_daemon: DaemonProcess, kafka: Any,
+def test_the_periodic_sweep_removes_an_old_orphan_of_an_s3_root(sweep_daemon: DaemonProcess, kafka: Any,
                                                                  s3_server: Any) -> None:
-    daemon = s3_daemon
+    daemon = sweep_daemon
     for key, value in (("storageSweepIntervalSeconds", SWEEP_INTERVAL_S), ("storageSweepMinAgeSeconds",
                                                                            SWEEP_MIN_AGE_S)):
         assert f"{key}={value} is below the recommended minimum 60" in daemon.log_text(), daemon.log_tail()
@@ -108,8 +108,8 @@ def wait_retired_swept(daemon: DaemonProcess, objects: ObjectStore, topic: str, 
 
 
 @pytest.mark.slow
-def test_every_ledger_retired_within_one_grace_is_deleted_on_an_s3_root(s3_daemon: DaemonProcess, kafka: Any,
+def test_every_ledger_retired_within_one_grace_is_deleted_on_an_s3_root(sweep_daemon: DaemonProcess, kafka: Any,
                                                                        s3_server: Any) -> None:
     objects = s3_server.store(S3_PREFIX)
-    topic, retired = retire_two_within_one_grace(s3_daemon, kafka, objects)
-    wait_retired_swept(s3_daemon, objects, topic, retired)
+    topic, retired = retire_two_within_one_grace(sweep_daemon, kafka, objects)
+    wait_retired_swept(sweep_daemon, objects, topic, retired)
