@@ -43,6 +43,12 @@ SHARED_THRESHOLD_MESSAGES = 1000
 FAILING_STRATEGY = "tests.support.plugins.failing:FailingOrder"
 # The open daemon answers to these host names only (it listens on every address).
 OPEN_HOST = "compactord.example"
+# The open daemon's pages of the compacted view (4 MiB of values and some keys, a page of ~5.6 MB of JSON), the
+# buffer for answers still being sent (two such pages, not three), and the time a client may take none of one.
+OPEN_PAGE_RAW = 4 * 1024 * 1024
+OPEN_READ_MAX_BYTES = OPEN_PAGE_RAW + 4096
+OPEN_BUFFER_BYTES = 12 * 1024 * 1024
+OPEN_SEND_TIMEOUT_S = 8
 
 
 class Launcher:
@@ -144,11 +150,14 @@ def open_daemon(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
                 open_gate: Path) -> Iterator[DaemonProcess]:
     """One daemon without a token on purpose: on every address (``httpAllowUnauthenticated``), answering to
     ``OPEN_HOST`` and the loopback names only; every request is allowed, state-changing ones must say JSON. Its
-    runs pass ``open_gate`` (at Running) while that file exists."""
+    runs pass ``open_gate`` (at Running) while that file exists. Its answers share a buffer of
+    ``OPEN_BUFFER_BYTES``, pages of up to ``OPEN_READ_MAX_BYTES`` (test_response_budget.py)."""
     launcher = Launcher(broker, tmp_path_factory.mktemp("open"))
     try:
         daemon = launcher.prepare("open", httpBindAddress="0.0.0.0", httpAllowUnauthenticated="true",
                                   httpAllowedHosts=f"{OPEN_HOST},127.0.0.1,localhost",
+                                  httpReadMaxBytes=OPEN_READ_MAX_BYTES, httpResponseBufferBytes=OPEN_BUFFER_BYTES,
+                                  httpRequestBodyTimeoutSeconds=OPEN_SEND_TIMEOUT_S,
                                   compactionServiceFactoryClassName=PAUSING_FACTORY)
         daemon.env[GATE_ENV] = f"running:{open_gate}"
         yield daemon.start().wait_ready()
