@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,10 @@ from compactord import cli
 from compactord.cli import main
 from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, wait_state
-from tests.support.probes import GATE_ENV
 from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-from .conftest import SHARED_TOKEN, Launcher, run_cli
+from .conftest import SHARED_TOKEN, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -254,13 +254,14 @@ def test_a_url_that_is_not_http_is_refused(env: dict[str, str]) -> None:
     failed(result, "'ftp://127.0.0.1:8642'", "its scheme is ftp", "http://HOST:PORT or https://HOST:PORT")
 
 
-@pytest.fixture(scope="module")
-def gated(launch: Launcher, tmp_path_factory: pytest.TempPathFactory) -> tuple[DaemonProcess, Path]:
-    """A daemon whose runs wait in Running until the gate file exists."""
-    gate = tmp_path_factory.mktemp("gate") / "open"
-    daemon = launch.prepare("cli-gated", pauses="")
-    daemon.env[GATE_ENV] = f"running:{gate}"
-    return daemon.start().wait_ready(), gate
+@pytest.fixture
+def gated(open_daemon: DaemonProcess, open_gate: Path) -> Iterator[tuple[DaemonProcess, Path]]:
+    """A daemon whose runs wait in Running until the gate file exists (it is removed for the test)."""
+    open_gate.unlink()
+    try:
+        yield open_daemon, open_gate
+    finally:
+        open_gate.touch()
 
 
 def test_compact_wait_attaches_to_a_compaction_already_running(gated: tuple[DaemonProcess, Path],

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess
 
-from .conftest import Launcher, run_cli
+from .conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +38,8 @@ def command_words(line: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def doc_daemon(launch: Launcher) -> DaemonProcess:
-    return launch("docs")  # no token: the examples send none
+def doc_daemon(open_daemon: DaemonProcess) -> DaemonProcess:
+    return open_daemon  # no token: the examples send none
 
 
 @pytest.fixture

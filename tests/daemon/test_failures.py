@@ -7,14 +7,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from compactord.embedded import free_port
+from compactord.ledger.store import LedgerStore
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.processes import descendants, executable
 from tests.support.waiting import wait_for
+from tests.unit.ledger.test_store import make_ledger
 
 from .conftest import Launcher, assert_error
 
@@ -24,17 +27,21 @@ TOKEN = "failures-token"
 HUNG_JVM_EXIT_BOUND_S = 120.0  # the watchdog's 30 s liveness timeout, its 2 s period, the exit itself
 
 
-def test_a_corrupt_topic_is_listed_with_its_error_and_the_others_normally(launch: Launcher, kafka: Any) -> None:
-    daemon = launch("corrupt", token=TOKEN)
+def test_a_corrupt_topic_is_listed_with_its_error_and_the_others_normally(launch: Launcher, kafka: Any,
+                                                                         tmp_path: Path) -> None:
     broken, healthy = kafka.topic(prefix="corrupt"), kafka.topic(prefix="healthy")
     for topic in (broken, healthy):
         kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(6)])
-        compact(daemon, topic)
-    [ledger] = [p for p in (daemon.root / broken).iterdir() if p.name.startswith("ledger-")]
+    # The broken topic's ledger, current on the root before the daemon starts (so the daemon reads it from disk,
+    # as a restart does), its manifest then edited by hand.
+    root = tmp_path / "ledgers"
+    with LedgerStore(root) as store:
+        ledger_id = make_ledger(store, broken)
+        store.switch(broken, ledger_id)
+        ledger = store.ledger_path(broken, ledger_id)
     (ledger / "manifest.json").write_text("{edited by hand")
-    # a new process reads the ledger from disk (this one remembers its last task)
-    daemon.stop()
-    daemon = launch("corrupt-restarted", root=daemon.root, token=TOKEN)
+    daemon = launch("corrupt", root=root, token=TOKEN)
+    compact(daemon, healthy)
 
     response = daemon.http.get("/v1/topics")
     assert response.status_code == 200, response.text

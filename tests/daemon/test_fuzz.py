@@ -17,18 +17,12 @@ import pytest
 
 from tests.support.daemon import DaemonProcess
 
-from .conftest import SHARED_TOKEN, Launcher
+from .conftest import SHARED_TOKEN
 
 pytestmark = pytest.mark.slow
 
 SEED = 20260226
 EXAMPLES_PER_OPERATION = 5
-
-
-@pytest.fixture(scope="module")
-def open_daemon(launch: Launcher) -> DaemonProcess:
-    """A daemon without a token (loopback): every request is allowed, state-changing ones must say JSON."""
-    return launch("fuzz-open")
 
 
 def _topic_dirs(daemon: DaemonProcess) -> set[str]:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.daemon.conftest import Launcher, assert_error, run_cli
+from tests.daemon.conftest import OPEN_HOST, Launcher, assert_error, run_cli
 from tests.support.daemon import DaemonProcess, wait_state, write_conf
 from tests.support.plugins import IMPORT_MARKS_ENV
 
@@ -27,7 +27,6 @@ REFUSE_TIMEOUT_S = 120.0
 ADMIN_TOKEN = "admin-t0ken"
 READ_TOKEN = "read-t0ken"
 MAX_IN_FLIGHT = 4
-OPEN_HOST = "compactord.example"
 LISTED = "tests.support.plugins.listed:ListedOrder"
 UNLISTED = "tests.support.plugins.unlisted:UnlistedOrder"
 
@@ -47,13 +46,6 @@ def daemon(launch: Launcher, marks: Path, tmp_path_factory: pytest.TempPathFacto
                               httpReadToken=f"file:{read_token}", httpMaxConnections=MAX_IN_FLIGHT)
     prepared.env[IMPORT_MARKS_ENV] = str(marks)
     return prepared.start().wait_ready()
-
-
-@pytest.fixture(scope="module")
-def open_daemon(launch: Launcher) -> DaemonProcess:
-    """On every address, without a token on purpose, answering to two host names only."""
-    return launch("open", httpBindAddress="0.0.0.0", httpAllowUnauthenticated="true",
-                  httpAllowedHosts=f"{OPEN_HOST},127.0.0.1")
 
 
 def refused_start(tmp_path: Path, **conf: object) -> tuple[int, list[str]]:

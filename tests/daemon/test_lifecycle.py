@@ -1,11 +1,11 @@
 """The daemon's life on one ledger root: a second daemon refuses the root, a restart reports the
 last run from the run history (and the ledger it finds) and keeps the policies and the unload mark, and
 SIGTERM during a compaction cancels the task, records it in the history, leaves no partial ledger and
-exits with code 0. The daemon exits once its Spark JVM is gone; SIGTERM to its whole process group (the JVM's
-too) stops it as quietly as SIGTERM to it alone. A daemon whose factory uses no Spark starts no JVM.
+exits with code 0. The daemon exits once its Spark JVM is gone, after SIGTERM to it alone and to its whole
+process group (the JVM's too), which stops it quietly. A daemon whose factory uses no Spark starts no JVM.
 
-The tests run in order: the first daemon compacts and is stopped, the second (with a task held
-after its ledger is written) is the one that gets SIGTERM during a compaction.
+The tests run in order: the first daemon compacts and is stopped (SIGTERM to its process group), the second
+(with a task held after its ledger is written) is the one that gets SIGTERM during a compaction.
 """
 
 from __future__ import annotations
@@ -74,12 +74,20 @@ def spark_jvm(daemon: DaemonProcess) -> tuple[int, str | None]:
     return jvms[0], start_time(jvms[0])
 
 
-def test_sigterm_when_idle_exits_0_once_its_jvm_is_gone(first: DaemonProcess, state: dict[str, Any]) -> None:
+def test_sigterm_to_the_whole_process_group_when_idle_exits_0_quietly_once_its_jvm_is_gone(
+        first: DaemonProcess, state: dict[str, Any]) -> None:
+    """What ``timeout``, ``docker stop`` without an init or a supervisor's group kill do: the JVM gets the
+    signal too, and ignores it; the daemon stops it, with no py4j traceback and no EOFError of PySpark (SIGTERM
+    to the daemon alone: ``test_sigterm_cancels_a_running_task``)."""
     assert first.process is not None
     jvm = spark_jvm(first)
-    first.process.send_signal(signal.SIGTERM)
+    mark = len(first.log_text())
+    os.killpg(first.pid, signal.SIGTERM)
     assert first.wait_exit(SIGTERM_BOUND_S) == 0, first.log_tail()
     assert not alive(*jvm), "the daemon exited before its Spark JVM"
+    log = first.log_text()[mark:]
+    for noise in ("ERROR", "Traceback", "EOFError", "py4j", "Exception"):
+        assert noise not in log, log
     lock = Path(state["root"]) / "@compactord" / "lock"
     assert lock.read_text() == ""  # released: no holder named any more
 
@@ -136,13 +144,15 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     assert status(restarted, topic)["state"] == "Running"
     assert len(ledger_dirs(restarted.root, topic)) == 1  # the partial ledger
     assert restarted.process is not None
+    jvm = spark_jvm(restarted)
 
     started = time.monotonic()
-    restarted.process.send_signal(signal.SIGTERM)
+    restarted.process.send_signal(signal.SIGTERM)  # to the daemon alone, as KillMode=mixed and tini send it
     code = restarted.wait_exit(SIGTERM_BOUND_S)
     elapsed = time.monotonic() - started
     assert code == 0, f"exit code {code} after {elapsed:.1f}s\n{restarted.log_tail()}"
     assert elapsed < SIGTERM_BOUND_S
+    assert not alive(*jvm), "the daemon exited before its Spark JVM"
     log = restarted.log_text()
     assert f"compaction of topic {topic} (task {response.json()['task_id']}) cancelled" in log, log
     # the task's partial ledger is gone, nothing points at it, the other topic's ledger is intact
@@ -155,20 +165,6 @@ def test_sigterm_cancels_a_running_task(restarted: DaemonProcess, state: dict[st
     [run] = RunHistory(LocalStore(root), 1000, 30).runs(topic)
     assert (run.task_id, run.state, run.error) == (response.json()["task_id"], "Cancelled",
                                                    "the daemon is shutting down")
-
-
-def test_sigterm_to_the_whole_process_group_stops_as_quietly_as_to_the_daemon(launch: Launcher) -> None:
-    """What ``timeout``, ``docker stop`` without an init or a supervisor's group kill do: the JVM gets the
-    signal too, and ignores it; the daemon stops it, with no py4j traceback and no EOFError of PySpark."""
-    daemon = launch("group")
-    jvm = spark_jvm(daemon)
-    mark = len(daemon.log_text())
-    os.killpg(daemon.pid, signal.SIGTERM)
-    assert daemon.wait_exit(SIGTERM_BOUND_S) == 0, daemon.log_tail()
-    assert not alive(*jvm), "the daemon exited before its Spark JVM"
-    log = daemon.log_text()[mark:]
-    for noise in ("ERROR", "Traceback", "EOFError", "py4j", "Exception"):
-        assert noise not in log, log
 
 
 SPARKLESS_FACTORY = "tests.support.plugins.sparkless:SparklessFactory"

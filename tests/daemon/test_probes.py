@@ -4,8 +4,8 @@ cannot run), requests to the broker get 503 broker_unavailable; after SIGCONT it
 daemon's kafkaRequestTimeoutMs is longer than any wait here: a stalled broker is seen by the watch's own
 deadline on a ping, and a listing's own deadline on the broker, not after a request's timeout.
 
-The broker here is one of this module's own, so that hanging it stops no other test; it is resumed
-(SIGCONT) and stopped in teardown, also when a test fails.
+The broker here is not the session's (``isolated_broker``, shared with test_recreate.py), so that hanging it
+stops no other test; it is resumed (SIGCONT) at the end of the test, also when it fails.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from compactord.embedded import EmbeddedBroker
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, assert_error
+from .conftest import assert_error
 
 pytestmark = pytest.mark.slow
 
-REQUEST_TIMEOUT_MS = 300_000
 CONCURRENT = 80
 
 
@@ -41,22 +40,13 @@ def _signal(broker: EmbeddedBroker, signum: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("hung-broker") / "tansu.log").start()
-    try:
-        yield broker
-    finally:
-        _signal(broker, signal.SIGCONT)
-        broker.stop()
+def own_broker(isolated_broker: EmbeddedBroker) -> EmbeddedBroker:
+    return isolated_broker
 
 
 @pytest.fixture(scope="module")
-def daemon(own_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    launcher = Launcher(own_broker, tmp_path_factory.mktemp("probes"))
-    try:
-        yield launcher("probes", kafkaRequestTimeoutMs=REQUEST_TIMEOUT_MS)
-    finally:
-        launcher.stop_all()
+def daemon(isolated_daemon: DaemonProcess) -> DaemonProcess:
+    return isolated_daemon
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ against what the broker says of it (at most a second old) and answers 410 ``topi
 first read, and ``CompactedReader`` raises ``TopicRecreated``; a broker that stops answering does not
 fail the reads (the last answer is used, and the response says so).
 
-The broker is one of this module's own, so that stopping it stops no other test; it is stopped in
-teardown, also when a test fails. The broker-down test runs last.
+The broker is not the session's (``isolated_broker``, shared with test_probes.py, which runs before), so
+that stopping it stops no other test; it is stopped in teardown, also when a test fails. The broker-down
+test runs last.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, assert_error
+from .conftest import assert_error
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +35,8 @@ CHECKED_AT = "Compactord-Identity-Checked-At"
 
 
 @pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("recreate-broker") / "tansu.log").start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
+def own_broker(isolated_broker: EmbeddedBroker) -> EmbeddedBroker:
+    return isolated_broker
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +49,9 @@ def own_kafka(own_broker: EmbeddedBroker) -> Iterator[Kafka]:
 
 
 @pytest.fixture(scope="module")
-def daemon(own_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    launcher = Launcher(own_broker, tmp_path_factory.mktemp("recreate"))
-    try:
-        # The monitor's pass an hour away: whatever answers 410 here is the reads' own check.
-        yield launcher("recreate", brokerServiceCompactionMonitorIntervalInSeconds=3600,
-                       kafkaRequestTimeoutMs=5000)
-    finally:
-        launcher.stop_all()
+def daemon(isolated_daemon: DaemonProcess) -> DaemonProcess:
+    """The monitor's pass an hour away: whatever answers 410 here is the reads' own check."""
+    return isolated_daemon
 
 
 def _page(daemon: DaemonProcess, topic: str) -> Any:

@@ -3,8 +3,8 @@ answers count against httpResponseBufferBytes until their client has taken them,
 server_busy at once (its rendered page dropped), and a client that takes nothing for the send timeout
 (httpRequestBodyTimeoutSeconds) is cut off, which gives its bytes back.
 
-One daemon whose buffer holds two pages of the compacted view; clients with a 4 KiB receive window that
-ask for a page and read nothing.
+The package's open daemon, whose buffer holds two pages of the compacted view; clients with a 4 KiB receive
+window that ask for a page and read nothing.
 """
 
 from __future__ import annotations
@@ -20,22 +20,23 @@ import pytest
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, metric
+from .conftest import OPEN_BUFFER_BYTES, OPEN_READ_MAX_BYTES, metric
 
 pytestmark = pytest.mark.slow
 
 VALUE_BYTES = 512 * 1024
 ENTRIES = 8
 PAGE_RAW = VALUE_BYTES * ENTRIES  # 4 MiB of values: a page of ~5.6 MB of JSON (base64)
-BUFFER_BYTES = 12 * 1024 * 1024  # two such pages, not three
-SEND_TIMEOUT_S = 8
+BUFFER_BYTES = OPEN_BUFFER_BYTES  # two such pages, not three
 NON_READERS = 6
 
 
 @pytest.fixture(scope="module")
-def daemon(launch: Launcher) -> DaemonProcess:
-    return launch("response-budget", httpReadMaxBytes=PAGE_RAW + 4096, httpResponseBufferBytes=BUFFER_BYTES,
-                  httpRequestBodyTimeoutSeconds=SEND_TIMEOUT_S)
+def daemon(open_daemon: DaemonProcess) -> DaemonProcess:
+    """The package's open daemon: pages of up to PAGE_RAW + 4096 bytes, a buffer of BUFFER_BYTES, and a client
+    cut off after taking none of an answer for 8 s."""
+    assert PAGE_RAW + 4096 == OPEN_READ_MAX_BYTES
+    return open_daemon
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ ledger is what is served once the store is back, the failed run's objects gone a
 from __future__ import annotations
 
 import base64
-import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,43 +16,37 @@ import pytest
 from compactord.daemon.store_watch import PROBE_KEY
 from tests.support.daemon import DaemonProcess, compact, wait_state
 from tests.support.fault_proxy import FaultProxy
-from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, assert_error, metric, metric_samples
+from .conftest import assert_error, metric, metric_samples
 
 pytestmark = pytest.mark.slow
 
-PAUSE_S = 3  # at the run's start and once its ledger is written: time for the test to set a fault
-WRITE_BUDGET_S = 3  # storageWriteRetrySeconds: a store down longer fails the compaction's writes soon
 DOWN = "the ledger root's store does not answer"
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(int(s3_server.endpoint.rsplit(":", 1)[1])) as p:
-        yield p
+def proxy(s3_proxy: FaultProxy) -> FaultProxy:
+    return s3_proxy
 
 
 @pytest.fixture(scope="module")
-def root() -> str:
-    return f"s3://{BUCKET}/faults-{uuid.uuid4().hex[:12]}"
-
-
-def _start(launch: Launcher, name: str, root: str, s3_server: Any, proxy: FaultProxy) -> DaemonProcess:
-    return launch(name, root=root, pauses=f"running:{PAUSE_S},written:{PAUSE_S}",  # type: ignore[arg-type]
-                  storageWriteRetrySeconds=WRITE_BUDGET_S, **s3_server.daemon_conf(proxy.endpoint))
+def gates(s3_gates: dict[str, Path]) -> dict[str, Path]:
+    return s3_gates
 
 
 @pytest.fixture(scope="module")
-def daemon(launch: Launcher, root: str, s3_server: Any, proxy: FaultProxy) -> DaemonProcess:
-    return _start(launch, "s3-faults", root, s3_server, proxy)
+def daemon(s3_daemon: DaemonProcess) -> DaemonProcess:
+    """The package's S3 daemon (storageWriteRetrySeconds=3), through ``proxy``, its runs passing ``gates``."""
+    return s3_daemon
 
 
 @pytest.fixture(autouse=True)
-def healed(proxy: FaultProxy) -> Iterator[None]:
+def healed(proxy: FaultProxy, gates: dict[str, Path]) -> Iterator[None]:
     yield
     proxy.heal()  # a failed test leaves no fault to the next
+    for gate in gates.values():
+        gate.touch()
 
 
 def _view(daemon: DaemonProcess, topic: str) -> dict[bytes, bytes]:
@@ -67,10 +61,14 @@ def _readyz(daemon: DaemonProcess) -> tuple[int, dict[str, Any]]:
     return response.status_code, response.json()
 
 
-def _paused_at(daemon: DaemonProcess, point: str, times: int) -> None:
-    """Wait until tasks have paused at ``point`` ``times`` times in all (counted over the daemon's log)."""
-    wait_for(lambda: daemon.log_text().count(f"at test pause point {point!r}") >= times, 120,
-             f"a task to pause at {point!r} ({times} in all)", daemon)
+def _holds(daemon: DaemonProcess, point: str) -> int:
+    """How many times tasks have been held at ``point``'s gate (counted over the daemon's log)."""
+    return daemon.log_text().count(f"held at test gate {point!r}")
+
+
+def _held_at(daemon: DaemonProcess, point: str, times: int) -> None:
+    """Wait until tasks have been held at ``point`` ``times`` times in all."""
+    wait_for(lambda: _holds(daemon, point) >= times, 120, f"a task to be held at {point!r} ({times} in all)", daemon)
 
 
 def _requests(daemon: DaemonProcess) -> float:
@@ -127,16 +125,18 @@ def test_a_hung_store_is_answered_at_once_while_down_and_served_again_once_back(
 
 
 def test_throttling_shorter_than_the_budgets_is_retried(daemon: DaemonProcess, kafka: Any,
-                                                       proxy: FaultProxy) -> None:
+                                                       proxy: FaultProxy, gates: dict[str, Path]) -> None:
     topic = kafka.topic(prefix="throttled")
     kafka.produce(topic, [(f"k{i % 40}", f"v{i}") for i in range(200)])
-    pauses = daemon.log_text().count("at test pause point 'written'")
+    holds = _holds(daemon, "written")
+    gates["written"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "written", pauses + 1)
+    _held_at(daemon, "written", holds + 1)
     # From here on, the driver alone asks the store (the new ledger's switch): each of its requests is
     # counted by the proxy and by the daemon's metric, the 503'd one and its retry included.
     faulted, seen, counted = len(proxy.faulted), len(proxy.seen), _requests(daemon)
     proxy.fail(1, 503)
+    gates["written"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
     [throttled] = proxy.faulted[faulted:]
@@ -148,14 +148,16 @@ def test_throttling_shorter_than_the_budgets_is_retried(daemon: DaemonProcess, k
 
 
 def test_a_reset_upload_is_retried_and_the_compaction_succeeds(daemon: DaemonProcess, kafka: Any,
-                                                             proxy: FaultProxy) -> None:
+                                                             proxy: FaultProxy, gates: dict[str, Path]) -> None:
     topic = kafka.topic(prefix="reset")
     kafka.produce(topic, [(f"k{i % 40}", f"v{i}") for i in range(200)])
-    pauses = daemon.log_text().count("at test pause point 'running'")
+    holds = _holds(daemon, "running")
+    gates["running"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "running", pauses + 1)
+    _held_at(daemon, "running", holds + 1)
     faulted, seen = len(proxy.faulted), len(proxy.seen)
     proxy.reset_uploads(1)  # the next request with a body (a part of the new ledger) is cut after 1 KiB
+    gates["running"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
     [cut] = proxy.faulted[faulted:]
@@ -164,16 +166,17 @@ def test_a_reset_upload_is_retried_and_the_compaction_succeeds(daemon: DaemonPro
 
 
 def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_stays_served(
-        launch: Launcher, daemon: DaemonProcess, kafka: Any, proxy: FaultProxy, s3_server: Any,
-        root: str) -> None:
+        daemon: DaemonProcess, kafka: Any, proxy: FaultProxy, s3_server: Any, gates: dict[str, Path]) -> None:
     topic = _compacted(daemon, kafka, "down")
     view = _view(daemon, topic)
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
     kafka.produce(topic, [(f"k{i}", f"new{i}") for i in range(40)])
-    pauses = daemon.log_text().count("at test pause point 'running'")
+    holds = _holds(daemon, "running")
+    gates["running"].unlink()
     assert daemon.http.put(f"/v1/topics/{topic}/compaction").status_code == 202
-    _paused_at(daemon, "running", pauses + 1)
+    _held_at(daemon, "running", holds + 1)
     proxy.refuse(500)  # longer than storageWriteRetrySeconds: every write of the run gives up
+    gates["running"].touch()
     final = wait_state(daemon, topic, "Succeed", "Failed", "Cancelled")
     assert final["status"] == "ERROR" and "InternalError" in final["last_error"], final
     code, ready = _readyz(daemon)
@@ -192,9 +195,9 @@ def test_a_compaction_whose_writes_cannot_finish_fails_and_the_previous_ledger_s
 
     # The failed run's objects are gone after the next start: only the served ledger is under the topic.
     daemon.stop()
-    restarted = _start(launch, "s3-faults-restarted", root, s3_server, proxy)
+    restarted = daemon.start().wait_ready()
     assert _view(restarted, topic) == view
-    prefix = root.split("/", 3)[3]
+    prefix = str(daemon.root).split("/", 3)[3]
     ledgers = {key.split("/")[1] for key in (i.key for i in s3_server.store(prefix).list(f"{topic}/"))
                if key.split("/")[1].startswith("ledger-")}
     assert ledgers == {f"ledger-{horizon['ledger_id']}"}, ledgers

@@ -8,8 +8,8 @@
 - ``Gate(point, path)``: a daemon subprocess. Holds every task at ``point`` until the file ``path``
   exists (or, at a cancellable point, a cancel), so a test holds a run open as long as it needs.
 - ``PausingFactory``: the default factory with ``Pauses`` from the environment variable
-  ``COMPACTORD_TEST_PAUSES`` (``point:seconds[,...]``) and a ``Gate`` from ``COMPACTORD_TEST_GATE``
-  (``point:path``); a test daemon selects it with
+  ``COMPACTORD_TEST_PAUSES`` (``point:seconds[,...]``) and a ``Gate`` for each ``point:path`` of
+  ``COMPACTORD_TEST_GATE`` (``point:path[,...]``); a test daemon selects it with
   ``compactionServiceFactoryClassName=tests.support.probes:PausingFactory``.
 """
 
@@ -131,12 +131,12 @@ class Recorder(TaskProbe):
 
 
 class PausingFactory(SparkCompactionServiceFactory):
-    """The default factory, its tasks paused as ``COMPACTORD_TEST_PAUSES`` says and held at the gate
+    """The default factory, its tasks paused as ``COMPACTORD_TEST_PAUSES`` says and held at the gates
     ``COMPACTORD_TEST_GATE`` names (if any)."""
 
     def initialize(self, context: ServiceContext) -> None:
         probe: TaskProbe = Pauses.parse(os.environ.get(PAUSES_ENV, ""))
-        if os.environ.get(GATE_ENV):
-            probe = Gate.parse(os.environ[GATE_ENV], then=probe)
+        for gate in reversed([part.strip() for part in os.environ.get(GATE_ENV, "").split(",") if part.strip()]):
+            probe = Gate.parse(gate, then=probe)
         super().initialize(ServiceContext(context.settings, spark=context.spark, store=context.store,
                                           broker=context.broker, probe=probe))
