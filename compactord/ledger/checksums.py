@@ -1,5 +1,4 @@
-"""File-level helpers of the ledger store: names, CRC-32C, checking a file a manifest lists (the durable writes
-are ``storage/disk.py``'s, re-exported here)."""
+"""The checksums of ledger files: a file's CRC-32C, and what is wrong with a file a manifest lists."""
 
 from __future__ import annotations
 
@@ -10,23 +9,10 @@ from typing import Any
 import crc32c
 
 from compactord.errors import ObjectNotFound, StorageUnavailable
-from compactord.ledger.layout import CURRENT, LEDGER_RE, ledger_dir_name
 from compactord.storage import ObjectInfo, ObjectStore
-from compactord.storage.disk import (
-    DISK_FULL,
-    TMP_SUFFIX,
-    disk_errors,
-    fsync_path,
-    list_names,
-    remove_path,
-    write_atomic,
-    write_durable,
-)
 
-__all__ = ["CURRENT", "DISK_FULL", "LEDGER_RE", "MANIFEST", "TMP_SUFFIX", "check_object", "disk_errors", "file_crc32c",
-           "fsync_path", "ledger_dir_name", "list_names", "remove_path", "write_atomic", "write_durable"]
+__all__ = ["check_object", "file_crc32c"]
 
-MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
 
