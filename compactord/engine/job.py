@@ -40,7 +40,7 @@ from compactord.engine.kafka_source import FORMAT, OffsetRange, read_tasks, run_
 from compactord.engine.ledger_io import ledger_rows, write_sorted
 from compactord.engine.strategies import BUILTIN_REDUCERS, EventTimeOrder, ResolvedStrategy, fold, plan_for
 from compactord.engine.strategies.publishing_order import reduce_last_offset
-from compactord.engine.task_store import describe, new_output
+from compactord.engine.worker_store import describe, new_output
 from compactord.interfaces import CompactionStrategy, OrderedCompactionStrategy
 from compactord.ledger.row_groups import FileFacts, FileSlice, ledger_row_groups, max_partition_rows, partition_groups
 from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry
@@ -125,7 +125,7 @@ class CompactionJobSpec:
     # The cores that run the reading tasks: a small job's ranges are packed into a task per core
     # (``kafka_source.read_tasks``); 0: a task per range.
     cores: int = 0
-    # The ledger root, as tasks open it (``task_store.describe``: no credential in it): ``ledger_files`` and
+    # The ledger root, as tasks open it (``worker_store.describe``: no credential in it): ``ledger_files`` and
     # ``output_path`` are its keys. None: they are local paths (the warm-up's).
     store: Mapping[str, Any] | None = None
 
@@ -401,6 +401,6 @@ def run_compaction_job(spark: Any, spec: CompactionJobSpec, strategy: Compaction
 
 
 def _task_access(spec: CompactionJobSpec) -> dict[str, Any]:
-    """What the grouping job's tasks need to open the ledger root (``task_store.spec_store``)."""
+    """What the grouping job's tasks need to open the ledger root (``worker_store.spec_store``)."""
     return {"store": dict(spec.store) if spec.store is not None else None,
             "channel": dict(spec.channel) if spec.channel is not None else None}

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from compactord.engine.task_store import locate, new_output, spec_store
+from compactord.engine.worker_store import locate, new_output, spec_store
 from compactord.ledger.parts import ROW_GROUP_BYTES, ROW_GROUP_ROWS, write_part
 from compactord.ledger.row_groups import FileFacts, RowGroup, ledger_row_groups, open_file
 from compactord.model import RECORD_DDL, RECORD_SCHEMA
@@ -88,7 +88,7 @@ def ledger_rows(spark: Any, files: Sequence[str], log_start: Mapping[int, int], 
                 access: Mapping[str, Any] | None = None, facts: Mapping[str, FileFacts] | None = None) -> Any | None:
     """The rows of the ledger files ``files`` (markers included) as a DataFrame of ``RECORD_DDL``, read by
     Python tasks; None when no row group may hold a row at or above its partition's log start. ``access``:
-    the ledger root whose keys ``files`` are, and the run's channel (``task_store.spec_store``; no store:
+    the ledger root whose keys ``files`` are, and the run's channel (``worker_store.spec_store``; no store:
     local paths); ``facts``: the files' sizes and checksums (``row_groups.file_footer``)."""
     access = dict(access or {})
     tasks = ledger_read_tasks(ledger_row_groups(files, spec_store(access), facts), log_start, cores)

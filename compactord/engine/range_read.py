@@ -35,9 +35,9 @@ from compactord.engine.merge import merge_into_ledger
 from compactord.engine.readers import Polled, RangeReader, open_range_reader
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
-from compactord.engine.task_store import locate, spec_store
 from compactord.engine.throttle import ReadThrottle
 from compactord.engine.windows import MEMORY_BUDGET_BYTES, SettledWindows
+from compactord.engine.worker_store import locate, spec_store
 from compactord.ledger.parts import part_name, write_part
 from compactord.ledger.row_groups import FileSlice, partition_rows
 from compactord.model import RECORD_SCHEMA, RecordFingerprint

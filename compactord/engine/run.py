@@ -24,13 +24,13 @@ from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_sp
 from compactord.engine.kafka_source import run_writing_tasks_in_driver
 from compactord.engine.planning import CompactionPlan, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
-from compactord.engine.resources import TopicLedger
-from compactord.engine.task_store import new_output, store_secrets
+from compactord.engine.seams import TopicLedger
 from compactord.engine.throttle import per_task_rate, running_share
+from compactord.engine.worker_store import new_output, store_secrets
 from compactord.errors import CompactionCancelled, CompactordError, LedgerCorrupt
 from compactord.interfaces import OrderedCompactionStrategy
 from compactord.kafka.identity import LogNow
-from compactord.ledger.reader import LedgerHandle
+from compactord.ledger.reads import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
 from compactord.task_report import counting_requests

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from compactord.engine.strategies import ResolvedStrategy
     from compactord.interfaces import BrokerMetadata
     from compactord.ledger.pointer import Pointer
-    from compactord.ledger.reader import LedgerHandle
+    from compactord.ledger.reads import LedgerHandle
     from compactord.ledger.store import LedgerStore
     from compactord.task import TaskProbe
 

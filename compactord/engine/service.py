@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from compactord.engine.resources import EngineResources
 from compactord.engine.run import CompactionRun
+from compactord.engine.seams import EngineResources
 from compactord.errors import (
     CompactionAlreadyRunning,
     CompactordError,
@@ -23,7 +23,7 @@ from compactord.errors import (
 )
 from compactord.interfaces import TopicCompactionService
 from compactord.ledger.pointer import Pointer, expired
-from compactord.ledger.reader import LedgerHandle, LedgerReader
+from compactord.ledger.reads import LedgerHandle, LedgerReader
 from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
 from compactord.task import CompactionTaskCtx
 

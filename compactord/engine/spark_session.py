@@ -256,7 +256,7 @@ class SparkSessionManager:
         from compactord.engine.job import job_spec, run_compaction_job
         from compactord.engine.kafka_source import OffsetRange
         from compactord.engine.strategies import ResolvedStrategy
-        from compactord.engine.task_store import locate
+        from compactord.engine.worker_store import locate
         from compactord.ledger.parts import write_part
         from compactord.model import RECORD_SCHEMA
 

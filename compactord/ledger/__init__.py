@@ -12,7 +12,7 @@ row groups, its rows from those alone).
 
 from __future__ import annotations
 
-from compactord.ledger.reader import LedgerHandle, LedgerReader, LedgerRetired
+from compactord.ledger.reads import LedgerHandle, LedgerReader, LedgerRetired
 from compactord.ledger.row_groups import RowGroup
 from compactord.ledger.store import LedgerStore
 

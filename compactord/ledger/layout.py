@@ -33,7 +33,7 @@ from pathlib import Path
 
 from compactord.model import validate_topic_name
 
-__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "HISTORY_FILE", "LEDGER_RE", "LEGACY_HISTORY_SUFFIX", "POLICIES",
+__all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "HISTORY_FILE", "LEDGER_RE", "LEGACY_HISTORY_SUFFIX", "MANIFEST", "POLICIES",
            "RUN_RE", "UNLOADED", "case_folds", "deleting_key", "epoch_key", "history_file_key", "history_prefix", "history_root",
            "last_id_key", "last_ids_root", "lease_key", "ledger_dir_name", "ledger_prefix", "legacy_history_key", "legacy_seq_key",
            "lock_name", "pointer_key", "policies_key", "progress_name", "quarantine_prefix", "quarantine_root",
@@ -44,6 +44,7 @@ DAEMON_DIR = "@compactord"  # ``@`` is illegal in topic names: no topic folder i
 # The fixed names inside a topic's folder.
 CURRENT = "CURRENT"
 POLICIES = "policies.json"
+MANIFEST = "manifest.json"  # a ledger folder's list of its files
 DELETING = "DELETING"
 UNLOADED = "UNLOADED"
 LEDGER_RE = re.compile(r"ledger-([1-9][0-9]*)")

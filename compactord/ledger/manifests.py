@@ -19,10 +19,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import LedgerCorrupt, ObjectNotFound
-from compactord.ledger.files import DISK_FULL, MANIFEST, check_object, disk_errors
+from compactord.ledger.checksums import check_object
+from compactord.ledger.layout import MANIFEST
 from compactord.ledger.parts import is_partial_part, is_seal, read_seal, seal_name
 from compactord.model import RECORD_SCHEMA, LedgerManifest
 from compactord.storage import ObjectInfo, ObjectStore
+from compactord.storage.disk import DISK_FULL, disk_errors
 
 __all__ = ["finalize", "load_manifest", "verify"]
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from compactord.config_values import s3_location
 from compactord.errors import InvalidArgument, LedgerCorrupt, ObjectNotFound
 from compactord.ledger import layout
-from compactord.ledger.files import MANIFEST, check_object, file_crc32c
+from compactord.ledger.checksums import check_object, file_crc32c
+from compactord.ledger.layout import MANIFEST
 from compactord.ledger.lock import RootLock
 from compactord.ledger.manifests import load_manifest
 from compactord.ledger.pointer import Pointer, last_id, raise_last_id, read_pointer, write_pointer

@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from compactord.errors import CompactordError
-from compactord.ledger.files import TMP_SUFFIX, file_crc32c
+from compactord.ledger.checksums import file_crc32c
 from compactord.storage import ObjectInfo, ObjectStore
+from compactord.storage.disk import TMP_SUFFIX
 
 __all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "is_partial_part", "is_seal", "part_name", "read_seal", "seal_name",
            "write_part"]

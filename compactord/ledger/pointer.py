@@ -31,7 +31,7 @@ from typing import Any
 
 from compactord.errors import Fenced, LedgerCorrupt, ObjectNotFound, PreconditionFailed
 from compactord.ledger import layout
-from compactord.ledger.files import LEDGER_RE
+from compactord.ledger.layout import LEDGER_RE
 from compactord.storage import ObjectStore
 
 __all__ = ["EPOCH_KEY", "LAST_IDS", "LEGACY_SEQ_KEY", "KnownPointers", "Pointer", "Retired", "allocate_id", "expired", "last_id",

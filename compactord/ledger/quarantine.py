@@ -13,7 +13,7 @@ import logging
 import time
 
 from compactord.ledger import layout
-from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST
+from compactord.ledger.layout import CURRENT, LEDGER_RE, MANIFEST
 from compactord.storage import ObjectStore
 
 __all__ = ["lost_pointer", "quarantine", "quarantined"]

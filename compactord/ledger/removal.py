@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger import layout
-from compactord.ledger.files import LEDGER_RE, MANIFEST, TMP_SUFFIX
-from compactord.ledger.layout import DELETING
+from compactord.ledger.layout import DELETING, LEDGER_RE, MANIFEST
 from compactord.storage import ObjectInfo, ObjectStore
+from compactord.storage.disk import TMP_SUFFIX
 
 __all__ = ["DELETING", "Swept", "delete_topic", "mark_deleting", "remove_orphans", "sweep_orphans"]
 

@@ -26,13 +26,13 @@ from compactord.errors import (
     LedgerRootUnwritable,
 )
 from compactord.ledger import layout, manifests, removal, upgrade
-from compactord.ledger.files import CURRENT, LEDGER_RE, MANIFEST, file_crc32c, ledger_dir_name
+from compactord.ledger.checksums import file_crc32c
 from compactord.ledger.guard import WriterGuard, writer_guard
-from compactord.ledger.layout import DAEMON_DIR, DELETING
+from compactord.ledger.layout import CURRENT, DAEMON_DIR, DELETING, LEDGER_RE, MANIFEST, ledger_dir_name
 from compactord.ledger.lock import unwritable
 from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
-from compactord.ledger.reader import LedgerReader
+from compactord.ledger.reads import LedgerReader
 from compactord.model import LedgerManifest, validate_topic_name
 from compactord.storage import ObjectStore, open_store
 
@@ -458,7 +458,7 @@ class LedgerStore:
 
     def ledger_key(self, topic: str, ledger_id: int) -> str:
         """The key prefix of a ledger's objects without its last ``/`` (``<topic>/ledger-<id>``): the folder
-        its tasks write into (``engine.task_store``)."""
+        its tasks write into (``engine.worker_store``)."""
         return self._prefix(topic, ledger_id)[:-1]
 
     def _prefix(self, topic: str, ledger_id: int) -> str:

@@ -28,9 +28,9 @@ import re
 
 from compactord.errors import CompactordError, ObjectNotFound
 from compactord.ledger import layout
-from compactord.ledger.files import TMP_SUFFIX
 from compactord.model import validate_topic_name
 from compactord.storage import ObjectStore
+from compactord.storage.disk import TMP_SUFFIX
 
 __all__ = ["upgrade_root"]
 

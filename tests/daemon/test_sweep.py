@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from compactord.ledger.files import ledger_dir_name
+from compactord.ledger.layout import ledger_dir_name
 from compactord.ledger.pointer import read_pointer
 from compactord.storage import ObjectStore
 from tests.daemon.conftest import metric

@@ -9,7 +9,7 @@ import json
 from pyspark import cloudpickle
 
 from compactord.config import KAFKA_SECRET_ARGS, Settings, settings_from_properties
-from compactord.engine import job, kafka_source, ledger_io, task_store
+from compactord.engine import job, kafka_source, ledger_io, worker_store
 from compactord.engine.channel import TaskChannel, client_config
 from compactord.engine.early_start import EarlyStart
 from compactord.engine.job import JobWidths, _reader_spec, job_spec, writing_tasks_spec
@@ -107,7 +107,7 @@ def test_the_s3_root_s_keys_are_in_nothing_shipped_and_reach_a_task_over_the_cha
     options = S3Options(region="eu-west-3", endpoint="http://127.0.0.1:9", access_key_id=S3_ACCESS_KEY,
                         secret_access_key=S3_SECRET_KEY, server_side_encryption="AES256")
     store = S3Store("ledgers", "prod/compacted", options)
-    with run_channel(settings.kafka_client_secrets(), task_store.store_secrets(store)) as channel:
+    with run_channel(settings.kafka_client_secrets(), worker_store.store_secrets(store)) as channel:
         endpoint = channel.endpoint(LOOPBACK)
         payloads = shipped(settings, endpoint, tmp_path, store)
         for what, data in payloads.items():
@@ -117,8 +117,8 @@ def test_the_s3_root_s_keys_are_in_nothing_shipped_and_reach_a_task_over_the_cha
                 assert b"s3://ledgers/prod/compacted" in data, f"the {what} does not name the root"
         spec = json.loads(payloads["data source option"])
         assert spec["store"]["s3"]["server_side_encryption"] == "AES256"
-        monkeypatch.setattr(task_store, "_opened", {})  # a worker's process: the driver's store is not in it
-        opened = task_store.spec_store(spec, TaskChannel(endpoint))
+        monkeypatch.setattr(worker_store, "_opened", {})  # a worker's process: the driver's store is not in it
+        opened = worker_store.spec_store(spec, TaskChannel(endpoint))
     assert isinstance(opened, S3Store) and opened is not store
     assert (opened.bucket, opened.prefix) == ("ledgers", "prod/compacted")
     assert opened.options == options

@@ -100,7 +100,7 @@ class RunChannel:
                  store_secrets: Mapping[str, Any] | None = None) -> None:
         self.token = secrets.token_urlsafe(32)
         self._secrets = dict(client_secrets or {})
-        # The ledger root's credentials (an S3 root's keys: ``engine.task_store``), welcomed as the Kafka secrets are.
+        # The ledger root's credentials (an S3 root's keys: ``engine.worker_store``), welcomed as the Kafka secrets are.
         self._store_secrets = dict(store_secrets or {})
         self._lock = threading.Lock()
         self._server: ChannelServer | None = None

@@ -68,7 +68,7 @@ class TaskChannel:
         self.rate: float | None = None
         self.rate_version = 0  # counts the rates received
         self.secrets: dict[str, Any] = {}
-        self.store_secrets: dict[str, Any] = {}  # the ledger root's credentials (``engine.task_store``)
+        self.store_secrets: dict[str, Any] = {}  # the ledger root's credentials (``engine.worker_store``)
         self._plan: list[Any] = []  # the plan once received (a list: None is a plan)
         self._acks = 0
         self._welcomed = False

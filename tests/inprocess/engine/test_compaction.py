@@ -526,7 +526,7 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
     here), the entries are the files' own, none is left in the ledger, and the ledger verifies. The grouping
     job's Python writer seals its parts the same way (``ledger_io.write_sorted``)."""
     from compactord.engine import job as engine_job
-    from compactord.ledger import files, manifests
+    from compactord.ledger import checksums, manifests
     from compactord.ledger.parts import is_seal
 
     topic = kafka.topic(partitions=2)
@@ -547,7 +547,7 @@ def test_the_writing_tasks_seal_their_parts_and_the_driver_reads_none(kafka, mak
     assert [f["name"] for f in manifest.files] == [part_name(p) for p in range(2)]
     for entry in manifest.files:
         part = path / entry["name"]
-        assert entry["crc32c"] == files.file_crc32c(part) and entry["bytes"] == part.stat().st_size
+        assert entry["crc32c"] == checksums.file_crc32c(part) and entry["bytes"] == part.stat().st_size
     assert sum(f["rows"] for f in manifest.files) == manifest.records_kept + manifest.markers > 0
     assert not [p.name for p in path.iterdir() if is_seal(p.name)]
     factory.store.verify(topic, manifest.ledger_id)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from compactord.errors import LedgerCorrupt, LedgerRetired
-from compactord.ledger.files import CURRENT
+from compactord.ledger.layout import CURRENT
 from tests.inprocess.engine.test_ledger_safety import damage_ledger, not_served_then_rebuilt
 from tests.inprocess.engine.test_preview import preview_counts_without_writing_and_is_cancellable
 from tests.inprocess.engine.test_read_throttle import throttled_run

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from compactord.ledger.files import CURRENT, MANIFEST
+from compactord.ledger.layout import CURRENT, MANIFEST
 from compactord.storage.s3 import S3Store
 from tests.support.s3_server import BUCKET, s3_factory
 from tests.support.service import compact, entries, last_value_model, pinned, view

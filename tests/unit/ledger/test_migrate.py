@@ -19,7 +19,7 @@ from compactord.daemon.policies import POLICIES, PolicyStore, TopicPolicies
 from compactord.engine.strategies import allowed_strategies
 from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRootLocked
 from compactord.ledger import lease
-from compactord.ledger.files import CURRENT
+from compactord.ledger.layout import CURRENT
 from compactord.ledger.migrate import Root, TopicMoved, TopicState, migrate_root, open_root
 from compactord.ledger.store import LedgerStore
 from compactord.model import Entry

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from compactord.errors import LedgerCorrupt
-from compactord.ledger import files, manifests, parts
+from compactord.ledger import checksums, manifests, parts
 from compactord.ledger.parts import ROW_GROUP_ROWS, is_partial_part, is_seal, part_name, seal_name, write_part
 from compactord.ledger.row_groups import (
     FileSlice,
@@ -186,7 +186,7 @@ def test_a_part_is_sealed_by_its_writer_and_the_ledger_then_reads_none(tmp_path:
                    LocalStore(path), part_name(0))
         assert sorted(p.name for p in path.iterdir()) == [seal_name(part_name(0)), part_name(0)]
         assert is_seal(seal_name(part_name(0))) and not is_seal(part_name(0))
-        crc = files.file_crc32c(path / part_name(0))
+        crc = checksums.file_crc32c(path / part_name(0))
 
         def not_here(*args: object, **kwargs: object) -> None:
             raise AssertionError("the part was read to seal the ledger")
@@ -215,7 +215,7 @@ def test_an_entry_that_no_longer_describes_its_part_is_not_taken(tmp_path: Path)
         (path / seal_name(part_name(1))).write_text("{not json")
         sealed = store.finalize_ledger("t", ledger_id, _manifest(ledger_id))
         assert [(f["name"], f["rows"], f["crc32c"]) for f in sealed.files] == [
-            (part_name(p), n, files.file_crc32c(path / part_name(p))) for p, n in ((0, 20), (1, 10))]
+            (part_name(p), n, checksums.file_crc32c(path / part_name(p))) for p, n in ((0, 20), (1, 10))]
         assert (sealed.markers, sealed.records_kept) == (0, 30)
         assert sorted(p.name for p in path.iterdir()) == ["manifest.json", part_name(0), part_name(1)]
         store.verify("t", ledger_id)

@@ -18,7 +18,7 @@ from compactord.engine.factory import SparkCompactionServiceFactory
 from compactord.engine.service import SparkTopicCompactionService
 from compactord.errors import Fenced, LedgerRetired
 from compactord.interfaces import ServiceContext
-from compactord.ledger.reader import LedgerHandle
+from compactord.ledger.reads import LedgerHandle
 from compactord.model import Position
 from tests.support.waiting import wait_for
 from tests.unit.ledger.test_store import make_ledger, rows
