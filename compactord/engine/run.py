@@ -87,6 +87,8 @@ class CompactionRun:
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             cancel_hook = self._cancel_hook(channel)
             early = self._start_early(channel, cancel_hook)
+            if early is None and self._likely_small():
+                ctx.leave_slot()  # planned out of the slot: ``take_slot`` before a Spark job, if one is needed
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
@@ -308,11 +310,14 @@ class CompactionRun:
         self.ctx.set_progress_source(lambda: self._follow(plan, channel.progress()))
         poller.start()
         try:
+            if not (in_driver and tasks is not None):
+                self.ctx.take_slot()  # a Spark job holds a slot
             if count is not None:
                 count.update(spark.run(self.ctx.task_id, f"preview of {self.topic} ({self.ctx.task_id})",
                                        lambda: exact_preview(spark.spark, spec, plan.strategy.strategy)))
             elif in_driver and tasks is not None:
                 self.ctx.leave_slot()  # no Spark job: the registry may start the next task beside this one
+                self.ctx.stats.in_driver = True
                 new_output(tasks.get("store"), output)
                 run_writing_tasks_in_driver(tasks)
             elif early is not None and tasks is not None and self._hand_over(early, tasks, output):
@@ -326,6 +331,18 @@ class CompactionRun:
             stop.set()
             poller.join()
         return channel.progress()
+
+    def _likely_small(self) -> bool:
+        """A compaction without a read budget whose current ledger is small (``DRIVER_RUN_MAX_RECORDS``): its
+        run is likely small too, read in the driver, and is planned out of its slot."""
+        ctx = self.ctx
+        if ctx.kind != "compaction" or ctx.rebuild or ctx.progress.max_read_bytes_per_second:
+            return False
+        try:
+            handle = self.service.current()
+        except LedgerCorrupt:
+            return False
+        return handle is not None and handle.manifest.records_kept + handle.manifest.markers <= DRIVER_RUN_MAX_RECORDS
 
     @staticmethod
     def _small(plan: CompactionPlan) -> bool:
