@@ -209,8 +209,7 @@ class CompactionRun:
         broker = self.factory.broker
         at = {p: f.offset for p, f in previous.fingerprints.items()} \
             if previous is not None and not self.ctx.rebuild and previous.fingerprints else {}
-        offsets, found = broker.offsets_with_records(self.topic, at)
-        topic_id = broker.topic_id(self.topic)
+        offsets, found, topic_id = broker.offsets_and_identity(self.topic, at)
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
     def _start_early(self, channel: RunChannel, cancel_hook: Callable[[], None]) -> EarlyStart | None:

@@ -490,6 +490,31 @@ def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_t
         admin.close()
 
 
+def test_a_runs_planning_names_the_partitions_and_the_topic_id_in_one_metadata_request(kafka, tmp_path):
+    """``offsets_and_identity``: the offsets, the probe's records and the topic id a run's planning asks for, as
+    ``offsets_with_records`` and ``topic_id`` answer them, with one metadata request, not one for each."""
+    from collections import Counter
+
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", i % 2) for i in range(100)])
+    asked: Counter[str] = Counter()
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")),
+                       observer=lambda op: asked.update([op]))
+    try:
+        for at in ({}, {0: 10, 1: 20}):
+            asked.clear()
+            offsets, found, topic_id = admin.offsets_and_identity(topic, at)
+            assert asked["metadata"] == 1, asked
+            assert (offsets, found) == admin.offsets_with_records(topic, at)
+            assert topic_id == admin.topic_id(topic)
+            assert {p: o.end for p, o in offsets.items()} == {0: 50, 1: 50}
+    finally:
+        admin.close()
+
+
 def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
