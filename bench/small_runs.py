@@ -174,13 +174,14 @@ def burst(base: str, topics: list[str]) -> tuple[float, int]:
 
 
 @contextlib.contextmanager
-def profiled(pid: int, out: Path | None) -> Iterator[None]:
-    """Sample the daemon ``pid`` with py-spy while the block runs (``--profile``: its raw output, idle threads
-    included, to ``out``); nothing when ``out`` is None."""
+def profiled(pid: int, out: Path | None, mode: str) -> Iterator[None]:
+    """Sample the daemon ``pid`` with py-spy while the block runs (``--profile``: its raw output to ``out``;
+    ``wall``: idle threads included, ``cpu``: only threads on a core); nothing when ``out`` is None."""
     if out is None:
         yield
         return
-    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--idle", "--threads", "--nonblocking",
+    idle = ["--idle"] if mode == "wall" else []
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", *idle, "--threads", "--nonblocking",
                             "--format", "raw", "-r", "50", "-o", str(out), "-p", str(pid)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -211,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a daemon config key")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
-    ap.add_argument("--profile", action="store_true",
-                    help="sample each daemon with py-spy during the incremental burst (its venv's py-spy; the "
-                         "raw profiles in the work directory, which is then kept)")
+    ap.add_argument("--profile", choices=("wall", "cpu"),
+                    help="sample each daemon with py-spy during the incremental burst (the venv's py-spy; wall: "
+                         "idle threads included; the raw profiles in the work directory, which is then kept)")
     args = ap.parse_args(argv)
     if args.topics <= args.singles or min(args.records, args.keys, args.partitions, args.singles) < 1:
         ap.error("need --topics > --singles >= 1 and positive --records, --keys, --partitions")
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, count = burst(base, rest)
                     produce(broker.bootstrap, rest, args.more, args.keys, args.partitions, produced)
                     out = work / f"profile-{round_}-{n}-{label}.txt" if args.profile else None
-                    with profiled(pid, out):
+                    with profiled(pid, out, args.profile):
                         inc_seconds, inc_count = burst(base, rest)
                 produced += args.more  # every topic got as many
                 for kind, values in (("single full", full), ("single incremental", incremental)):

@@ -515,6 +515,51 @@ def test_a_runs_planning_names_the_partitions_and_the_topic_id_in_one_metadata_r
         admin.close()
 
 
+def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(kafka, tmp_path):
+    """A call that holds its admin client (a broker slow to answer one run's planning) leaves others to theirs:
+    the API's, the monitor's and other runs' requests do not queue behind it. A client whose call failed is
+    not used again."""
+    import threading
+
+    from compactord.config import Settings
+    from compactord.kafka import admin as admin_module
+    from compactord.kafka.admin import KafkaAdmin
+    from tests.support.timeouts import TASK_TIMEOUT_S
+
+    topic = kafka.topic(partitions=1)
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
+    held, release, used = threading.Event(), threading.Event(), []
+
+    def slow(client: Any, _c: Any) -> None:
+        used.append(client)
+        held.set()
+        release.wait(2 * TASK_TIMEOUT_S)
+
+    holder = threading.Thread(target=admin._call, args=(topic, slow), daemon=True)
+    try:
+        holder.start()
+        assert held.wait(TASK_TIMEOUT_S)
+        answered = threading.Event()
+        other = threading.Thread(target=lambda: (admin.partitions(topic), answered.set()), daemon=True)
+        other.start()
+        assert answered.wait(TASK_TIMEOUT_S), "a call waited for another thread's call to end"
+        release.set()
+        holder.join(TASK_TIMEOUT_S)
+
+        def failing(client: Any, _c: Any) -> None:
+            used.append(client)
+            raise OSError("the connection broke")
+
+        for _ in range(admin_module.ADMIN_CLIENTS + 1):
+            with pytest.raises(Exception):
+                admin._call(topic, failing)
+        assert len({id(c) for c in used[1:]}) == len(used) - 1  # a new client after each failure
+        assert admin.partitions(topic) == [0]
+    finally:
+        release.set()
+        admin.close()
+
+
 def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
