@@ -25,6 +25,7 @@ from compactord.engine.kafka_source import run_writing_tasks_in_driver
 from compactord.engine.planning import CompactionPlan, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.resources import TopicLedger
+from compactord.engine.spark_session import driver_task_errors
 from compactord.engine.task_store import new_output, store_secrets
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.errors import CompactionCancelled, CompactordError, LedgerCorrupt
@@ -318,7 +319,8 @@ class CompactionRun:
                 self.ctx.leave_slot()  # no Spark job: the registry may start the next task beside this one
                 self.ctx.stats.in_driver = True
                 new_output(tasks.get("store"), output)
-                run_writing_tasks_in_driver(tasks)
+                with driver_task_errors(f"compaction of {self.topic} ({self.ctx.task_id})"):
+                    run_writing_tasks_in_driver(tasks)
             elif early is not None and tasks is not None and self._hand_over(early, tasks, output):
                 self.ctx.stats.early_tasks = True
                 early.wait()
