@@ -5,6 +5,7 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/small_runs.py                       # 300 topics of 300 records, 1 partition
     .venv/bin/python bench/small_runs.py --topics 1000
     .venv/bin/python bench/small_runs.py --source /tmp/base --source .   # two checkouts side by side
+    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst
 
 It starts the bundled broker, creates ``--topics`` topics of ``--records`` records each (``--partitions``
 partitions, 100-byte values over ``--keys`` keys, 2% tombstones), then for each ``--source`` (a checkout whose
