@@ -5,6 +5,7 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/small_runs.py                       # 300 topics of 300 records, 1 partition
     .venv/bin/python bench/small_runs.py --topics 1000
     .venv/bin/python bench/small_runs.py --source /tmp/base --source .   # two checkouts side by side
+    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst
 
 It starts the bundled broker, creates ``--topics`` topics of ``--records`` records each (``--partitions``
 partitions, 100-byte values over ``--keys`` keys, 2% tombstones), then for each ``--source`` (a checkout whose
@@ -56,8 +57,8 @@ def parse_ts(value: str) -> float:
 
 
 @contextlib.contextmanager
-def daemon(work: Path, bootstrap: str, source: Path, conf: dict[str, str]) -> Iterator[str]:
-    """A ready daemon running ``source``'s package, its root and log under ``work``; its base URL. Stopped
+def daemon(work: Path, bootstrap: str, source: Path, conf: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A ready daemon running ``source``'s package, its root and log under ``work``; its base URL and pid. Stopped
     on exit (SIGTERM, then SIGKILL to its process group, its Spark JVM included)."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -82,7 +83,7 @@ def daemon(work: Path, bootstrap: str, source: Path, conf: dict[str, str]) -> It
                     if time.monotonic() > deadline or process.poll() is not None:
                         raise SystemExit(f"the daemon did not become ready; see {work / 'daemon.log'}")
                     time.sleep(0.2)
-            yield base
+            yield base, process.pid
         finally:
             process.terminate()
             try:
@@ -173,6 +174,28 @@ def burst(base: str, topics: list[str]) -> tuple[float, int]:
             c.close()
 
 
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None, mode: str) -> Iterator[None]:
+    """Sample the daemon ``pid`` with py-spy while the block runs (``--profile``: its raw output to ``out``;
+    ``wall``: idle threads included, ``cpu``: only threads on a core); nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    idle = ["--idle"] if mode == "wall" else []
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", *idle, "--threads", "--nonblocking",
+                            "--format", "raw", "-r", "50", "-o", str(out), "-p", str(pid)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)  # attached
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -190,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a daemon config key")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
+    ap.add_argument("--profile", choices=("wall", "cpu"),
+                    help="sample each daemon with py-spy during the incremental burst (the venv's py-spy; wall: "
+                         "idle threads included; the raw profiles in the work directory, which is then kept)")
     args = ap.parse_args(argv)
     if args.topics <= args.singles or min(args.records, args.keys, args.partitions, args.singles) < 1:
         ap.error("need --topics > --singles >= 1 and positive --records, --keys, --partitions")
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             order = sources if round_ % 2 == 0 else sources[::-1]
             for n, source in enumerate(order):
                 label = f"{source.resolve().name or source}"
-                with daemon(work / f"daemon-{round_}-{n}", broker.bootstrap, source, conf) as base, \
+                with daemon(work / f"daemon-{round_}-{n}", broker.bootstrap, source, conf) as (base, pid), \
                         httpx.Client(base_url=base, timeout=120) as client:
                     singles, rest = names[:args.singles], names[args.singles:]
                     full = [single(client, t) for t in singles]
@@ -219,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                     incremental = [single(client, t) for t in singles]
                     seconds, count = burst(base, rest)
                     produce(broker.bootstrap, rest, args.more, args.keys, args.partitions, produced)
-                    inc_seconds, inc_count = burst(base, rest)
+                    out = work / f"profile-{round_}-{n}-{label}.txt" if args.profile else None
+                    with profiled(pid, out, args.profile):
+                        inc_seconds, inc_count = burst(base, rest)
                 produced += args.more  # every topic got as many
                 for kind, values in (("single full", full), ("single incremental", incremental)):
                     rows.append((label, kind, (f"p50 {statistics.median(values) * 1000:.0f} ms, "
@@ -234,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         broker.stop()
-        if not args.keep:
+        if not args.keep and not args.profile:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)

@@ -119,6 +119,16 @@ class BrokerMetadata(ABC):
         offsets = self.offsets(topic)
         return offsets, (self.first_records(topic, at, offsets) if at else {})
 
+    def offsets_and_identity(self, topic: str, at: Mapping[int, int]
+                             ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None], str | None]:
+        """``offsets_with_records(topic, at)`` and ``topic_id(topic)``: the log as a run's planning sees it (a
+        broker may ask once for what both need).
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+        offsets, found = self.offsets_with_records(topic, at)
+        return offsets, found, self.topic_id(topic)
+
     @abstractmethod
     def topic_configs(self, topic: str) -> TopicConfigs:
         """The topic's cleanup configs (DescribeConfigs); every field None where the broker does not say.

@@ -36,7 +36,7 @@ from compactord.errors import CompactionCancelled, IllegalStateTransition, TaskN
 from compactord.task_report import REASON_KINDS, Progress, Reason, TaskStats
 
 __all__ = ["CHECKPOINTS", "REASON_KINDS", "TRANSITIONS", "CompactionTaskCtx", "EndRecorder", "Progress", "Reason",
-           "TaskProbe", "TaskState", "TaskStats"]
+           "TaskProbe", "TaskState", "TaskStats", "WorkDone"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,33 @@ StateListener = Callable[["CompactionTaskCtx", TaskState, TaskState], None]
 EndRecorder = Callable[["CompactionTaskCtx", TaskState], None]
 
 
+class WorkDone(threading.Event):
+    """``worker_done``: an event that also calls back, on the thread that sets it, what ``when_set`` was given
+    (at once when already set): the registry frees a task's slot so, with no thread of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a callback of a task's end of work failed")
+
+    def when_set(self, callback: Callable[[], None]) -> None:
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
 class TaskProbe:
     """Sees every state change and checkpoint of the tasks it is given to. The default does nothing.
 
@@ -130,7 +157,7 @@ class CompactionTaskCtx:
         self.error_type: str | None = None
         self.ledger_id: int | None = None  # the ledger this task switched to
         self.stats = TaskStats()
-        self.worker_done = threading.Event()  # background work ended and cleaned up
+        self.worker_done = WorkDone()  # background work ended and cleaned up
         self._state = TaskState.PENDING
         self._lock = threading.RLock()
         self._done = threading.Event()
@@ -140,7 +167,8 @@ class CompactionTaskCtx:
         self.cancelled_mono: float | None = None
         self._cancel_hooks: list[Callable[[], None]] = []
         self._start_hook: Callable[[], None] | None = None
-        self._slot_hook: Callable[[CompactionTaskCtx], None] | None = None
+        self._slot_hook: Callable[[CompactionTaskCtx], bool] | None = None
+        self._take_slot_hook: Callable[[CompactionTaskCtx], threading.Event | None] | None = None
         self._progress_source: Callable[[], None] | None = None
         self._probe = probe or TaskProbe()
         self._listeners: list[StateListener] = [self._probe.on_state]
@@ -274,19 +302,41 @@ class CompactionTaskCtx:
             raise IllegalStateTransition(f"task {self.task_id} has no work to start")
         hook()
 
-    def set_slot_hook(self, hook: Callable[[CompactionTaskCtx], None]) -> None:
-        """What ``leave_slot`` calls (set by the registry that gave the task its slot)."""
-        self._slot_hook = hook
+    def set_slot_hook(self, leave: Callable[[CompactionTaskCtx], bool],
+                      take: Callable[[CompactionTaskCtx], threading.Event | None] | None = None) -> None:
+        """What ``leave_slot`` and ``take_slot`` call (set by the registry that gave the task its slot)."""
+        self._slot_hook, self._take_slot_hook = leave, take
 
     def leave_slot(self) -> None:
-        """Say that the rest of the work is a small run read in the driver (no Spark job): the registry may
-        count it apart from ``compactionMaxConcurrentTasks`` and start a waiting task. Once per task."""
-        hook, self._slot_hook = self._slot_hook, None
+        """Say that the work is, or likely is, a small run read in the driver (no Spark job): the registry may
+        count it apart from ``compactionMaxConcurrentTasks`` and start a waiting task. Asked again (when its
+        driver runs were all taken) until it left once."""
+        hook = self._slot_hook
         if hook is not None:
             try:
-                hook(self)
+                if hook(self):
+                    self._slot_hook = None
             except Exception:  # the task keeps its slot
+                self._slot_hook = None
                 log.exception("slot hook failed for task %s", self.task_id)
+
+    def take_slot(self) -> None:
+        """Before a Spark job: wait for a ``compactionMaxConcurrentTasks`` slot again if ``leave_slot`` gave it
+        up (a run planned out of its slot that is not small after all). At once when the task kept its slot.
+
+        :raises CompactionCancelled: the task was cancelled while it waited.
+        """
+        hook, self._take_slot_hook = self._take_slot_hook, None
+        given = hook(self) if hook is not None else None
+        if given is None:
+            return
+        self.add_cancel_hook(given.set)
+        try:
+            given.wait()
+        finally:
+            self.remove_cancel_hook(given.set)
+        if self.cancelled:
+            raise CompactionCancelled(f"task {self.task_id} of topic {self.topic!r} was cancelled")
 
     def add_cancel_hook(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` on cancel (at once if the task is already cancelled)."""

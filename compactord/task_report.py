@@ -133,6 +133,7 @@ class TaskStats:
     skipped: bool = False
     recreated: bool = False  # rebuilt in full because the topic's log is a new one
     early_tasks: bool = False  # read by reading tasks launched while the run was planned (``engine.early_start``)
+    in_driver: bool = False  # a small run's reading task run in the driver, without a Spark job (``engine.run``)
     switch_warning: str | None = None  # the switch committed, then a step after it failed
     # The requests the run made to an object store's root, by operation: the driver's, and those the reading
     # tasks report (a local root's are not counted).

@@ -3,14 +3,18 @@
 A triggered task starts in Pending and waits for one of ``compactionMaxConcurrentTasks`` slots.
 Waiting tasks start biggest backlog first, except that one that has waited longer than two monitor
 intervals goes first. A task planned as a small run, read in the driver without a Spark job
-(``engine.run.DRIVER_RUN_MAX_RECORDS``), leaves its slot for one of ``DRIVER_RUNS_AT_ONCE`` of its own, if
-one is free: its waits (the broker, fsyncs) then overlap the next tasks' work. The last 20 tasks of every
-topic are kept in memory.
+(``engine.run.DRIVER_RUN_MAX_RECORDS``), or likely to be one (its current ledger is that small: it leaves
+before it is planned), leaves its slot for one of ``DRIVER_RUNS_AT_ONCE`` of its own, if one is free: its
+waits (the broker, fsyncs) then overlap the next tasks' work. A run that left its slot and then needs a Spark
+job waits for a slot again, before any waiting task (``take_slot``). A slot is freed on the thread that ends
+the task's work. The last 20 tasks of every topic are kept in memory.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +33,7 @@ HISTORY = 20
 # Small runs read in the driver at once, besides compactionMaxConcurrentTasks: their work is mostly waits for
 # the broker and for fsyncs, which overlap (docs/performance.md, "Small topics").
 DRIVER_RUNS_AT_ONCE = 4
+PRUNE_AT = 64
 
 
 @dataclass
@@ -42,6 +47,38 @@ class _Waiting:
 class CancelOutcome:
     task: CompactionTaskCtx
     stopped: bool  # the work has ended (else it is still stopping in the background)
+
+
+class _Overdue:
+    """Tasks that ended while their work went on, each freed by ``release`` if its work has not ended within
+    its bound: one thread for them all, started with the first."""
+
+    def __init__(self, release: Callable[[CompactionTaskCtx], None]) -> None:
+        self._release = release
+        self._due: list[tuple[float, int, CompactionTaskCtx]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, ctx: CompactionTaskCtx, after_s: float) -> None:
+        with self._cond:
+            if len(self._due) >= PRUNE_AT:  # most tasks' work ends at once: theirs is not watched any longer
+                self._due = [d for d in self._due if not d[2].worker_done.is_set()]
+                heapq.heapify(self._due)
+            heapq.heappush(self._due, (time.monotonic() + after_s, next(self._seq), ctx))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="task-slots", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cond.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _at, _seq, ctx = heapq.heappop(self._due)
+            if not ctx.worker_done.is_set():
+                self._release(ctx)
 
 
 class TaskRegistry:
@@ -68,8 +105,10 @@ class TaskRegistry:
         self._waiting: list[_Waiting] = []
         self._running: set[str] = set()  # task ids holding a slot
         self._driver_runs: set[str] = set()  # task ids of small runs that left their slot (``leave_slot``)
+        self._taking: list[tuple[CompactionTaskCtx, threading.Event]] = []  # driver runs waiting for a slot again
         self._history: dict[str, collections.deque[CompactionTaskCtx]] = {}
         self._closed = False
+        self._overdue = _Overdue(lambda ctx: self._release(ctx, overdue=True))
 
     def service(self, topic: str) -> TopicCompactionService:
         return self._factory.new_topic_compaction_service(validate_topic_name(topic))
@@ -122,13 +161,18 @@ class TaskRegistry:
         to_start: list[CompactionTaskCtx] = []
         with self._lock:
             self._waiting = [w for w in self._waiting if not w.ctx.done]
+            while self._taking and len(self._running) < self._max:  # driver runs taking a slot back go first
+                ctx, given = self._taking.pop(0)
+                self._driver_runs.discard(ctx.task_id)
+                self._running.add(ctx.task_id)
+                given.set()
             while len(self._running) < self._max and not self._closed:
                 nxt = self._next_waiting()
                 if nxt is None:
                     break
                 self._waiting.remove(nxt)
                 self._running.add(nxt.ctx.task_id)
-                nxt.ctx.set_slot_hook(self._leave_slot)
+                nxt.ctx.set_slot_hook(self._leave_slot, self._take_slot)
                 to_start.append(nxt.ctx)
         for ctx in to_start:
             try:
@@ -138,33 +182,50 @@ class TaskRegistry:
                 with self._lock:
                     self._running.discard(ctx.task_id)
 
-    def _leave_slot(self, ctx: CompactionTaskCtx) -> None:
+    def _leave_slot(self, ctx: CompactionTaskCtx) -> bool:
         """A small run read in the driver: it takes a driver run's place, if one is free, and its slot goes to
-        the next waiting task."""
+        the next waiting task. Whether it did."""
         with self._lock:
             if ctx.task_id not in self._running or len(self._driver_runs) >= DRIVER_RUNS_AT_ONCE:
-                return
+                return False
             self._running.discard(ctx.task_id)
             self._driver_runs.add(ctx.task_id)
         self._dispatch()
+        return True
+
+    def _take_slot(self, ctx: CompactionTaskCtx) -> threading.Event | None:
+        """A run that left its slot before it was planned, and needs a Spark job after all: the event set when
+        a slot is its again, before any waiting task's; None when it kept its slot."""
+        given = threading.Event()
+        with self._lock:
+            if ctx.task_id not in self._driver_runs:
+                return None
+            self._taking.append((ctx, given))
+        self._dispatch()
+        return given
 
     def _on_state(self, ctx: CompactionTaskCtx, old: TaskState, new: TaskState) -> None:
         if not new.terminal:
             return
         if self._on_end is not None:
             self._on_end(ctx)
-        threading.Thread(target=self._release, args=(ctx,), name="release", daemon=True).start()
+        # Free the task's slot once its work has ended, not when its state did: a cancelled task is Cancelled
+        # at once while its Spark work may still be stopping, and a new task must not run beside it beyond
+        # ``compactionMaxConcurrentTasks``. Freed on the thread that ends the work; work that never ends is
+        # not waited for forever (``_Overdue``).
+        ctx.worker_done.when_set(lambda: self._release(ctx))
+        if not ctx.worker_done.is_set():
+            self._overdue.watch(ctx, self._release_after)
 
-    def _release(self, ctx: CompactionTaskCtx) -> None:
-        """Free the task's slot once its work has ended, not when its state did: a cancelled task is
-        Cancelled at once while its Spark work may still be stopping, and a new task must not run beside
-        it beyond ``compactionMaxConcurrentTasks``. Work that never ends is not waited for forever."""
-        if not ctx.worker_done.wait(self._release_after):
-            log.warning("task %s of topic %s ended %ds ago but its work has not stopped; its slot is freed",
-                        ctx.task_id, ctx.topic, self._release_after)
+    def _release(self, ctx: CompactionTaskCtx, *, overdue: bool = False) -> None:
         with self._lock:
+            held = ctx.task_id in self._running or ctx.task_id in self._driver_runs
+            self._taking = [t for t in self._taking if t[0] is not ctx]
             self._running.discard(ctx.task_id)
             self._driver_runs.discard(ctx.task_id)
+        if overdue and held:
+            log.warning("task %s of topic %s ended %ds ago but its work has not stopped; its slot is freed",
+                        ctx.task_id, ctx.topic, self._release_after)
         self._dispatch()
 
     def kick(self) -> None:

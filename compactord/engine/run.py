@@ -25,6 +25,7 @@ from compactord.engine.kafka_source import run_writing_tasks_in_driver
 from compactord.engine.planning import CompactionPlan, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
 from compactord.engine.seams import TopicLedger
+from compactord.engine.spark_session import driver_task_errors
 from compactord.engine.throttle import per_task_rate, running_share
 from compactord.engine.worker_store import new_output, store_secrets
 from compactord.errors import CompactionCancelled, CompactordError, LedgerCorrupt
@@ -66,6 +67,7 @@ class CompactionRun:
         self.store = service.factory.store
         self.topic = service.topic
         self.key_ttl_ms = 0  # fixed when the task starts, as its other limits
+        self._session_cores: int | None = None
 
     def __call__(self) -> None:
         with counting_requests(self.ctx.stats.storage_requests):  # the store's requests made for the run
@@ -87,6 +89,8 @@ class CompactionRun:
             ctx.progress.max_read_bytes_per_second = self.factory.max_read_rate_for(self.topic)
             cancel_hook = self._cancel_hook(channel)
             early = self._start_early(channel, cancel_hook)
+            if early is None and self._likely_small():
+                ctx.leave_slot()  # planned out of the slot: ``take_slot`` before a Spark job, if one is needed
             plan = self._plan()
             ctx.progress.records_total = plan.ledger_rows + plan.tail_records
             ctx.checkpoint("creating_raw_reader")
@@ -181,7 +185,7 @@ class CompactionRun:
             first_offsets=self._first_offsets(handle, offsets),
             previous_dir=self.store.ledger_key(self.topic, previous.ledger_id) if previous else None,
             strategy=self.factory.strategy_for(self.topic), rebuild=self.ctx.rebuild, reasons=reasons,
-            cores=self.factory.spark.cores, ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
+            cores=self._cores(), ranges_per_core=self.factory.settings.compaction_read_ranges_per_core,
             corrupt_id=corrupt_id,
         )
 
@@ -207,8 +211,7 @@ class CompactionRun:
         broker = self.factory.broker
         at = {p: f.offset for p, f in previous.fingerprints.items()} \
             if previous is not None and not self.ctx.rebuild and previous.fingerprints else {}
-        offsets, found = broker.offsets_with_records(self.topic, at)
-        topic_id = broker.topic_id(self.topic)
+        offsets, found, topic_id = broker.offsets_and_identity(self.topic, at)
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
     def _start_early(self, channel: RunChannel, cancel_hook: Callable[[], None]) -> EarlyStart | None:
@@ -284,7 +287,7 @@ class CompactionRun:
         preview's counts of what it would write. ``early``: the run's tasks launched before it was planned,
         which write it if they can, and are otherwise ended first."""
         spark = self.factory.spark
-        cores = spark.cores  # a call into the JVM each time (0.2-0.3 ms)
+        cores = self._cores()
         budget = self.ctx.progress.max_read_bytes_per_second
         readers = min(len(plan.ranges), cores)
         self.ctx.progress.read_tasks = readers if budget else 0
@@ -308,13 +311,17 @@ class CompactionRun:
         self.ctx.set_progress_source(lambda: self._follow(plan, channel.progress()))
         poller.start()
         try:
+            if not (in_driver and tasks is not None):
+                self.ctx.take_slot()  # a Spark job holds a slot
             if count is not None:
                 count.update(spark.run(self.ctx.task_id, f"preview of {self.topic} ({self.ctx.task_id})",
                                        lambda: exact_preview(spark.spark, spec, plan.strategy.strategy)))
             elif in_driver and tasks is not None:
                 self.ctx.leave_slot()  # no Spark job: the registry may start the next task beside this one
+                self.ctx.stats.in_driver = True
                 new_output(tasks.get("store"), output)
-                run_writing_tasks_in_driver(tasks)
+                with driver_task_errors(f"compaction of {self.topic} ({self.ctx.task_id})"):
+                    run_writing_tasks_in_driver(tasks)
             elif early is not None and tasks is not None and self._hand_over(early, tasks, output):
                 self.ctx.stats.early_tasks = True
                 early.wait()
@@ -326,6 +333,25 @@ class CompactionRun:
             stop.set()
             poller.join()
         return channel.progress()
+
+    def _cores(self) -> int:
+        """The Spark session's cores, asked once a run (a call into the JVM each time: 0.2-0.3 ms, ~3% of a
+        burst of small runs' CPU)."""
+        if self._session_cores is None:
+            self._session_cores = self.factory.spark.cores
+        return self._session_cores
+
+    def _likely_small(self) -> bool:
+        """A compaction without a read budget whose current ledger is small (``DRIVER_RUN_MAX_RECORDS``): its
+        run is likely small too, read in the driver, and is planned out of its slot."""
+        ctx = self.ctx
+        if ctx.kind != "compaction" or ctx.rebuild or ctx.progress.max_read_bytes_per_second:
+            return False
+        try:
+            handle = self.service.current()
+        except LedgerCorrupt:
+            return False
+        return handle is not None and handle.manifest.records_kept + handle.manifest.markers <= DRIVER_RUN_MAX_RECORDS
 
     @staticmethod
     def _small(plan: CompactionPlan) -> bool:

@@ -7,6 +7,7 @@ It is also the boundary where py4j/Spark errors become compactord's (``SparkErro
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import math
@@ -32,7 +33,7 @@ from compactord.errors import (
 if TYPE_CHECKING:
     from compactord.engine.job import JobWidths
 
-__all__ = ["SparkSessionManager"]
+__all__ = ["SparkSessionManager", "driver_task_errors"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,6 +116,26 @@ def _cause(text: str, exc: BaseException) -> str:
         if head.endswith(("Error", "Exception")) and not line.startswith(("at ", "org.apache", "py4j")):
             return line[:2000]
     return (lines[0] if lines else type(exc).__name__)[:2000]
+
+
+@contextlib.contextmanager
+def driver_task_errors(description: str) -> Iterator[None]:
+    """The errors of a reading task run in the driver (a small run: ``kafka_source.run_writing_tasks_in_driver``)
+    as ``SparkSessionManager.job_group`` gives the same task's in a Spark job: a full disk is
+    ``InsufficientDiskSpace``, compactord's own errors (a store that is down, a cancel) stay as they are, and any
+    other is a ``SparkError`` naming its cause.
+    """
+    try:
+        yield
+    except CompactordError:
+        raise
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"[:2000]
+        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or any(sign in text for sign in _DISK_FULL_SIGNS):
+            raise InsufficientDiskSpace(
+                f"the reading task of {description} failed: no space left on the device ({text})") from exc
+        raise SparkError(f"the reading task of {description} failed: {text}") from exc
 
 
 def _started(rows: Iterator[Any]) -> Iterator[int]:

@@ -71,7 +71,9 @@ def spec_store(spec: Mapping[str, Any], channel: Any = None) -> ObjectStore | No
 
             channel = TaskChannel.for_spec(spec)
         secrets = channel.store_secrets if channel is not None else {}
-    return open_described(descriptor, secrets)
+    # A store of the tasks' own, also in the driver (a small run's task read there): its requests are counted
+    # for the task (``count_request``) as in a Spark worker, not by the driver's store and its observer.
+    return open_described({**descriptor, "opened_by": "task"}, secrets)
 
 
 def new_output(store: Mapping[str, Any] | None, output: str) -> None:

@@ -40,14 +40,15 @@ __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported fr
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC = 3
-CLOSE_WAIT_S = 1.0  # close() waits this long for a call under way
+CLOSE_WAIT_S = 1.0  # close() waits this long for an end reader's close under way
+ADMIN_CLIENTS = 4  # admin clients at once, each used by one call at a time
 PING_CONNECT_S = 2.0  # a TCP connection to a bootstrap address that takes longer counts as refused
 _CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms", "retention.ms")
 
 
 class KafkaAdmin(BrokerMetadata):
-    """Broker metadata and offsets for the driver, with kafka-python. Thread-safe (one lock around the
-    clients)."""
+    """Broker metadata and offsets for the driver, with kafka-python. Thread-safe (up to ``ADMIN_CLIENTS``
+    admin clients, each used by one call at a time)."""
 
     def __init__(self, settings: Settings, observer: Callable[[str], None] | None = None) -> None:
         """``observer`` hears of every request to the broker by its kind (metadata, describe_configs,
@@ -56,8 +57,12 @@ class KafkaAdmin(BrokerMetadata):
         self._observer = observer
         self._bootstrap = settings.kafka_bootstrap_servers
         self._client_config = settings.kafka_client_config()
-        self._lock = threading.Lock()
-        self._admin: Any = None
+        # Admin clients, each used by one call at a time: calls from several threads (runs' planning, the
+        # monitor, the API) overlap their waits for the broker; one client behind one lock made them queue.
+        self._pool = threading.Condition()
+        self._idle: list[Any] = []
+        self._made = 0  # clients in use or idle
+        self._closed = False
         # The log-identity probe and the end reads use librdkafka, as the reading tasks do; kafka-python
         # where confluent-kafka is not installed (the reading tasks then fail, saying so).
         self._librdkafka = librdkafka_available()
@@ -66,20 +71,45 @@ class KafkaAdmin(BrokerMetadata):
 
     def close(self) -> None:
         # A call under way (a broker that does not answer holds one for the request timeout) keeps its
-        # client; its thread is a daemon thread, and the process is stopping: do not wait for it.
-        if self._lock.acquire(timeout=CLOSE_WAIT_S):
-            try:
-                self._reset()
-            finally:
-                self._lock.release()
+        # client, closed when the call ends; its thread is a daemon thread, and the process is stopping: do
+        # not wait for it.
+        with self._pool:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._made -= len(idle)
+        for admin in idle:
+            _close_quietly(admin)
         with self._closing_lock:
             closing = list(self._closing)
         for closer in closing:
             closer.join(CLOSE_WAIT_S)
 
-    def _reset(self) -> None:
-        admin, self._admin = self._admin, None
-        _close_quietly(admin)
+    def _take(self) -> Any:
+        """An idle admin client, or a new one while fewer than ``ADMIN_CLIENTS`` are made (else wait for one)."""
+        with self._pool:
+            while not self._idle and self._made >= ADMIN_CLIENTS:
+                self._pool.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._made += 1
+        try:
+            return admin_client(self._client_config)
+        except BaseException:
+            self._give(None)
+            raise
+
+    def _give(self, admin: Any, *, broken: bool = False) -> None:
+        """``admin`` back to the pool; closed instead when its call failed (it may be half-connected: the next
+        call starts afresh) or the pool is closed."""
+        with self._pool:
+            keep = admin is not None and not broken and not self._closed
+            if keep:
+                self._idle.append(admin)
+            else:
+                self._made -= 1
+            self._pool.notify()
+        if not keep and admin is not None:
+            _close_quietly(admin)
 
     def _count(self, op: str) -> None:
         if self._observer is not None:
@@ -87,27 +117,28 @@ class KafkaAdmin(BrokerMetadata):
 
     def _call(self, topic: str | None, fn: Any, *, reads: bool = False, op: str = "metadata") -> Any:
         self._count("fetch" if reads else op)
-        with self._lock:
-            cons = None
-            try:
-                with translate_kafka_errors(self._bootstrap, topic):
-                    if self._admin is None:
-                        self._admin = admin_client(self._client_config)
-                    if reads:
-                        # A consumer per call: kafka-python's assign([]) does not stop a consumer
-                        # from tracking a topic (ClusterMetadata.set_topics ignores an empty list), so a
-                        # long-lived one keeps asking for the metadata of every topic it once read; a
-                        # broker that auto-creates topics (Kafka's default, and Tansu 0.6 even when
-                        # asked not to) then re-creates a topic just deleted.
-                        cons = consumer(self._client_config, max_poll_records=100_000)
-                    return fn(self._admin, cons)
-            except TopicNotFound:
-                raise
-            except Exception:
-                self._reset()  # a client that failed may be half-connected: start afresh next time
-                raise
-            finally:
-                _close_quietly(cons)
+        admin = cons = None
+        broken = False
+        try:
+            with translate_kafka_errors(self._bootstrap, topic):
+                admin = self._take()
+                if reads:
+                    # A consumer per call: kafka-python's assign([]) does not stop a consumer
+                    # from tracking a topic (ClusterMetadata.set_topics ignores an empty list), so a
+                    # long-lived one keeps asking for the metadata of every topic it once read; a
+                    # broker that auto-creates topics (Kafka's default, and Tansu 0.6 even when
+                    # asked not to) then re-creates a topic just deleted.
+                    cons = consumer(self._client_config, max_poll_records=100_000)
+                return fn(admin, cons)
+        except TopicNotFound:
+            raise
+        except BaseException:
+            broken = True
+            raise
+        finally:
+            _close_quietly(cons)
+            if admin is not None:
+                self._give(admin, broken=broken)
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -131,9 +162,7 @@ class KafkaAdmin(BrokerMetadata):
         return self._call(topic, describe)
 
     def partitions(self, topic: str) -> list[int]:
-        meta = self._describe(topic)
-        return sorted(p["partition_index"] if "partition_index" in p else p["partition"]
-                      for p in meta["partitions"])
+        return _partitions_of(self._describe(topic))
 
     def topic_id(self, topic: str) -> str | None:
         return _topic_id_of(self._describe(topic))
@@ -284,10 +313,22 @@ class KafkaAdmin(BrokerMetadata):
         start, at or past the end. An incremental run's planning took the probe's 27-38 ms less here. A
         probe that fails (a partition the topic no longer has: it was recreated) is asked again, after the
         offsets, of the partitions they name."""
+        return self._offsets_with_records(topic, at, self.partitions(topic))
+
+    def offsets_and_identity(self, topic: str, at: Mapping[int, int]
+                             ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None], str | None]:
+        """One metadata request names the partitions whose offsets are asked and the topic id (a run's planning
+        asked for it again, a request of its own, ~1 in 6 of its broker time on a burst of small runs)."""
+        meta = self._describe(topic)
+        offsets, found = self._offsets_with_records(topic, at, _partitions_of(meta))
+        return offsets, found, _topic_id_of(meta)
+
+    def _offsets_with_records(self, topic: str, at: Mapping[int, int], partitions: list[int]
+                              ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None]]:
         if not at or not self._librdkafka:
-            return super().offsets_with_records(topic, at)
+            offsets = self._offsets(topic, partitions)
+            return offsets, (self.first_records(topic, at, offsets) if at else {})
         # Only partitions the topic has (one recreated with fewer would hold the read to its time limit).
-        partitions = self.partitions(topic)
         known = set(partitions)
         early: dict[str, Any] = {}
 
@@ -422,6 +463,10 @@ def reachable(bootstrap: str, timeout: float) -> None:
         except (OSError, ValueError) as exc:
             problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
     raise BrokerUnavailable(f"no broker address accepts a connection ({'; '.join(problems) or bootstrap})")
+
+
+def _partitions_of(meta: Mapping[str, Any]) -> list[int]:
+    return sorted(p["partition_index"] if "partition_index" in p else p["partition"] for p in meta["partitions"])
 
 
 def _topic_id_of(meta: Mapping[str, Any]) -> str | None:

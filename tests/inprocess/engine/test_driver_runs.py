@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from compactord.daemon.registry import TaskRegistry
 from compactord.engine import kafka_source, run
 from compactord.task import TaskState
 from tests.support.service import compact, succeeded
@@ -61,10 +62,11 @@ def test_a_small_run_in_the_driver_writes_the_ledger_a_spark_job_writes(kafka, m
     monkeypatch.setattr(run, "run_writing_tasks_in_driver", counted)
 
     def both() -> None:
-        compact(in_driver)
+        ctx = compact(in_driver)
+        assert ctx.stats.in_driver is (strategy != "first-value")  # the task's stats say where it read
         with monkeypatch.context() as m:
             m.setattr(run, "DRIVER_RUN_MAX_RECORDS", -1)  # every run is large: a Spark job
-            compact(in_spark)
+            assert not compact(in_spark).stats.in_driver
 
     both()
     first = _rows(in_driver)
@@ -113,3 +115,31 @@ def test_a_cancelled_or_failed_run_in_the_driver_keeps_the_previous_ledger(kafka
     monkeypatch.undo()  # the next run, in the driver again, takes the new records
     succeeded(service.compact())
     assert service.get_last_compacted_position() != horizon
+
+
+def test_a_run_planned_out_of_its_slot_that_is_not_small_takes_a_slot_for_its_spark_job(kafka, make_factory,
+                                                                                     monkeypatch):
+    """A small ledger: the registry's run leaves its slot before it is planned; the tail is then too large to read
+    in the driver, and the run takes a slot again for its Spark job (the only one: it waits for none) and writes
+    every record; the next one, small again, reads in the driver."""
+    monkeypatch.setattr(run, "DRIVER_RUN_MAX_RECORDS", 100)
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 10}", f"v{i}", i % 2) for i in range(50)])
+    factory = make_factory()
+    registry = TaskRegistry(factory, 1, 60.0, release_after_s=TASK_TIMEOUT_S)
+    first = registry.trigger(topic)
+    assert first.result(TASK_TIMEOUT_S) is TaskState.SUCCEED, first.error
+    assert first.stats.in_driver
+    kafka.produce(topic, [(f"k{i % 10}", f"w{i}", i % 2) for i in range(300)])
+    assert first.worker_done.wait(TASK_TIMEOUT_S)
+    big = registry.trigger(topic)
+    assert big.result(TASK_TIMEOUT_S) is TaskState.SUCCEED, big.error
+    assert not big.stats.in_driver and big.stats.tail_records == 300
+    service = factory.new_topic_compaction_service(topic)
+    assert {r["value"] for r in _rows(service)} == {f"w{i}".encode() for i in range(290, 300)}
+    assert big.worker_done.wait(TASK_TIMEOUT_S)
+    kafka.produce(topic, [("k0", "x", 0)])
+    last = registry.trigger(topic)
+    assert last.result(TASK_TIMEOUT_S) is TaskState.SUCCEED and last.stats.in_driver
+    assert last.worker_done.wait(TASK_TIMEOUT_S)
+    assert registry.running_count() == 0 and registry.pending_count() == 0

@@ -14,6 +14,7 @@ import pytest
 from compactord.engine.range_read import RangeReadTask
 from compactord.engine.readers import open_range_reader
 from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+from compactord.errors import CompactordError
 from tests.support.channel import LOOPBACK, run_channel
 
 
@@ -487,6 +488,76 @@ def test_the_probe_read_while_the_offsets_are_fixed_answers_as_the_probe_after_t
         assert found == admin.first_records(topic, {0: offsets[0].end}, offsets)
         tx_producer.abort_transaction()
     finally:
+        admin.close()
+
+
+def test_a_runs_planning_names_the_partitions_and_the_topic_id_in_one_metadata_request(kafka, tmp_path):
+    """``offsets_and_identity``: the offsets, the probe's records and the topic id a run's planning asks for, as
+    ``offsets_with_records`` and ``topic_id`` answer them, with one metadata request, not one for each."""
+    from collections import Counter
+
+    from compactord.config import Settings
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", i % 2) for i in range(100)])
+    asked: Counter[str] = Counter()
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")),
+                       observer=lambda op: asked.update([op]))
+    try:
+        for at in ({}, {0: 10, 1: 20}):
+            asked.clear()
+            offsets, found, topic_id = admin.offsets_and_identity(topic, at)
+            assert asked["metadata"] == 1, asked
+            assert (offsets, found) == admin.offsets_with_records(topic, at)
+            assert topic_id == admin.topic_id(topic)
+            assert {p: o.end for p, o in offsets.items()} == {0: 50, 1: 50}
+    finally:
+        admin.close()
+
+
+def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(kafka, tmp_path):
+    """A call that holds its admin client (a broker slow to answer one run's planning) leaves others to theirs:
+    the API's, the monitor's and other runs' requests do not queue behind it. A client whose call failed is
+    not used again."""
+    import threading
+
+    from compactord.config import Settings
+    from compactord.kafka import admin as admin_module
+    from compactord.kafka.admin import KafkaAdmin
+    from tests.support.timeouts import TASK_TIMEOUT_S
+
+    topic = kafka.topic(partitions=1)
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
+    held, release, used = threading.Event(), threading.Event(), []
+
+    def slow(client: Any, _c: Any) -> None:
+        used.append(client)
+        held.set()
+        release.wait(2 * TASK_TIMEOUT_S)
+
+    holder = threading.Thread(target=admin._call, args=(topic, slow), daemon=True)
+    try:
+        holder.start()
+        assert held.wait(TASK_TIMEOUT_S)
+        answered = threading.Event()
+        other = threading.Thread(target=lambda: (admin.partitions(topic), answered.set()), daemon=True)
+        other.start()
+        assert answered.wait(TASK_TIMEOUT_S), "a call waited for another thread's call to end"
+        release.set()
+        holder.join(TASK_TIMEOUT_S)
+
+        def failing(client: Any, _c: Any) -> None:
+            used.append(client)
+            raise OSError("the connection broke")
+
+        for _ in range(admin_module.ADMIN_CLIENTS + 1):
+            with pytest.raises((CompactordError, OSError)):  # the broker named as unavailable, or the error as it is
+                admin._call(topic, failing)
+        assert len({id(c) for c in used[1:]}) == len(used) - 1  # a new client after each failure
+        assert admin.partitions(topic) == [0]
+    finally:
+        release.set()
         admin.close()
 
 
