@@ -8,7 +8,9 @@ Start-up: lock (or lease) the ledger root (a second daemon on the same root refu
 factory, serve HTTP at once (``/healthz`` answers; ``/readyz`` answers 200 with ``"reads": true`` and
 ``"compactions": false``), then start and warm the factory's runtime in the background
 (``interfaces.RuntimeOwner``; a factory without one has nothing to start). Compactions can run once the
-runtime is warm and the broker answers; reads need neither.
+runtime is warm and the broker answers; reads need neither. Each topic is recovered, and its last success and
+stored policies read, at its first use or by the ledger store's paced recovery pass (``ledger/recovery.py``),
+never every topic before the first read.
 
 If the runtime (the Spark JVM) dies or hangs, the daemon exits non-zero so that its supervisor restarts it
 (``watchdog``). SIGTERM: cancellable tasks are cancelled, a switching task finishes, the runtime stops,
@@ -46,6 +48,7 @@ from compactord.interfaces import (
 )
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger import footer_cache
+from compactord.ledger.recovery import RECOVERY_TOPICS_PER_SECOND
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
 from compactord.storage import open_store
@@ -72,10 +75,10 @@ def allowed_strategies(settings: Settings, factory: CompactionServiceFactory) ->
     return tuple(dict.fromkeys([settings.compaction_strategy, *settings.strategy_plugins]))
 
 
-def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list[str]]:
-    """The open store, and the topics whose deletion a restart interrupted (``open()`` completed it). An
-    object store is checked first (its bucket, credentials, endpoint, and that it enforces conditional
-    writes); its requests feed ``metrics``. A local root is locked; an S3 root is leased
+def _open_store(settings: Settings, metrics: Metrics) -> LedgerStore:
+    """The open store, whose topics are recovered each at its first use (``ledger/recovery.py``; the recovery
+    pass starts with the daemon). An object store is checked first (its bucket, credentials, endpoint, and that
+    it enforces conditional writes); its requests feed ``metrics``. A local root is locked; an S3 root is leased
     (``ledger/lease.py``, for storageLeaseSeconds).
 
     :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted), or an
@@ -83,10 +86,9 @@ def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list
     root = settings.compacted_ledger_root
     objects = open_store(root, settings, observer=metrics.storage_request)
     objects.check("compactedLedgerRoot")
-    store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds)
+    store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds, recovery_per_second=0)
     try:
-        pending = [t for t in store.topics() if store.deletion_pending(t)]
-        return store.open(), pending
+        return store.open()
     except CompactordError:  # LedgerRootUnwritable, InsufficientDiskSpace, LedgerRootLocked: as they are
         raise
     except OSError as exc:
@@ -97,21 +99,23 @@ def _open_store(settings: Settings, metrics: Metrics) -> tuple[LedgerStore, list
 
 class Daemon:
     def __init__(self, settings: Settings, spark: Any = None,
-                 broker: BrokerMetadata | None = None, jvm_check_timeout_s: float = JVM_CHECK_TIMEOUT_S) -> None:
+                 broker: BrokerMetadata | None = None, jvm_check_timeout_s: float = JVM_CHECK_TIMEOUT_S,
+                 recovery_per_second: float = RECOVERY_TOPICS_PER_SECOND) -> None:
         """``spark``: a Spark session manager to share (tests), given to the factory in its ``ServiceContext``
         (which then does not stop it); None: a factory that uses Spark builds its own.
         ``broker``: the broker-metadata seam (default: kafka-python against kafkaBootstrapServers).
-        ``jvm_check_timeout_s``: how long the watchdog waits for the JVM to answer before it calls it hung."""
+        ``jvm_check_timeout_s``: how long the watchdog waits for the JVM to answer before it calls it hung.
+        ``recovery_per_second``: the pace of the ledger store's recovery pass, from ``start()`` (<= 0: none;
+        each topic is recovered at its first use all the same)."""
         if not jvm_check_timeout_s > 0:
             raise ValueError(f"jvm_check_timeout_s must be positive, got: {jvm_check_timeout_s!r}")
         self.settings = settings
+        self._recovery_per_second = recovery_per_second
         self.metrics = Metrics(snapshot=self._snapshot)  # before the store: it counts the store's requests
         footer_cache.SHARED.resize(settings.storage_metadata_cache_bytes)  # one cache for every reader
-        self.store, deleted = _open_store(settings, self.metrics)
+        self.store = _open_store(settings, self.metrics)
         self.history = RunHistory(self.store.objects, settings.compaction_history_max_runs,
-                                  settings.compaction_history_max_age_days)
-        for topic in deleted:  # the rest of the topic went in open()
-            delete_history(self.history, topic)
+                                  settings.compaction_history_max_age_days, ready=self.store.ready)
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings, observer=self.metrics.broker_request)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
         # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
@@ -131,7 +135,6 @@ class Daemon:
                              fatal=lambda: self.watchdog.fatal, on_store_up=lambda: self.runs.record_unrecorded())
         self.runs = RunRecorder(self.history, self.metrics, self.health)
         self.policies = PolicyStore(self.store, allowed_strategies(settings, self.factory))
-        apply_stored_policies(self.store, self.policies, self.factory)
         self.registry = TaskRegistry(self.factory, settings.max_concurrent_tasks, settings.monitor_interval_seconds,
                                      on_end=self._task_ended, release_after_s=settings.task_timeout_seconds,
                                      recorder=self.runs.record)
@@ -151,7 +154,9 @@ class Daemon:
         self._quarantined = 0  # the last count of quarantined ledgers, shown while the store is down
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.runs.load_last_successes(self.store)
+        # What the daemon keeps of a topic outside its folder, brought in line once the topic is recovered (at
+        # its first use, or by the recovery pass that ``start`` starts), never for every topic at once.
+        self.store.after_recovery(self._topic_recovered)
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -163,6 +168,18 @@ class Daemon:
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.store.start_recovery_pass(self._recovery_per_second)
+
+    def _topic_recovered(self, topic: str, deleted: bool) -> None:
+        """Before the topic is served: its run history goes if its recovery completed its deletion; else its last
+        success and its stored policies are read (``LedgerStore.after_recovery``).
+
+        :raises StorageUnavailable: the store does not answer (the topic is recovered again at its next use)."""
+        if deleted:
+            delete_history(self.history, topic)  # the rest of the topic went in its recovery
+            return
+        self.runs.load_last_success(self.store, topic)
+        apply_stored_policies(self.policies, self.factory, topic)
 
     def _start_runtime(self) -> None:
         if self.runtime is not None:

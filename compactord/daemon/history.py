@@ -143,13 +143,17 @@ class RunHistory:
     one writer process (the root's lock holder)."""
 
     def __init__(self, objects: ObjectStore, max_runs: int, max_age_days: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, ready: Callable[[str], object] = layout.topic_prefix) -> None:
+        """``ready``: called with a topic before its history is read (``LedgerStore.ready``: the topic is
+        recovered first, so that the history of a topic whose deletion a restart interrupted is not served);
+        by default, the name's check alone."""
         if max_runs < 1 or max_age_days <= 0:
             raise ValueError(f"max_runs must be >= 1 and max_age_days positive, got: {max_runs}, {max_age_days}")
         self.objects = objects
         self.max_runs = max_runs
         self.max_age_s = max_age_days * DAY_S
         self._clock = clock
+        self._ready = ready
         self._lock = threading.Lock()
         self._files: dict[str, _FileState] = {}
         # The newest run of each topic asked for: status and listing requests read it, not the file.
@@ -262,12 +266,14 @@ class RunHistory:
     def runs(self, topic: str) -> list[RunRecord]:
         """The topic's runs within the bounds, newest first."""
         self.key(topic)
+        self._ready(topic)
         with self._lock:
             return list(reversed(self._bounded(self._read(topic)[0])))
 
     def last(self, topic: str) -> RunRecord | None:
         """The topic's newest run within the bounds (read from the file once, then kept in memory)."""
         self.key(topic)
+        self._ready(topic)
         with self._lock:
             if topic not in self._last:
                 runs = self._bounded(self._read(topic)[0])

@@ -1,5 +1,7 @@
 """What the daemon keeps of each ended run: its record in the run history (``history.RunHistory``), and each
-topic's last success (the ``compactord_seconds_since_last_success`` gauge).
+topic's last success (the ``compactord_seconds_since_last_success`` gauge), read from its current ledger once
+the topic is recovered after the start (at its first use, or by the ledger store's recovery pass), not for
+every topic at once.
 
 A run ends into the history before anyone sees its end. While the ledger root's store does not answer, the
 ended runs wait in memory (``history.UnrecordedRuns``) and go in, oldest first, once it answers again, or
@@ -92,16 +94,20 @@ class RunRecorder:
         if ctx.finished_at is not None:
             self.last_success[ctx.topic] = ctx.finished_at
 
-    def load_last_successes(self, store: LedgerStore) -> None:
-        """Each topic's last success, and its ledger's gauges, from its current ledger's manifest (at start)."""
-        for topic in store.topics():
-            try:
-                ledger_id = store.current_ledger_id(topic)
-                if ledger_id is not None:
-                    manifest = store.load_manifest(topic, ledger_id)
-                    self.last_success[topic] = manifest.finished_at_ms / 1000
-                    self._metrics.compacted_entries.labels(topic).set(manifest.records_kept)
-                    self._metrics.compacted_bytes.labels(topic).set(manifest.bytes)
-            except CompactordError as exc:
-                log.error("topic %s: %s", topic, exc)
-                self._metrics.ledger_corrupt.labels(topic).set(1)
+    def load_last_success(self, store: LedgerStore, topic: str) -> None:
+        """The topic's last success, and its ledger's gauges, from its current ledger's manifest (once the topic
+        is recovered: ``LedgerStore.after_recovery``, at its first use or by the recovery pass).
+
+        :raises StorageUnavailable: the store does not answer."""
+        try:
+            ledger_id = store.current_ledger_id(topic)
+            if ledger_id is not None:
+                manifest = store.load_manifest(topic, ledger_id)
+                self.last_success.setdefault(topic, manifest.finished_at_ms / 1000)  # a run may have ended since
+                self._metrics.compacted_entries.labels(topic).set(manifest.records_kept)
+                self._metrics.compacted_bytes.labels(topic).set(manifest.bytes)
+        except StorageUnavailable:
+            raise  # not the ledger's fault: the topic is recovered again at its next use
+        except CompactordError as exc:
+            log.error("topic %s: %s", topic, exc)
+            self._metrics.ledger_corrupt.labels(topic).set(1)

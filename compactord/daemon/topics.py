@@ -1,7 +1,8 @@
 """The topics as the API asks after them: whether one exists, their listing, their policies, their deletion.
 
-A topic's policies reach the engine (its strategy, key expiry and read budget) when they are set, and at
-start for those stored. Deleting a topic stops its task, then removes its ledgers, horizon, policies and run
+A topic's policies reach the engine (its strategy, key expiry and read budget) when they are set, and, for
+those stored, once the topic is recovered after the start (at its first use, or by the ledger store's
+recovery pass), before anything of it is compacted. Deleting a topic stops its task, then removes its ledgers, horizon, policies and run
 history, and everything the daemon keeps of it in memory.
 """
 
@@ -16,7 +17,7 @@ from compactord.daemon.backlogs import BacklogCache
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.recorder import RunRecorder
 from compactord.daemon.registry import TaskRegistry
-from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError
+from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, StorageUnavailable
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory
 from compactord.ledger.store import LedgerStore
 from compactord.task import CompactionTaskCtx
@@ -33,17 +34,21 @@ def apply_limits(factory: CompactionServiceFactory, topic: str, policies: TopicP
         max_read_bytes_per_second=policies.maxReadBytesPerSecond if policies is not None else None)
 
 
-def apply_stored_policies(store: LedgerStore, policies: PolicyStore, factory: CompactionServiceFactory) -> None:
-    """Each stored topic's policies, to the engine (at start); a topic whose policies cannot be read is
-    named in the log and runs with the broker-wide settings."""
-    for topic in store.topics():
-        try:
-            stored = policies.get(topic)
-            if stored.strategy is not None:
-                factory.set_topic_strategy(topic, stored.strategy)
-            apply_limits(factory, topic, stored)
-        except CompactordError as exc:
-            log.error("topic %s: its stored policies are not applied: %s", topic, exc)
+def apply_stored_policies(policies: PolicyStore, factory: CompactionServiceFactory, topic: str) -> None:
+    """The topic's stored policies, to the engine, once the topic is recovered after the start
+    (``LedgerStore.after_recovery``: before anything of it is compacted); policies that cannot be read are named
+    in the log and the topic runs with the broker-wide settings.
+
+    :raises StorageUnavailable: the store does not answer (the topic is recovered again at its next use)."""
+    try:
+        stored = policies.get(topic)
+        if stored.strategy is not None:
+            factory.set_topic_strategy(topic, stored.strategy)
+        apply_limits(factory, topic, stored)
+    except StorageUnavailable:
+        raise
+    except CompactordError as exc:
+        log.error("topic %s: its stored policies are not applied: %s", topic, exc)
 
 
 class Topics:

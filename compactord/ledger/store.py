@@ -8,7 +8,8 @@ Every object goes through the root's ``ObjectStore`` (``compactord/storage``), w
 errors, and which declares what differs between backends (free space, folders, a local path): this module
 addresses objects by key only. The pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and
 verifying a ledger's manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, who may write the root
-and with what epoch ``guard.py``'s (a local root's lock, an object store's lease).
+and with what epoch ``guard.py``'s (a local root's lock, an object store's lease), when each topic is recovered
+``recovery.py``'s (at its first use, or by a paced pass: never all at ``open()``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from compactord.ledger.lock import unwritable
 from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
 from compactord.ledger.reads import LedgerReader
+from compactord.ledger.recovery import RECOVERY_TOPICS_PER_SECOND, RecoveryHook, TopicRecovery
 from compactord.model import LedgerManifest, validate_topic_name
 from compactord.storage import ObjectStore, open_store
 
@@ -49,10 +51,13 @@ class LedgerStore:
     a store that is not open; the writing ones expect the lock to be held.
     """
 
-    def __init__(self, root: str | Path, objects: ObjectStore | None = None, lease_seconds: float = 30.0) -> None:
+    def __init__(self, root: str | Path, objects: ObjectStore | None = None, lease_seconds: float = 30.0,
+                 recovery_per_second: float = RECOVERY_TOPICS_PER_SECOND) -> None:
         """``objects``: the root's store as the daemon opened it (``open_store`` with its settings and
         metrics); by default the local root ``root``. ``lease_seconds``: an object store's lease
-        (``lease.py``; a local root has its lock)."""
+        (``lease.py``; a local root has its lock). ``recovery_per_second``: the pace of the recovery pass that
+        ``open()`` starts (``recovery.py``); <= 0: none (``start_recovery_pass`` starts one later), each topic
+        recovers at its first use."""
         self.objects: ObjectStore = objects if objects is not None else open_store(str(root))
         self.root: Path = self.objects.local_root or Path(str(root))
         self.lease_seconds = lease_seconds
@@ -60,14 +65,16 @@ class LedgerStore:
         self.guard: WriterGuard = writer_guard(self.objects, self.root, lease_seconds)
         self._opened = False
         self._known = KnownPointers()  # while this store is the sole writer: the pointers it read or wrote
+        self.recovery_per_second = recovery_per_second
+        self._recovery = TopicRecovery(self.recover_topic)
 
     # -- the root's lock -------------------------------------------------------------------------
 
     def open(self) -> Self:
         """Create the root if needed, take its writer guard (``guard.py``: a local root's lock, an object store's
-        lease), which raises the writer epoch, complete the topic deletions a restart interrupted, quarantine
-        ledgers that lost their ``CURRENT`` and remove orphans left by a previous run (retired ledgers past their
-        ``until`` included).
+        lease), which raises the writer epoch, check that the root can be written and upgrade an older layout;
+        then start the recovery pass. Each topic is recovered (``recover_topic``) before its first use, or by the
+        pass, once per ``open()``; never every topic here, which would be a burst of requests per topic.
 
         A lock whose holder died is free again (flock locks die with their process); a lease is taken over once
         stale, after ``lease_seconds`` (``lease.acquire``).
@@ -92,22 +99,50 @@ class LedgerStore:
                     _refuse_folded_case(self.root, daemon_dir)
                 self.objects.recover()
             upgrade.upgrade_root(self.objects)
-            for topic in self.topics():
-                self.recover_topic(topic)
+            self._recovery.start()
+            self.start_recovery_pass(self.recovery_per_second)
         except BaseException:
             self.close()
             raise
         return self
 
-    def recover_topic(self, topic: str) -> None:
-        """What the root's writer does for one topic before it serves or compacts it (``open`` does it for every
-        topic): complete a deletion a restart interrupted, quarantine ledgers that lost their ``CURRENT``, remove
-        retired ledgers past their ``until`` and orphans. One topic at a time, touching only its own objects, so
-        that a writer that owns some of a root's topics recovers those alone."""
+    def start_recovery_pass(self, per_second: float = RECOVERY_TOPICS_PER_SECOND) -> None:
+        """Recover every topic in a thread, ``per_second`` topics a second at most (``recovery.py``), unless a pass
+        runs already; it stops at ``close()``. Nothing on a store that is not open, or for ``per_second`` <= 0."""
+        self._recovery.start_pass(self.topics, per_second)
+
+    def after_recovery(self, hook: RecoveryHook) -> None:
+        """Call ``hook(topic, deleted)`` for each topic once recovered, before the topic is served (``deleted``:
+        the recovery completed the topic's deletion), and at once for the topics recovered already."""
+        self._recovery.after_recovery(hook)
+
+    def ready(self, topic: str) -> None:
+        """Recover ``topic`` if it was not since ``open()`` (nothing on a store that is not open): the gate of
+        every per-topic entry point, for what keeps a topic's objects outside the store (its run history).
+
+        :raises InvalidTopicName: ``topic`` is not a legal Kafka topic name.
+        :raises StorageUnavailable: the recovery's requests failed (the next use tries again).
+        """
+        self._recovery.ready(validate_topic_name(topic))
+
+    def recovered(self, topic: str) -> bool:
+        """Whether ``topic`` was recovered since ``open()``."""
+        return self._recovery.recovered(topic)
+
+    def recover_topic(self, topic: str) -> bool:
+        """What the root's writer does for one topic before it serves or compacts it (``ready`` calls it once per
+        ``open()``): complete a deletion a restart interrupted, quarantine ledgers that lost their ``CURRENT``,
+        remove retired ledgers past their ``until`` and orphans. One topic at a time, touching only its own
+        objects, so that a writer that owns some of a root's topics recovers those alone. True if it completed
+        the topic's deletion.
+
+        :raises Fenced: another daemon took the root over (it recovers the topic).
+        :raises StorageUnavailable: the store does not answer, or the root's lease was not renewed in time."""
+        self._check_writer(topic)  # a store no longer the root's writer leaves its topics to the one that is
         if self.deletion_pending(topic):  # first: a topic being deleted is neither served nor quarantined
             log.warning("completing the deletion of topic %r that a restart interrupted", topic)
             self.delete_topic(topic)
-            return
+            return True
         try:
             self.topic_dir(topic)
             if lost_pointer(self.objects, topic):
@@ -117,6 +152,7 @@ class LedgerStore:
         except LedgerCorrupt as exc:
             # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
             log.error("not removing orphans of topic %r: %s", topic, exc)
+        return False
 
     def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
         return unwritable(self.root, what)
@@ -127,7 +163,8 @@ class LedgerStore:
         self.guard.check(topic)
 
     def close(self) -> None:
-        """Release the root's writer guard (idempotent)."""
+        """Stop the recovery pass and release the root's writer guard (idempotent)."""
+        self._recovery.stop()
         self._opened = False
         self._known = KnownPointers()
         self.guard.release()
@@ -163,6 +200,7 @@ class LedgerStore:
         :raises InvalidArgument: the directory resolves outside the root (a symbolic link).
         """
         path = self.root / validate_topic_name(topic)
+        self._recovery.ready(topic)
         folder = self.objects.local_path(topic)  # a folder of this host may be a symbolic link
         if folder is not None and folder.resolve().parent != self.root:
             raise InvalidArgument(
@@ -193,6 +231,7 @@ class LedgerStore:
         :raises LedgerCorrupt: ``CURRENT`` holds neither the JSON pointer nor an older version's line.
         """
         topic = validate_topic_name(topic)
+        self._recovery.ready(topic)
         if not self.guard.sole_writer(topic):
             return read_pointer(self.objects, topic)
         return self._known.read(topic, lambda: read_pointer(self.objects, topic))
@@ -232,7 +271,9 @@ class LedgerStore:
 
     def ledger_ids(self, topic: str) -> list[int]:
         """The ids of the ledger folders under the topic, sorted (finished or not)."""
-        names = self.objects.children(layout.topic_prefix(topic))
+        prefix = layout.topic_prefix(topic)
+        self._recovery.ready(topic)
+        names = self.objects.children(prefix)
         found = (LEDGER_RE.fullmatch(name.rstrip("/")) for name in names)
         return sorted(int(m.group(1)) for m in found if m)
 
@@ -393,25 +434,31 @@ class LedgerStore:
 
     def mark_deleting(self, topic: str) -> bool:
         """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
-        a crash or a restart interrupts is completed by the next ``open()``.
+        a crash or a restart interrupts is completed after the next ``open()``, by the topic's recovery.
 
         False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
         deletion goes on without it (logged), rather than being refused.
         """
-        return removal.mark_deleting(self.objects, validate_topic_name(topic))
+        self.ready(topic)
+        return removal.mark_deleting(self.objects, topic)
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
-        self.objects.delete(layout.deleting_key(topic))
+        key = layout.deleting_key(topic)
+        self._recovery.ready(topic)
+        self.objects.delete(key)
 
     def deletion_pending(self, topic: str) -> bool:
-        """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed."""
-        return self.objects.head(layout.deleting_key(topic)) is not None
+        """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed (its recovery, which
+        this is first of, completes a deletion a restart interrupted)."""
+        key = layout.deleting_key(topic)
+        self._recovery.ready(topic)
+        return self.objects.head(key) is not None
 
     def delete_topic(self, topic: str) -> None:
         """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
 
-        The deletion mark, if any, goes last: until then a crash leaves a deletion ``open()`` completes.
+        The deletion mark, if any, goes last: until then a crash leaves a deletion the topic's recovery completes.
         """
         self.topic_dir(topic)  # checks the name, and that the folder is the root's
         self._check_writer(topic)
@@ -428,8 +475,9 @@ class LedgerStore:
         """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;
         return their keys (a ledger's ending in ``/``).
 
-        Only safe while nothing is being written, i.e. at ``open()`` (``sweep`` is for later). Without
-        ``CURRENT``, a finalized ledger (one with a manifest) is never removed: ``open()`` quarantines it.
+        Only safe while nothing of the topic is being written, i.e. in its recovery (``recover_topic``, before
+        the topic is used; ``sweep`` is for later). Without ``CURRENT``, a finalized ledger (one with a
+        manifest) is never removed: the recovery quarantines it.
 
         No age margin, unlike ``sweep``, on any root: a previous daemon's executors may still upload into a
         ledger removed here, but ledger ids are never reused, so no ledger of this daemon is hit; what lands

@@ -105,6 +105,7 @@ def test_every_pointer_write_carries_the_guards_fence(root: Root) -> None:
     try:
         assert store.guard.held and store.is_open
         for topic in TOPICS:
+            store.ready(topic)  # recovered first, as a ledger's writer is after allocate_ledger
             store.objects.put(f"{topic}/ledger-1/manifest.json", b"{}")  # switch() asks only that it exists
             store.switch(topic, 1)
             assert store.pointer(topic).epoch == store.guard.fence(topic) == store.epoch

@@ -130,6 +130,7 @@ def test_after_a_takeover_the_old_holder_is_fenced(s3_server: S3Server, proxy: F
         with pytest.raises(Fenced, match="taken over by pid"):
             old_lease.check()
         topic = "fenced-topic"
+        new.ready(topic)  # recovered first, as a ledger's writer is after allocate_ledger
         new.objects.put(f"{topic}/ledger-1/manifest.json", b"{}")  # switch() asks only that it exists
         new.switch(topic, 1)
         with pytest.raises(Fenced, match="taken over"):

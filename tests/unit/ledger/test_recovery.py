@@ -1,5 +1,6 @@
-"""What the store finds at ``open()`` after a crash: deletions it completes, ledgers that lost their
-``CURRENT`` (quarantined, never wiped), and a first run's leftovers (cleaned)."""
+"""What the store's recovery of a topic (after ``open()``, before the topic's first use) finds after a crash:
+deletions it completes, ledgers that lost their ``CURRENT`` (quarantined, never wiped), and a first run's
+leftovers (cleaned)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_marking_a_topic_without_a_folder_creates_it(tmp_path: Path) -> None:
         assert s.deletion_pending("fresh")
         s.allocate_ledger("fresh")
     with LedgerStore(root) as s:
+        assert not s.deletion_pending("fresh")  # its recovery, before any use of it, completed the deletion
         assert s.topics() == []
 
 
