@@ -44,7 +44,7 @@ def _floor_range_librdkafka(client: dict[str, Any], topic: str, partition: int, 
                             batch_records: int) -> int:
     from confluent_kafka import TopicPartition
 
-    from compactord.engine.readers.librdkafka import range_consumer
+    from compactord.engine.kafka_fetch.librdkafka import range_consumer
 
     cons = range_consumer(client)
     try:

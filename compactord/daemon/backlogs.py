@@ -27,7 +27,7 @@ from compactord.task import Reason
 if TYPE_CHECKING:
     from compactord.daemon.broker_view import BrokerTopic
     from compactord.daemon.metrics import Metrics
-    from compactord.daemon.registry import TaskRegistry
+    from compactord.daemon.scheduler import TaskRegistry
     from compactord.interfaces import TopicCompactionService
     from compactord.ledger.store import LedgerStore
 

@@ -34,7 +34,7 @@ from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore
 from compactord.daemon.recorder import RunRecorder, delete_history
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.daemon.topics import Topics, apply_stored_policies
 from compactord.daemon.watchdog import JVM_CHECK_TIMEOUT_S, Watchdog
 from compactord.errors import CompactordError, LedgerRootUnwritable, PluginLoadError, StorageUnavailable

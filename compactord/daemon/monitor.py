@@ -44,7 +44,7 @@ from compactord.daemon.listing import TopicRow, TopicRows
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.periodic import PeriodicPass
 from compactord.daemon.policies import PolicyStore
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.daemon.sweeper import StorageSweeper
 from compactord.errors import CompactionAlreadyRunning, CompactordError, LedgerCorrupt, TopicNotFound
 from compactord.interfaces import BrokerMetadata

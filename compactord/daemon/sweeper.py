@@ -18,7 +18,7 @@ import time
 from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.periodic import PeriodicPass
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.errors import CompactordError
 from compactord.interfaces import IdleGuarded
 from compactord.ledger.removal import Swept

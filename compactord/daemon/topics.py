@@ -16,7 +16,7 @@ from compactord.config import Settings
 from compactord.daemon.backlogs import BacklogCache
 from compactord.daemon.policies import PolicyStore, TopicPolicies
 from compactord.daemon.recorder import RunRecorder
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.errors import BrokerUnavailable, CompactionAlreadyRunning, CompactordError, StorageUnavailable
 from compactord.interfaces import BrokerMetadata, CompactionServiceFactory
 from compactord.ledger.store import LedgerStore

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from compactord.config import Settings
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.errors import ConfigError
 from compactord.interfaces import EngineRuntime
 

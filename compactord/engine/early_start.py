@@ -27,8 +27,8 @@ from typing import Any
 
 from compactord.config import Settings
 from compactord.engine.channel import RunChannel, TaskChannel, client_config
+from compactord.engine.kafka_fetch import RangeReader, open_range_reader
 from compactord.engine.kafka_source import Range, pack_ranges, task_groups_rdd, write_ranges
-from compactord.engine.readers import RangeReader, open_range_reader
 
 __all__ = ["PLAN_WAIT_S", "EarlyStart"]
 

@@ -1,7 +1,7 @@
 """The raw reader: a PySpark Python data source over Kafka offset ranges (format ``compactord_kafka``).
 
 The Spark Kafka connector jar is not available (no Maven), so Kafka is read inside Spark's Python
-workers, with librdkafka (confluent-kafka, ``readers/``).
+workers, with librdkafka (confluent-kafka, ``kafka_fetch/``).
 The driver fixes every range's end before the job (``kafka/admin.py``); records produced during the run
 are left for the next one.
 
@@ -9,7 +9,7 @@ are left for the next one.
   partitions are split so that every core works (``plan_ranges``); a run whose reads are final reads each
   partition in one task. A small job's ranges are packed into one task per core
   (``read_tasks``, ``pack_ranges``), read one after the other: each Spark task costs a fixed start.
-- Each range is read by a ``range_read.RangeReadTask`` (read_committed, the end reached by position, a
+- Each range is read by a ``range_task.RangeReadTask`` (read_committed, the end reached by position, a
   key's losers dropped in the task, final reads, progress and cancel over the run's channel); the next
   range's reader is opened while one reads.
 - Rows leave as Arrow record batches (``RECORD_SCHEMA``). Where the tasks write their partitions' part
@@ -29,8 +29,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from compactord.engine.channel.task import close_current
-from compactord.engine.range_read import RangeReadTask
-from compactord.engine.readers import RangeReader
+from compactord.engine.kafka_fetch import RangeReader
+from compactord.engine.range_task import RangeReadTask
 from compactord.model import RECORD_DDL
 
 __all__ = ["FORMAT", "KafkaRangeDataSource", "OffsetRange", "RangeReadTask", "pack_ranges", "plan_ranges",

@@ -14,9 +14,9 @@ from typing import Any, cast
 
 import pyarrow as pa
 
+from compactord.engine.kafka_fetch import Polled
+from compactord.engine.kafka_fetch.base import RecordFields
 from compactord.engine.merge import columns_to_batch
-from compactord.engine.readers import Polled
-from compactord.engine.readers.base import RecordFields
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.windows import SettledWindows
 from compactord.model import RECORD_SCHEMA

@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from compactord.engine.kafka_fetch import Polled
 from compactord.engine.merge import records_to_batch
-from compactord.engine.readers import Polled
 from compactord.model import RECORD_SCHEMA
 
 __all__ = ["RecordColumns"]

@@ -2,7 +2,7 @@
 executor's local disk past a budget.
 
 A reading task that owns a whole partition (``job.reads_are_final``) turns its records into Arrow rows
-window by window, each window's last record of each key (``range_read.FINAL_WINDOW_KEYS`` keys at most).
+window by window, each window's last record of each key (``range_task.FINAL_WINDOW_KEYS`` keys at most).
 A key may come back in a later window; at the end, each key's last row across all windows is the
 partition's answer. Held in memory, 1,000,000 distinct keys took ~150 MB of rows; past ``budget_bytes`` the
 windows go to Arrow IPC files in a folder of their own under Spark's local directories (``SPARK_LOCAL_DIRS``,

@@ -1,5 +1,5 @@
 """librdkafka (confluent-kafka) where both sides of the daemon use it: the broker settings in librdkafka's
-names, a consumer's base settings (the reading tasks' too: ``engine/readers/librdkafka.py``), and the
+names, a consumer's base settings (the reading tasks' too: ``engine/kafka_fetch/librdkafka.py``), and the
 driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``). Nothing
 here imports confluent-kafka until a function needs it.
 """

@@ -24,7 +24,7 @@ FLUSH_FAILED = "PySpark daemon failed to flush the output to the worker process:
     'line 264, in manager\n  File "/v/lib/python3.11/site-packages/pyspark/python/lib/pyspark.zip/pyspark/daemon.py", ',
     "").replace("BrokenPipe", "ConnectionReset")
 OTHER_TRACEBACK = """Traceback (most recent call last):
-  File "/srv/app/compactord/engine/range_read.py", line 12, in run
+  File "/srv/app/compactord/engine/range_task.py", line 12, in run
 BrokenPipeError: [Errno 32] Broken pipe
 """
 CRASH = """Traceback (most recent call last):

@@ -16,7 +16,7 @@ from compactord.daemon import monitor as monitor_module
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.interfaces import BrokerMetadata
 from compactord.ledger.store import LedgerStore
 from compactord.model import TopicConfigs

@@ -16,7 +16,7 @@ from compactord.config import Settings
 from compactord.daemon.metrics import Metrics
 from compactord.daemon.monitor import BacklogMonitor
 from compactord.daemon.policies import PolicyStore
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.errors import BrokerUnavailable
 from compactord.interfaces import BrokerMetadata
 from compactord.ledger.store import LedgerStore

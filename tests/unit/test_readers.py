@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from compactord.config import Settings, settings_from_properties
+from compactord.engine.kafka_fetch.base import Polled, RecordFields
+from compactord.engine.kafka_fetch.librdkafka import librdkafka_config, range_consumer
 from compactord.engine.merge import columns_to_batch
-from compactord.engine.readers.base import Polled, RecordFields
-from compactord.engine.readers.librdkafka import librdkafka_config, range_consumer
 from compactord.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.task import CompactionTaskCtx, TaskState
 from tests.support.waiting import wait_for
 
@@ -120,7 +120,7 @@ class SmallRunService(HeldService):
 
 
 def test_small_runs_in_the_driver_leave_their_slot_up_to_their_own_bound():
-    from compactord.daemon.registry import DRIVER_RUNS_AT_ONCE
+    from compactord.daemon.scheduler import DRIVER_RUNS_AT_ONCE
 
     factory = Factory()
     topics = [f"t{i}" for i in range(DRIVER_RUNS_AT_ONCE + 2)]

@@ -4,7 +4,7 @@ A worker runs one task at a time, and a task may read several ranges: the worker
 (``for_spec``), which each range's ``RangeReadTask`` shares. The connection is the calling thread's: a small
 run's task read in the driver (``kafka_source.run_writing_tasks_in_driver``) runs on its run's own thread,
 beside other runs. What the driver pushes (cancel, rate) is read
-without blocking at the task's checks (every ``range_read.PROGRESS_EVERY_S``, between a throttle's sleeps):
+without blocking at the task's checks (every ``range_task.PROGRESS_EVERY_S``, between a throttle's sleeps):
 one ``recv`` that finds nothing costs less than a record. A task blocks only where it waits: for its
 welcome when it connects (connecting again when the driver closed it to make room: ``busy``), for its plan
 (``wait_plan``), for the driver's acknowledgement of its last report.

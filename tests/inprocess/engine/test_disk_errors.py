@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.errors import InsufficientDiskSpace
 from compactord.ledger.store import CURRENT
 from compactord.task import TaskState

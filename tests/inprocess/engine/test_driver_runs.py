@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.engine import kafka_source, run
 from compactord.task import TaskState
 from tests.support.service import compact, succeeded

@@ -1,4 +1,4 @@
-"""The range read of one offset range (``range_read.RangeReadTask``) against the real broker, without Spark:
+"""The range read of one offset range (``range_task.RangeReadTask``) against the real broker, without Spark:
 every record's fields in its row, the end reached by position past a transaction marker, no offset reset,
 event times from headers when some records have none."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from compactord.engine.range_read import RangeReadTask
-from compactord.engine.readers import open_range_reader
-from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+from compactord.engine.kafka_fetch import open_range_reader
+from compactord.engine.kafka_fetch.librdkafka import LibrdkafkaRangeReader
+from compactord.engine.range_task import RangeReadTask
 from compactord.errors import CompactordError
 from tests.support.channel import LOOPBACK, run_channel
 
@@ -85,9 +85,9 @@ def test_publishing_order_hands_over_each_key_s_last_record_once_per_window_of_k
     4 keys (and 4 null-key records), polled 5 at a time, in windows of 9 leave the task as each key's last record only, with the retained null-key
     records; an empty value turned into a tombstone on the record that won. Every record still counts in
     the records and bytes read."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
 
-    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 9)
+    monkeypatch.setattr(range_task, "REDUCE_WINDOW", 9)
     topic = kafka.topic()
     records = [(None if i % 10 == 3 else f"k{i % 4}", "" if i == 38 else f"v{i}", 0) for i in range(40)]
     kafka.produce(topic, records)
@@ -128,9 +128,9 @@ def test_a_final_read_keeps_each_key_s_winner_across_windows(kafka, tmp_path, mo
     """Polls of 5 records, windows of at least 3 rows (publishing-order: of 3 keys' last records, and 4 keys
     take turns): a key whose records span windows still leaves the task once, as its winner (without
     ``final``, each window's own survivor leaves: the job's grouping picks among them)."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
 
-    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 3)
+    monkeypatch.setattr(range_task, "REDUCE_WINDOW", 3)
     topic = kafka.topic()
     # Event times fall as offsets grow for k0 (its first record wins under event time), rise for the others.
     records = [(f"k{i % 4}", f"v{i}" if i % 9 else None, 0, None,
@@ -157,9 +157,9 @@ def test_a_final_read_holds_a_window_of_keys_as_records_and_keeps_each_key_s_las
     last at the end. Windows of 7 keys over 300 records: keys that come back in later windows (hot keys,
     tombstones among them), keys seen once, and retained null-key records leave the task exactly once, as
     their key's last record, in offset order. A partition whose windows share no key is kept whole."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
 
-    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
+    monkeypatch.setattr(range_task, "FINAL_WINDOW_KEYS", 7)
     topic = kafka.topic()
     records = [(None if i % 23 == 0 else (f"hot{i % 3}" if i % 2 else f"once{i}"),
                 None if i % 29 == 1 else f"v{i}", 0) for i in range(300)]
@@ -199,11 +199,11 @@ def test_a_final_read_that_writes_its_part_keeps_each_key_s_last_across_windows(
     are reduced together first. Either way the file holds each live key's last record, in offset order."""
     import pyarrow.parquet as pq
 
-    from compactord.engine import range_read
+    from compactord.engine import range_task
     from compactord.engine.deletions import DeletionRules
     from compactord.ledger.parts import part_name
 
-    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
+    monkeypatch.setattr(range_task, "FINAL_WINDOW_KEYS", 7)
     rules = DeletionRules(now_ms=0, tombstone_retention_ms=0, keeps_markers=False).to_json()
     cases = {
         "distinct": [(f"k{i}", None if i % 10 == 3 else f"v{i}", 0) for i in range(100)],
@@ -244,11 +244,11 @@ def test_a_final_read_past_its_memory_budget_keeps_its_windows_on_disk(kafka, tm
     afterwards."""
     import pyarrow.parquet as pq
 
-    from compactord.engine import range_read
+    from compactord.engine import range_task
     from compactord.engine.deletions import DeletionRules
     from compactord.ledger.parts import part_name
 
-    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 7)
+    monkeypatch.setattr(range_task, "FINAL_WINDOW_KEYS", 7)
     local = tmp_path / "local"
     local.mkdir()
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{local},{tmp_path / 'unused'}")
@@ -291,12 +291,12 @@ def test_a_full_disk_under_the_spilled_windows_fails_the_read_and_leaves_nothing
     """The local disk fills while a final read writes its windows to it: the read fails with the disk's
     error, no part file is written, and what was spilled is removed (the run then fails and keeps the
     previous ledger: ``test_disk_errors``). The disk is a real 2 MiB tmpfs."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
     from compactord.engine.deletions import DeletionRules
     from compactord.ledger.parts import part_name
     from tests.support.disks import tmpfs
 
-    monkeypatch.setattr(range_read, "FINAL_WINDOW_KEYS", 1000)
+    monkeypatch.setattr(range_task, "FINAL_WINDOW_KEYS", 1000)
     topic = kafka.topic()
     records = [(f"key-{i:08d}", "v" * 200, 0) for i in range(12_000)]  # ~2.6 MB of rows: more than the disk
     kafka.produce(topic, records)
@@ -318,9 +318,9 @@ def test_a_full_disk_under_the_spilled_windows_fails_the_read_and_leaves_nothing
 def test_a_final_read_hands_its_rows_over_in_offset_order(kafka, tmp_path, monkeypatch):
     """Final reads are written without a sort: the winners of many reduce windows and the retained
     null-key rows between them leave the task in offset order."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
 
-    monkeypatch.setattr(range_read, "REDUCE_WINDOW", 300)  # ten windows
+    monkeypatch.setattr(range_task, "REDUCE_WINDOW", 300)  # ten windows
     topic = kafka.topic()
     records = [(None if i % 7 == 0 else f"k{i % 40}", f"v{i}", 0) for i in range(3000)]
     kafka.produce(topic, records)
@@ -564,7 +564,7 @@ def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(k
 def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_closes_each(kafka, tmp_path, monkeypatch):
     """One Spark task reads several ranges one after the other (``pack_ranges``); the next range's reader
     is open while the current one reads. Every reader is closed, also when the task stops early."""
-    from compactord.engine import range_read
+    from compactord.engine import range_task
     from compactord.engine.kafka_source import KafkaRangeReader
 
     topic = kafka.topic(partitions=3)
@@ -583,7 +583,7 @@ def test_a_task_of_several_ranges_opens_the_next_reader_while_one_reads_and_clos
         reader.close = closing
         return reader
 
-    monkeypatch.setattr(range_read, "open_range_reader", recording)
+    monkeypatch.setattr(range_task, "open_range_reader", recording)
     with run_channel() as channel:
         source = KafkaRangeReader(spec(kafka, topic, tmp_path, read_tasks=1,
                                        ranges=[[0, 0, 10], [1, 0, 10], [2, 0, 10]],
@@ -650,7 +650,7 @@ def test_a_librdkafka_poll_hands_over_the_records_that_came_without_waiting_for_
             made.append(config)
             super().__init__(config)
 
-    monkeypatch.setattr("compactord.engine.readers.librdkafka.Consumer", Recording)
+    monkeypatch.setattr("compactord.engine.kafka_fetch.librdkafka.Consumer", Recording)
     reader = LibrdkafkaRangeReader({"bootstrap_servers": [kafka.bootstrap]}, topic, 0, 0, batch_records=10_000)
     offsets: list[int] = []
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from compactord.daemon.metrics import Metrics
-from compactord.daemon.registry import TaskRegistry
+from compactord.daemon.scheduler import TaskRegistry
 from compactord.daemon.sweeper import StorageSweeper
 from compactord.storage import ObjectInfo, ObjectStore
 from compactord.task import CompactionTaskCtx, TaskState

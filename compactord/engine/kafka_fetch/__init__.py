@@ -1,7 +1,7 @@
 """The Kafka client that reads one offset range inside a Spark task: librdkafka (confluent-kafka, whose
 wheels bundle librdkafka).
 
-The data source's own logic (``range_read.RangeReadTask``: Arrow batches, loser dropping, the CANCEL
+The data source's own logic (``range_task.RangeReadTask``: Arrow batches, loser dropping, the CANCEL
 file, progress, event times, tombstones, the end reached by position) is written once; the reader only
 opens a consumer on one partition at an offset and hands over what each poll returned, column by column
 (``base.RangeReader``). It reads assigned (no group, nothing committed), read_committed, with no offset
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from compactord.engine.readers.base import Polled, RangeReader
+from compactord.engine.kafka_fetch.base import Polled, RangeReader
 
 __all__ = ["Polled", "RangeReader", "open_range_reader"]
 
@@ -29,7 +29,7 @@ def open_range_reader(client_config: Mapping[str, Any], topic: str, partition: i
         dependencies).
     """
     try:
-        from compactord.engine.readers.librdkafka import LibrdkafkaRangeReader
+        from compactord.engine.kafka_fetch.librdkafka import LibrdkafkaRangeReader
     except ImportError as exc:
         raise RuntimeError(f"confluent-kafka does not import in this Python ({exc}): the topic is read with "
                            "librdkafka; install compactord's dependencies on every executor") from exc

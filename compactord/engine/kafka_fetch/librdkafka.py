@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from compactord.engine.readers.base import Polled, RangeReader, RecordFields
+from compactord.engine.kafka_fetch.base import Polled, RangeReader, RecordFields
 from compactord.engine.throttle import fetch_bytes
 from compactord.kafka.librdkafka import consumer_config, librdkafka_config, transient_errors
 

@@ -30,9 +30,9 @@ import pyarrow as pa
 
 from compactord.engine.channel import TaskChannel, client_config
 from compactord.engine.deletions import DeletionRules
+from compactord.engine.kafka_fetch import Polled, RangeReader, open_range_reader
 from compactord.engine.latest_records import LatestRecords
 from compactord.engine.merge import merge_into_ledger
-from compactord.engine.readers import Polled, RangeReader, open_range_reader
 from compactord.engine.record_columns import RecordColumns
 from compactord.engine.strategies.publishing_order import reduce_last_offset
 from compactord.engine.throttle import ReadThrottle
