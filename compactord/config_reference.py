@@ -16,13 +16,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from compactord.config import ENV_PREFIX, GROUPS, KEYS, Key
+from compactord.config_keys import ENV_PREFIX, GROUPS, KEYS, Key
 
 __all__ = ["EXAMPLE_PATH", "REFERENCE_PATH", "example", "main", "reference", "stale"]
 
 REFERENCE_PATH = "docs/configuration.md"
 EXAMPLE_PATH = "broker.conf.example"
-_SOURCE = "compactord/config.py"
+_SOURCE = "compactord/config_keys.py"
 _COMMAND = "python -m compactord.config_reference"
 _WIDTH = 105  # the comment width of the shipped .conf files
 

@@ -142,7 +142,7 @@ def uvicorn_config(daemon: Daemon, host: str, port: int) -> uvicorn.Config:
 
 
 def _warnings(settings: Settings) -> None:
-    # A non-loopback address without a token is refused by the config's rules (config._check_http).
+    # A non-loopback address without a token is refused by the config's rules (config_load._check_http).
     master = settings.spark_master
     if not master.startswith("local") and not settings.compacted_ledger_root.startswith("s3://"):
         log.warning("sparkMaster=%s runs executors on other machines: compactedLedgerRoot=%s must be a path every "

@@ -3,9 +3,9 @@
 1. Creating_Raw_Reader: fix every partition's end, load and verify the current ledger, plan an
    incremental run (ledger + tail after the horizon) or a full rebuild. Where there is a ledger, the reading
    tasks are launched first, and open their readers while the run is planned (``early_start``).
-2. Running: the Spark job writes the new ledger; checksums, manifest and fsync.
+2. Running: the Spark job writes the new ledger; checksums, manifest and fsync (``run_finish``).
 3. Ending_with_switch_ledger: replace the CURRENT pointer (atomic), swap the in-memory ledger, delete
-   the old ledger once no read uses it.
+   the old ledger once no read uses it (``run_finish``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from compactord.engine.job import job_spec, run_compaction_job, writing_tasks_sp
 from compactord.engine.kafka_source import run_writing_tasks_in_driver
 from compactord.engine.planning import CompactionPlan, plan_compaction
 from compactord.engine.preview import exact_preview, ledger_totals
+from compactord.engine.run_finish import after_switch, finalize
 from compactord.engine.seams import TopicLedger
 from compactord.engine.spark_session import driver_task_errors
 from compactord.engine.throttle import per_task_rate, running_share
@@ -118,7 +119,8 @@ class CompactionRun:
             tail = self._spark_job(plan, self.store.ledger_key(self.topic, ledger_id), channel, early=early)
             ctx.remove_cancel_hook(cancel_hook)
             ctx.checkpoint("running")
-            manifest = self._finalize(plan, ledger_id, tail, started)
+            self._follow(plan, tail)
+            manifest = finalize(self.service, ctx, plan, ledger_id, tail, started, self.key_ttl_ms)
             handle = LedgerHandle(self.store.open_reader(self.topic, ledger_id, manifest))
             ctx.checkpoint("written")
             ctx.begin_switch()
@@ -128,7 +130,7 @@ class CompactionRun:
             if problem is not None:
                 ctx.stats.switch_warning = f"ledger {ledger_id} is current, but the switch then failed: {problem}"
                 log.warning("topic %s (task %s): %s", self.topic, ctx.task_id, ctx.stats.switch_warning)
-            self._after_switch(old, plan, ledger_id)
+            after_switch(self.service, ctx, old, plan, ledger_id)
             ctx.ledger_id = ledger_id
             ctx.transition(TaskState.SUCCEED)
             log.info("topic %s compacted into ledger %d (reason %s): %d read, %d kept, %d removed in %.1fs",
@@ -393,61 +395,3 @@ class CompactionRun:
             progress.throttled_seconds = tail.throttled_seconds
 
         self.ctx.follow_progress(update)  # an ended task's count stays the one it ended with
-
-    def _finalize(self, plan: CompactionPlan, ledger_id: int, tail: TailRead, started: float) -> LedgerManifest:
-        ctx = self.ctx
-        self._follow(plan, tail)
-        manifest = LedgerManifest(
-            ledger_id=ledger_id, topic=self.topic, horizon=plan.horizon, strategy=plan.strategy.settings,
-            files=[], records_read=ctx.progress.records_read, created_at_ms=int(time.time() * 1000),
-            started_at_ms=int((ctx.started_at or started) * 1000), full_rebuild=plan.full,
-            log_start=plan.log_start, topic_id=plan.topic_id, fingerprints=plan.fingerprints_after(tail.last),
-            key_ttl_ms=self.key_ttl_ms,
-        )
-        manifest.finished_at_ms = int(time.time() * 1000)
-        manifest.timings = {"spark_seconds": round(time.time() - started, 3)}
-        manifest = self.store.finalize_ledger(self.topic, ledger_id, manifest)
-        stats = ctx.stats
-        stats.records_read, stats.records_kept, stats.markers = manifest.records_read, manifest.records_kept, \
-            manifest.markers
-        stats.removed, stats.bytes_written, stats.bytes_read = manifest.removed, manifest.bytes, tail.bytes
-        stats.spilled_bytes = tail.spilled_bytes
-        stats.storage_requests.add_counts(tail.storage_requests)
-        stats.task_cpu_seconds, stats.task_wall_seconds = tail.cpu_seconds, tail.wall_seconds
-        stats.full_rebuild, stats.tail_records, stats.ledger_rows_read = plan.full, tail.records, plan.ledger_rows
-        stats.recreated = plan.recreated
-        return manifest
-
-    def _after_switch(self, old: LedgerHandle | None, plan: CompactionPlan, ledger_id: int) -> None:
-        """Past the commit point: what is left cannot fail the task (the new ledger is current)."""
-        try:
-            self.ctx.checkpoint("switched")
-        except CompactionCancelled:
-            pass  # a cancel raced the switch: too late, the ledger is current
-        self._retire(old, plan.previous)
-        if plan.corrupt_id is not None and plan.corrupt_id != ledger_id:
-            self._delete_replaced(plan.corrupt_id)
-
-    def _retire(self, old: LedgerHandle | None, previous: LedgerManifest | None) -> None:
-        if previous is None:
-            return
-        store, topic, old_id = self.store, self.topic, previous.ledger_id
-
-        def delete() -> None:
-            try:
-                store.delete_ledger(topic, old_id)
-            except Exception:
-                log.warning("could not delete old ledger %d of topic %s (removed at next start-up)",
-                            old_id, topic, exc_info=True)
-
-        if old is None:  # never loaded in memory: a handle of its own, so that pinned reads find it
-            old = LedgerHandle(store.open_reader(topic, old_id, previous))
-        self.service.keep_retired(old, old_id, delete)
-
-    def _delete_replaced(self, ledger_id: int) -> None:
-        try:
-            self.store.delete_ledger(self.topic, ledger_id)
-            log.info("topic %s: deleted corrupt ledger %d, replaced by a full rebuild", self.topic, ledger_id)
-        except Exception:
-            log.warning("could not delete corrupt ledger %d of topic %s (removed at next start-up)",
-                        ledger_id, self.topic, exc_info=True)
