@@ -213,6 +213,10 @@ class Settings:
         "Regex (full match) of the topics the monitor compacts; default every topic not starting with __.")
     max_concurrent_tasks: int = _key("compactionMaxConcurrentTasks", int_range(1, 64), "1", "scheduler",
         "Compactions that may run at once; others wait in state Pending.")
+    driver_run_max_records: int = _key("compactionDriverRunMaxRecords", int_range(0, 10_000_000), "20000",
+        "scheduler", "A compaction whose previous ledger and new tail hold at most this many records reads its "
+        "topic in the daemon's driver, without a Spark job (a small topic's run then takes a fraction of a "
+        "second); 0: every compaction is a Spark job (e.g. to keep all reading on a cluster's executors).")
     cancel_timeout_seconds: int = _key("compactionCancelTimeoutSeconds", int_range(1, 600), "10",
         "scheduler", "How long a cancel, unload or delete request waits for the task to stop.")
     task_timeout_seconds: int = _key("compactionTaskTimeoutSeconds", int_range(1), "3600", "scheduler",

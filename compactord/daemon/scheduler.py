@@ -3,7 +3,7 @@
 A triggered task starts in Pending and waits for one of ``compactionMaxConcurrentTasks`` slots.
 Waiting tasks start biggest backlog first, except that one that has waited longer than two monitor
 intervals goes first. A task planned as a small run, read in the driver without a Spark job
-(``engine.run.DRIVER_RUN_MAX_RECORDS``), or likely to be one (its current ledger is that small: it leaves
+(``compactionDriverRunMaxRecords``), or likely to be one (its current ledger is that small: it leaves
 before it is planned), leaves its slot for one of ``DRIVER_RUNS_AT_ONCE`` of its own, if one is free: its
 waits (the broker, fsyncs) then overlap the next tasks' work. A run that left its slot and then needs a Spark
 job waits for a slot again, before any waiting task (``take_slot``). A slot is freed on the thread that ends

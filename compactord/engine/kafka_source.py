@@ -133,7 +133,7 @@ def run_writing_tasks_in_driver(spec: dict[str, Any]) -> None:
     """Run the writing tasks of ``spec`` on the calling thread, in the driver, one range after the other: the
     same ``RangeReadTask`` code as ``run_writing_tasks``' Spark tasks (the same part files, progress, cancel and
     secrets over the run's channel), without a Spark job. For a small run, whose job's fixed cost (its submission,
-    a worker's task, the results) outweighs its reading (``run.DRIVER_RUN_MAX_RECORDS``)."""
+    a worker's task, the results) outweighs its reading (``compactionDriverRunMaxRecords``)."""
     ranges = [(int(p), int(s), int(e)) for p, s, e in spec["ranges"]]
     try:
         write_ranges({**spec, "in_driver": True}, ranges)

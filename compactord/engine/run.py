@@ -41,12 +41,6 @@ __all__ = ["CompactionRun"]
 
 log = logging.getLogger(__name__)
 PROGRESS_POLL_S = 0.5
-# A run of at most this many records (the previous ledger's rows and the tail), whose reads are final
-# (``job.reads_are_final``: each partition's winners chosen by its reading task), has its reading task run in
-# the driver, on the run's thread (``kafka_source.run_writing_tasks_in_driver``), not in a Spark job: the same
-# code and part files, without a job's fixed cost (its submission, a Python worker's task, the results: ~50 ms,
-# over half a small run's wall time on 2 cores). Early reading tasks are not launched for a ledger this small.
-DRIVER_RUN_MAX_RECORDS = 20_000
 
 
 def log_stopped(ctx: CompactionTaskCtx) -> None:
@@ -229,7 +223,7 @@ class CompactionRun:
         except LedgerCorrupt:
             return None  # planning finds it again
         previous = handle.manifest if handle is not None else None
-        if previous is not None and previous.records_kept + previous.markers <= DRIVER_RUN_MAX_RECORDS:
+        if previous is not None and previous.records_kept + previous.markers <= self._driver_max():
             return None  # a small ledger: the run is likely small, its task read in the driver
         strategy = self.factory.strategy_for(self.topic)
         if previous is None or not previous.horizon or not isinstance(strategy.strategy, OrderedCompactionStrategy):
@@ -344,7 +338,7 @@ class CompactionRun:
         return self._session_cores
 
     def _likely_small(self) -> bool:
-        """A compaction without a read budget whose current ledger is small (``DRIVER_RUN_MAX_RECORDS``): its
+        """A compaction without a read budget whose current ledger is small (``compactionDriverRunMaxRecords``): its
         run is likely small too, read in the driver, and is planned out of its slot."""
         ctx = self.ctx
         if ctx.kind != "compaction" or ctx.rebuild or ctx.progress.max_read_bytes_per_second:
@@ -353,12 +347,21 @@ class CompactionRun:
             handle = self.service.current()
         except LedgerCorrupt:
             return False
-        return handle is not None and handle.manifest.records_kept + handle.manifest.markers <= DRIVER_RUN_MAX_RECORDS
+        return handle is not None and handle.manifest.records_kept + handle.manifest.markers <= self._driver_max()
 
-    @staticmethod
-    def _small(plan: CompactionPlan) -> bool:
-        """A run small enough for its reading task to run in the driver (``DRIVER_RUN_MAX_RECORDS``)."""
-        return plan.ledger_rows + plan.tail_records <= DRIVER_RUN_MAX_RECORDS
+    def _driver_max(self) -> int:
+        """The most records of a run (the previous ledger's rows and the tail) whose reads are final
+        (``job.reads_are_final``: each partition's winners chosen by its reading task) for its reading task to
+        run in the driver, on the run's thread (``kafka_source.run_writing_tasks_in_driver``), not in a Spark
+        job: the same code and part files, without a job's fixed cost (its submission, a Python worker's task,
+        the results). Early reading tasks are not launched for a ledger this small. ``compactionDriverRunMaxRecords``;
+        -1 where it is 0 (every run a Spark job)."""
+        configured = self.factory.settings.driver_run_max_records
+        return configured if configured > 0 else -1
+
+    def _small(self, plan: CompactionPlan) -> bool:
+        """A run small enough for its reading task to run in the driver (``compactionDriverRunMaxRecords``)."""
+        return plan.ledger_rows + plan.tail_records <= self._driver_max()
 
     @staticmethod
     def _hand_over(early: EarlyStart, tasks: dict[str, Any], output: str) -> bool:

@@ -65,7 +65,7 @@ def test_a_restart_after_kill_9_completes_a_pending_deletion_and_keeps_every_top
     topic = kafka.topic(prefix="del")
     kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(16)])
     # A read budget (one that holds nothing back) runs it as a Spark job, which keeps its slot to the end: a
-    # small run read in the driver would leave it (``engine.run.DRIVER_RUN_MAX_RECORDS``).
+    # small run read in the driver would leave it (``compactionDriverRunMaxRecords``).
     put = daemon.http.put(f"/v1/topics/{topic}/policies",
                           json={"thresholdMessages": 7, "maxReadBytesPerSecond": 100_000_000})
     assert put.status_code == 200, put.text

@@ -259,6 +259,7 @@ def _daemon_conf(broker: Any, cluster: StandaloneCluster, topic: str, port: int,
         "spark.cores.max": "2",
         "compactionTopicsPattern": topic,
         "brokerServiceCompactionThresholdInBytes": "0",
+        "compactionDriverRunMaxRecords": "0",  # every run a Spark job on the executors, however small its topic
         **keys,
     }
 

@@ -26,8 +26,8 @@ def tx_producer(kafka) -> Iterator[Any]:
 @pytest.fixture
 def spark_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run of the test through a Spark job, also a small one (whose reading task would otherwise run in
-    the driver: ``engine.run.DRIVER_RUN_MAX_RECORDS``), for tests of the job itself: its tasks, its early start,
+    the driver: ``compactionDriverRunMaxRecords``), for tests of the job itself: its tasks, its early start,
     its cancel."""
     from compactord.engine import run
 
-    monkeypatch.setattr(run, "DRIVER_RUN_MAX_RECORDS", -1)
+    monkeypatch.setattr(run.CompactionRun, "_driver_max", lambda _self: -1)

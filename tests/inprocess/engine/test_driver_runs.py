@@ -1,4 +1,4 @@
-"""A small run's reading task read in the driver (``engine.run.DRIVER_RUN_MAX_RECORDS``) against the same run
+"""A small run's reading task read in the driver (``compactionDriverRunMaxRecords``) against the same run
 through a Spark job: the same ledger, row for row; a cancel or a failure in it keeps the previous ledger."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_a_small_run_in_the_driver_writes_the_ledger_a_spark_job_writes(kafka, m
         ctx = compact(in_driver)
         assert ctx.stats.in_driver is (strategy != "first-value")  # the task's stats say where it read
         with monkeypatch.context() as m:
-            m.setattr(run, "DRIVER_RUN_MAX_RECORDS", -1)  # every run is large: a Spark job
+            m.setattr(run.CompactionRun, "_driver_max", lambda _self: -1)  # every run is large: a Spark job
             assert not compact(in_spark).stats.in_driver
 
     both()
@@ -122,7 +122,7 @@ def test_a_run_planned_out_of_its_slot_that_is_not_small_takes_a_slot_for_its_sp
     """A small ledger: the registry's run leaves its slot before it is planned; the tail is then too large to read
     in the driver, and the run takes a slot again for its Spark job (the only one: it waits for none) and writes
     every record; the next one, small again, reads in the driver."""
-    monkeypatch.setattr(run, "DRIVER_RUN_MAX_RECORDS", 100)
+    monkeypatch.setattr(run.CompactionRun, "_driver_max", lambda _self: 100)
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, [(f"k{i % 10}", f"v{i}", i % 2) for i in range(50)])
     factory = make_factory()
