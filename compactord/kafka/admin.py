@@ -1,38 +1,23 @@
-"""What the driver asks the broker: topics, partitions, log start and committed end offsets, backlog.
-
-The end of a partition is the offset a read_committed consumer stops at (the last stable offset).
-Brokers report it through ListOffsets(latest) with read_committed isolation. The test broker (Tansu
-0.6) under-reports it: it answers the last batch's *base* offset + 1. So the answer of ListOffsets is
-checked by reading, read_committed, from one below it until the position stops moving: on a broker
-that reports correctly this reads one record and changes nothing; on Tansu it walks the last batch
-to the true end. The walk is bounded by the first high watermark seen, so that a topic under
-constant production still gets a fixed end.
+"""What the driver asks the broker: topics, partitions, log start and committed end offsets (fixed as
+``end_offsets.py`` says), backlog.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kafka import IsolationLevel, OffsetSpec, TopicPartition
+from kafka import TopicPartition
 
 from compactord.config import Settings
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.interfaces import BrokerMetadata
-from compactord.kafka.client import admin_client, consumer, translate_kafka_errors
-from compactord.kafka.librdkafka import (
-    close_in_background,
-    end_reader,
-    first_records,
-    librdkafka_available,
-    read_ends,
-    read_ends_many,
-)
+from compactord.kafka.client import admin_client, translate_kafka_errors
+from compactord.kafka.end_offsets import confirm_ends, confirm_ends_many, list_offsets
+from compactord.kafka.librdkafka import close_in_background, end_reader, first_records
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
@@ -47,7 +32,8 @@ _CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag
 
 
 class KafkaAdmin(BrokerMetadata):
-    """Broker metadata and offsets for the driver, with kafka-python. Thread-safe (up to ``ADMIN_CLIENTS``
+    """Broker metadata and offsets for the driver, with kafka-python's admin client (the end reads and the
+    log-identity probe with librdkafka's consumer). Thread-safe (up to ``ADMIN_CLIENTS``
     admin clients, each used by one call at a time)."""
 
     def __init__(self, settings: Settings, observer: Callable[[str], None] | None = None) -> None:
@@ -63,9 +49,7 @@ class KafkaAdmin(BrokerMetadata):
         self._idle: list[Any] = []
         self._made = 0  # clients in use or idle
         self._closed = False
-        # The log-identity probe and the end reads use librdkafka, as the reading tasks do; kafka-python
-        # where confluent-kafka is not installed (the reading tasks then fail, saying so).
-        self._librdkafka = librdkafka_available()
+        # The log-identity probe and the end reads use librdkafka, as the reading tasks do.
         self._closing: set[threading.Thread] = set()  # end readers being closed (``close_in_background``)
         self._closing_lock = threading.Lock()
 
@@ -115,35 +99,28 @@ class KafkaAdmin(BrokerMetadata):
         if self._observer is not None:
             self._observer(op)
 
-    def _call(self, topic: str | None, fn: Any, *, reads: bool = False, op: str = "metadata") -> Any:
-        self._count("fetch" if reads else op)
-        admin = cons = None
+    def _call(self, topic: str | None, fn: Callable[[Any], Any], *, op: str = "metadata") -> Any:
+        """``fn(admin)`` with an admin client of the pool, the broker's errors translated."""
+        self._count(op)
+        admin = None
         broken = False
         try:
             with translate_kafka_errors(self._bootstrap, topic):
                 admin = self._take()
-                if reads:
-                    # A consumer per call: kafka-python's assign([]) does not stop a consumer
-                    # from tracking a topic (ClusterMetadata.set_topics ignores an empty list), so a
-                    # long-lived one keeps asking for the metadata of every topic it once read; a
-                    # broker that auto-creates topics (Kafka's default, and Tansu 0.6 even when
-                    # asked not to) then re-creates a topic just deleted.
-                    cons = consumer(self._client_config, max_poll_records=100_000)
-                return fn(admin, cons)
+                return fn(admin)
         except TopicNotFound:
             raise
         except BaseException:
             broken = True
             raise
         finally:
-            _close_quietly(cons)
             if admin is not None:
                 self._give(admin, broken=broken)
 
     # -- topics -----------------------------------------------------------------------------------
 
     def list_topics(self) -> list[str]:
-        return sorted(self._call(None, lambda admin, _c: admin.list_topics()))
+        return sorted(self._call(None, lambda admin: admin.list_topics()))
 
     def ping(self) -> None:
         """Raise ``BrokerUnavailable`` unless the broker answers a metadata request. A bootstrap address
@@ -153,7 +130,7 @@ class KafkaAdmin(BrokerMetadata):
         self.list_topics()
 
     def _describe(self, topic: str) -> dict[str, Any]:
-        def describe(admin: Any, _c: Any) -> dict[str, Any]:
+        def describe(admin: Any) -> dict[str, Any]:
             (meta,) = admin.describe_topics([topic])
             if meta.get("error_code") == _UNKNOWN_TOPIC or not meta.get("partitions"):
                 raise TopicNotFound(topic)
@@ -170,7 +147,7 @@ class KafkaAdmin(BrokerMetadata):
     def topic_configs(self, topic: str) -> TopicConfigs:
         from kafka.admin import ConfigResource, ConfigResourceType
 
-        def describe(admin: Any, _c: Any) -> dict[str, str]:
+        def describe(admin: Any) -> dict[str, str]:
             # "all": a topic left at the broker's defaults has no "modified" config.
             answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
             configs = answer.get("topic", {}).get(topic, {}) if isinstance(answer, dict) else {}
@@ -207,7 +184,7 @@ class KafkaAdmin(BrokerMetadata):
         if not topics:
             return {}
         asked = list(topics)
-        metas = self._call(None, lambda admin, _c: admin.describe_topics(asked))
+        metas = self._call(None, lambda admin: admin.describe_topics(asked))
         found: dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError] = {}
         partitions: dict[str, list[int]] = {}
         ids: dict[str, str | None] = {}
@@ -227,7 +204,7 @@ class KafkaAdmin(BrokerMetadata):
         if stopping() or not partitions:
             return found
         try:
-            answer = self._call(None, lambda admin, _c: admin.describe_configs(
+            answer = self._call(None, lambda admin: admin.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, t) for t in partitions], config_filter="all"),
                 op="describe_configs")
         except Exception as exc:  # noqa: BLE001 (an old broker, or one without DescribeConfigs: "unknown", not an error)
@@ -246,20 +223,11 @@ class KafkaAdmin(BrokerMetadata):
 
     def _offsets_many(self, partitions: dict[str, list[int]]) -> dict[str, dict[int, PartitionOffsets]]:
         tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
-        starts, listed = self._call(None, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
-        if not self._librdkafka:
-            ends = self._call(None, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
-        else:
-            walk = {(tp.topic, tp.partition): listed[tp] for tp in tps if listed[tp] > starts[tp]}
-            self._count("fetch")
-            try:
-                read, pending = read_ends_many(self._client_config, walk, self._settings.kafka_request_timeout_ms / 1000)
-            except RuntimeError as exc:
-                raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read: {exc}") from exc
-            if pending:
-                log.warning("end offsets of %d partitions not confirmed by a read within the request timeout",
-                            len(pending))
-            ends = {tp: read.get((tp.topic, tp.partition), listed[tp]) for tp in tps}
+        timeout_ms = self._settings.kafka_request_timeout_ms
+        starts, listed = self._call(None, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
+        self._count("fetch")
+        ends = confirm_ends_many(self._client_config, self._bootstrap, tps, starts, listed,
+                                 self._settings.kafka_request_timeout_ms / 1000)
         out: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in partitions}
         for tp in tps:
             out[tp.topic][tp.partition] = PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp]))
@@ -275,36 +243,14 @@ class KafkaAdmin(BrokerMetadata):
         wanted = _in_log(at, offsets)
         if not wanted:
             return found
-        if self._librdkafka:
-            self._count("fetch")
-            try:
-                found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
-                                           self._settings.kafka_request_timeout_ms / 1000))
-            except RuntimeError as exc:
-                raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") \
-                    from exc
-            return found
-
-        def fetch(_admin: Any, cons: Any) -> dict[int, RecordFingerprint | None]:
-            tps = {TopicPartition(topic, p): offset for p, offset in wanted.items()}
-            cons.assign(list(tps))
-            for tp, offset in tps.items():
-                cons.seek(tp, offset)
-            pending = set(tps)
-            deadline = time.monotonic() + self._settings.kafka_request_timeout_ms / 1000
-            while pending and time.monotonic() < deadline:
-                for tp, records in cons.poll(timeout_ms=200, max_records=500).items():
-                    if tp in pending and records:
-                        r = records[0]
-                        found[tp.partition] = RecordFingerprint.of(r.offset, r.timestamp, r.key, r.value)
-                        pending.discard(tp)
-                        cons.pause(tp)
-                for tp in list(pending):
-                    if cons.position(tp) >= offsets[tp.partition].end:
-                        pending.discard(tp)  # only transaction markers or aborted records were left
-            return found
-
-        return self._call(topic, fetch, reads=True)
+        self._count("fetch")
+        try:
+            found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
+                                       self._settings.kafka_request_timeout_ms / 1000))
+        except RuntimeError as exc:
+            raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") \
+                from exc
+        return found
 
     def offsets_with_records(self, topic: str, at: Mapping[int, int]
                              ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None]]:
@@ -325,7 +271,7 @@ class KafkaAdmin(BrokerMetadata):
 
     def _offsets_with_records(self, topic: str, at: Mapping[int, int], partitions: list[int]
                               ) -> tuple[dict[int, PartitionOffsets], dict[int, RecordFingerprint | None]]:
-        if not at or not self._librdkafka:
+        if not at:
             offsets = self._offsets(topic, partitions)
             return offsets, (self.first_records(topic, at, offsets) if at else {})
         # Only partitions the topic has (one recreated with fewer would hold the read to its time limit).
@@ -361,87 +307,18 @@ class KafkaAdmin(BrokerMetadata):
 
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         tps = [TopicPartition(topic, p) for p in partitions]
-        if not self._librdkafka:  # each end is confirmed by a read_committed read, with kafka-python
-            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
-            ends = self._call(topic, lambda _a, cons: self._walk_to_end(cons, tps, starts, listed), reads=True)
-            return {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp])) for tp in tps}
         reader = end_reader(self._client_config)  # connects while the ends are listed
         try:
-            starts, listed = self._call(topic, lambda admin, _c: self._list_offsets(admin, tps), op="list_offsets")
+            timeout_ms = self._settings.kafka_request_timeout_ms
+            starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
             found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp]))
                      for tp in tps}
-            return self._read_ends(topic, found, reader)
+            return confirm_ends(self._client_config, self._bootstrap, topic, found,
+                                self._settings.kafka_request_timeout_ms / 1000, reader, self._count)
         finally:
             closer = close_in_background(reader)
             with self._closing_lock:
                 self._closing = {t for t in self._closing if t.is_alive()} | {closer}
-
-    def _list_offsets(self, admin: Any, tps: list[TopicPartition]) -> tuple[dict[Any, int], dict[Any, int]]:
-        """ListOffsets, read_committed: each partition's log start and end, as the broker lists them. The
-        admin client asks over its open connection (a metadata request and a ListOffsets per leader, for
-        each of the two): 2.3 ms here, against 7.2 ms for a consumer made for the call."""
-        timeout = self._settings.kafka_request_timeout_ms
-
-        def listed(spec: Any) -> dict[Any, int]:
-            answer = admin.list_partition_offsets(dict.fromkeys(tps, spec), IsolationLevel.READ_COMMITTED,
-                                                  timeout_ms=timeout)
-            return {tp: answer[tp].offset for tp in tps}
-
-        return listed(OffsetSpec.EARLIEST), listed(OffsetSpec.LATEST)
-
-    def _read_ends(self, topic: str, listed: dict[int, PartitionOffsets], reader: Any) -> dict[int, PartitionOffsets]:
-        """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``, on the
-        consumer ``reader``), as ``_walk_to_end`` does with kafka-python."""
-        walk = {p: o.end for p, o in listed.items() if o.end > o.log_start}
-        if not walk:
-            return listed
-        self._count("fetch")
-        try:
-            ends, pending = read_ends(self._client_config, topic, walk, self._settings.kafka_request_timeout_ms / 1000,
-                                      reader)
-        except RuntimeError as exc:
-            raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") from exc
-        if pending:
-            log.warning("end offsets of %s partitions %s not confirmed by a read within the request timeout",
-                        topic, sorted(pending))
-        for p, end in ends.items():
-            if end != walk[p]:
-                log.debug("%s[%d]: ListOffsets said %d, a read_committed read ends at %d", topic, p, walk[p], end)
-        return {p: dataclasses.replace(o, end=ends.get(p, o.end)) for p, o in listed.items()}
-
-    def _walk_to_end(
-        self, cons: Any, tps: list[TopicPartition], starts: dict[Any, int], listed: dict[Any, int]
-    ) -> dict[Any, int]:
-        ends = dict(listed)
-        probe = [tp for tp in tps if listed[tp] > starts[tp]]
-        if not probe:
-            return ends
-        cons.assign(probe)
-        for tp in probe:
-            cons.seek(tp, listed[tp] - 1)
-        limit: dict[Any, int] = {}
-        empty_polls: dict[Any, int] = dict.fromkeys(probe, 0)
-        pending = set(probe)
-        deadline = time.monotonic() + self._settings.kafka_request_timeout_ms / 1000
-        while pending and time.monotonic() < deadline:
-            batch = cons.poll(timeout_ms=200, max_records=100_000)
-            for tp in list(pending):
-                position = cons.position(tp)
-                ends[tp] = max(ends[tp], min(position, limit.get(tp, position)))
-                highwater = cons.highwater(tp)
-                if highwater is None:
-                    continue  # no fetch answered for this partition yet
-                limit.setdefault(tp, highwater)
-                empty_polls[tp] = 0 if batch.get(tp) else empty_polls[tp] + 1
-                if position >= limit[tp] or empty_polls[tp] >= 2:
-                    pending.discard(tp)
-        if pending:
-            log.warning("end offsets of %s not confirmed by a read within the request timeout", pending)
-        cons.assign([])
-        for tp in tps:
-            if ends[tp] != listed[tp]:
-                log.debug("%s: ListOffsets said %d, a read_committed read ends at %d", tp, listed[tp], ends[tp])
-        return ends
 
 
 

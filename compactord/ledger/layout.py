@@ -31,13 +31,14 @@ import os
 import re
 from pathlib import Path
 
+from compactord.errors import CompactordError, LedgerRootUnwritable
 from compactord.model import validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "HISTORY_FILE", "LEDGER_RE", "LEGACY_HISTORY_SUFFIX", "MANIFEST", "POLICIES",
            "RUN_RE", "UNLOADED", "case_folds", "deleting_key", "epoch_key", "history_file_key", "history_prefix", "history_root",
-           "last_id_key", "last_ids_root", "lease_key", "ledger_dir_name", "ledger_prefix", "legacy_history_key", "legacy_seq_key",
-           "lock_name", "pointer_key", "policies_key", "progress_name", "quarantine_prefix", "quarantine_root",
-           "root_keys", "run_key", "store_probe_key", "topic_prefix", "unloaded_key", "write_probe_key"]
+           "is_topic_name", "last_id_key", "last_ids_root", "lease_key", "ledger_dir_name", "ledger_prefix", "legacy_history_key",
+           "legacy_seq_key", "lock_name", "pointer_key", "policies_key", "progress_name", "quarantine_prefix", "quarantine_root",
+           "refuse_folded_case", "root_keys", "run_key", "store_probe_key", "topic_prefix", "unloaded_key", "write_probe_key"]
 
 DAEMON_DIR = "@compactord"  # ``@`` is illegal in topic names: no topic folder is ever this one
 
@@ -61,6 +62,15 @@ _CASE_PROBE = "case-Probe"
 def _topic(topic: str) -> str:
     """:raises InvalidTopicName: ``topic`` is not a legal Kafka topic name."""
     return validate_topic_name(topic)
+
+
+def is_topic_name(name: str) -> bool:
+    """Whether ``name`` is a legal Kafka topic name (a folder under the root that is a topic's)."""
+    try:
+        validate_topic_name(name)
+    except CompactordError:
+        return False
+    return True
 
 
 # -- the root's own ---------------------------------------------------------------------------------
@@ -191,3 +201,13 @@ def case_folds(folder: Path) -> bool:
         return os.path.lexists(folder / _CASE_PROBE.swapcase())
     finally:
         probe.unlink(missing_ok=True)
+
+
+def refuse_folded_case(root: Path, daemon_dir: Path) -> None:
+    """:raises LedgerRootUnwritable: the root's file system folds case (``case_folds``: topics ``A`` and ``a``
+    would share a folder)."""
+    if case_folds(daemon_dir):
+        raise LedgerRootUnwritable(
+            f"ledger root {root} is on a case-insensitive file system (a name and its other case are one file "
+            "there), where topics whose names differ only in case would share their files; compactedLedgerRoot "
+            "must be a directory on a case-sensitive file system", root=str(root))

@@ -7,7 +7,8 @@ older layout wrote when the root is opened.
 Every object goes through the root's ``ObjectStore`` (``compactord/storage``), which maps the store's
 errors, and which declares what differs between backends (free space, folders, a local path): this module
 addresses objects by key only. The pointer, the ids and the epoch are ``pointer.py``'s, sealing, loading and
-verifying a ledger's manifest ``manifests.py``'s, deletion and orphans ``removal.py``'s, who may write the root
+verifying a ledger's manifest ``manifests.py``'s, allocating, sealing and switching to a ledger ``writes.py``'s,
+deletion and orphans ``topic_removal.py``'s (by key ``removal.py``'s), who may write the root
 and with what epoch ``guard.py``'s (a local root's lock, an object store's lease), when each topic is recovered
 ``recovery.py``'s (at its first use, or by a paced pass: never all at ``open()``).
 """
@@ -20,18 +21,16 @@ from pathlib import Path
 from typing import Self
 
 from compactord.errors import (
-    CompactordError,
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
-    LedgerRootUnwritable,
 )
-from compactord.ledger import layout, manifests, removal, upgrade
+from compactord.ledger import layout, manifests, removal, topic_removal, upgrade, writes
 from compactord.ledger.checksums import file_crc32c
 from compactord.ledger.guard import WriterGuard, writer_guard
 from compactord.ledger.layout import CURRENT, DAEMON_DIR, DELETING, LEDGER_RE, MANIFEST, ledger_dir_name
 from compactord.ledger.lock import unwritable
-from compactord.ledger.pointer import KnownPointers, Pointer, allocate_id, expired, read_pointer, write_pointer
+from compactord.ledger.pointer import KnownPointers, Pointer, read_pointer, write_pointer
 from compactord.ledger.quarantine import lost_pointer, quarantine, quarantined
 from compactord.ledger.reads import LedgerReader
 from compactord.ledger.recovery import RECOVERY_TOPICS_PER_SECOND, RecoveryHook, TopicRecovery
@@ -96,7 +95,7 @@ class LedgerStore:
                 self.objects.delete(probe)
                 daemon_dir = self.objects.local_path(DAEMON_DIR)
                 if daemon_dir is not None:  # a file system's folders may fold case; an object store's keys do not
-                    _refuse_folded_case(self.root, daemon_dir)
+                    layout.refuse_folded_case(self.root, daemon_dir)
                 self.objects.recover()
             upgrade.upgrade_root(self.objects)
             self._recovery.start()
@@ -221,7 +220,7 @@ class LedgerStore:
     def topics(self) -> list[str]:
         """Sorted names of the topics under the root."""
         folders = [name[:-1] for name in self.objects.children() if name.endswith("/")]
-        return [name for name in folders if name != DAEMON_DIR and _is_topic_name(name)]
+        return [name for name in folders if name != DAEMON_DIR and layout.is_topic_name(name)]
 
     def pointer(self, topic: str) -> Pointer:
         """The topic's ``CURRENT``, with its version (``Pointer(None)``: the topic has no ledger): as read now,
@@ -280,52 +279,19 @@ class LedgerStore:
     # -- writing a ledger ------------------------------------------------------------------------
 
     def allocate_ledger(self, topic: str) -> tuple[int, Path]:
-        """Hand out the topic's next ledger id (strictly increasing per topic, never reused: its last id
-        advanced by compare-and-swap, ``pointer.allocate_id``) and its path.
-
-        Creates the topic directory; the ledger directory is left to its writer (Spark).
-
-        :raises LedgerCorrupt: the last id or an older version's counter does not hold an integer.
-        :raises InsufficientDiskSpace: the disk is full.
-        :raises StorageUnavailable: the root's lease has not been renewed in time (``Lease.check``): a run finds
-            it before its job rather than at its switch.
-        :raises Fenced: another daemon took the root's lease over.
-        """
-        self._check_writer(topic)
-        topic_dir = self.topic_dir(topic)
-        # Should the last id ever be lost, still never hand out an id this topic has used.
-        used = self.ledger_ids(topic)
-        with contextlib.suppress(LedgerCorrupt):  # a bad pointer is reported by reads and the run's plan
-            pointer = self.pointer(topic)
-            used += [*(r.id for r in pointer.retired), pointer.ledger or 0]
-        next_id = allocate_id(self.objects, topic, used)
-        self.objects.make_folder(layout.topic_prefix(topic))  # a local root's: the writers of a ledger's parts write into it
-        return next_id, topic_dir / ledger_dir_name(next_id)
+        """The topic's next ledger id, never reused, and its path (``writes.allocate_ledger``)."""
+        return writes.allocate_ledger(self, topic)
 
     def finalize_ledger(self, topic: str, ledger_id: int, manifest: LedgerManifest) -> LedgerManifest:
-        """Seal a ledger Spark has written: drop Spark's ``_SUCCESS`` and ``*.crc`` files, checksum and
-        count every ``part-*.parquet``, write ``manifest.json`` and fsync it all.
-
-        ``manifest`` is filled in place (files, bytes, records_kept, markers, removed, oldest marker)
-        and returned; ``records_read`` must be set by the caller.
-
-        :raises InvalidArgument: ``manifest`` names another topic or ledger id.
-        :raises LedgerCorrupt: a part file is not Parquet or lacks a column of the record schema.
-        :raises InsufficientDiskSpace: the disk is full.
-        """
-        if manifest.topic != topic or manifest.ledger_id != ledger_id:
-            raise InvalidArgument(
-                f"manifest of topic {manifest.topic!r} ledger {manifest.ledger_id} given to finalize "
-                f"ledger {ledger_id} of topic {topic!r}; they must match"
-            )
-        return manifests.finalize(manifest, self.objects, self._prefix(topic, ledger_id))
+        """Seal a ledger Spark has written, filling ``manifest`` in (``writes.finalize_ledger``)."""
+        return writes.finalize_ledger(self, topic, ledger_id, manifest)
 
     def switch(self, topic: str, ledger_id: int, base: Pointer | None = None,
                retire_for: float | None = None) -> Pointer:
         """Point ``CURRENT`` at a finalized ledger by compare-and-swap against ``base`` (the pointer the
         task read when it started; None: as read now), with this store's epoch; return the new pointer. The
-        ledger ``base`` named joins the retired list for ``retire_for`` seconds (None or <= 0: it does not).
-        A crash leaves the old or the new pointer, never a mix.
+        ledger ``base`` named joins the retired list for ``retire_for`` seconds (``writes.switched``). A crash
+        leaves the old or the new pointer, never a mix.
 
         :raises Fenced: the pointer is no longer ``base`` (another writer switched since), or names a
             writer of a higher epoch than this store's, or another daemon took the root's lease; nothing changed.
@@ -333,16 +299,8 @@ class LedgerStore:
         :raises InvalidArgument: the ledger has no ``manifest.json`` (it was not finalized).
         :raises InsufficientDiskSpace: the disk is full.
         """
-        self.ledger_path(topic, ledger_id)  # checks the name and the id
-        key = layout.ledger_prefix(topic, ledger_id) + MANIFEST
-        if self.objects.head(key) is None:
-            raise InvalidArgument(
-                f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} in {self.objects.describe()}: "
-                "only a finalized ledger can become current"
-            )
-        base = self.pointer(topic) if base is None else base
-        self._check_writer(topic)
-        return self._write_pointer(topic, base.switched(topic, ledger_id, self.guard.fence(topic), retire_for), base)
+        new, base = writes.switched(self, topic, ledger_id, base, retire_for)
+        return self._write_pointer(topic, new, base)
 
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer:
         """Take ``ids`` off the pointer's retired list by compare-and-swap against ``base``.
@@ -353,17 +311,8 @@ class LedgerStore:
         return base if new.retired == base.retired else self._write_pointer(topic, new, base)
 
     def sweep_retired(self, topic: str, now: float | None = None) -> list[int]:
-        """Take the retired ledgers past their ``until`` off the pointer, then delete their files; return them.
-        Only while no task of the topic runs (the pointer is the task's base).
-
-        :raises Fenced: the pointer changed while this ran (nothing is deleted then).
-        """
-        pointer = self.pointer(topic)
-        doomed = expired(pointer, now)
-        self.drop_retired(topic, set(doomed), pointer)
-        for ledger_id in doomed:
-            self.delete_ledger(topic, ledger_id)
-        return doomed
+        """Delete the retired ledgers past their ``until``; return them (``topic_removal.sweep_retired``)."""
+        return topic_removal.sweep_retired(self, topic, now)
 
     # -- reading a ledger's manifest -------------------------------------------------------------
 
@@ -403,106 +352,40 @@ class LedgerStore:
     # -- removing --------------------------------------------------------------------------------
 
     def delete_ledger(self, topic: str, ledger_id: int) -> None:
-        """Remove a ledger that is not current (missing is fine).
-
-        :raises InvalidArgument: ``CURRENT`` names this ledger.
-        """
-        path = self.ledger_path(topic, ledger_id)
-        self._check_writer(topic)
-        if self._is_current(topic, path):
-            raise InvalidArgument(
-                f"ledger {ledger_id} is the current ledger of topic {topic!r}; switch to another ledger "
-                "before deleting it, or delete the topic"
-            )
-        self.objects.delete_prefix(layout.ledger_prefix(topic, ledger_id))
+        """Remove a ledger that is not current (``topic_removal.delete_ledger``)."""
+        topic_removal.delete_ledger(self, topic, ledger_id)
 
     def discard(self, path: Path) -> None:
-        """Remove a partial ledger directory (missing is fine).
-
-        :raises InvalidArgument: ``path`` is not an entry of a topic directory of this root, or is the
-            topic's pointer or current ledger.
-        """
-        resolved = Path(path).resolve()
-        parts = resolved.relative_to(self.root).parts if resolved.is_relative_to(self.root) else ()
-        if not (len(parts) == 2 and _is_topic_name(parts[0]) and parts[1] != CURRENT):
-            raise InvalidArgument(f"refusing to discard {path}: only an entry of a topic directory under ledger "
-                                  f"root {self.root} (not its CURRENT) can be discarded")
-        if self._is_current(parts[0], resolved):
-            raise InvalidArgument(f"refusing to discard {path}: it is the current ledger of {parts[0]!r}")
-        self.objects.delete(f"{parts[0]}/{parts[1]}")
-        self.objects.delete_prefix(f"{parts[0]}/{parts[1]}/")
+        """Remove a partial ledger directory (``topic_removal.discard``)."""
+        topic_removal.discard(self, path)
 
     def mark_deleting(self, topic: str) -> bool:
-        """Record durably that ``topic`` is to be deleted, before anything of it is removed: a deletion
-        a crash or a restart interrupts is completed after the next ``open()``, by the topic's recovery.
-
-        False if the disk is too full to hold the mark: deleting is what frees a full disk, so the
-        deletion goes on without it (logged), rather than being refused.
-        """
-        self.ready(topic)
-        return removal.mark_deleting(self.objects, topic)
+        """Record durably that ``topic`` is to be deleted; False without a mark (``topic_removal.mark_deleting``)."""
+        return topic_removal.mark_deleting(self, topic)
 
     def unmark_deleting(self, topic: str) -> None:
         """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
-        key = layout.deleting_key(topic)
-        self._recovery.ready(topic)
-        self.objects.delete(key)
+        topic_removal.unmark_deleting(self, topic)
 
     def deletion_pending(self, topic: str) -> bool:
-        """Whether ``topic`` carries a deletion mark (``mark_deleting``) not yet completed (its recovery, which
-        this is first of, completes a deletion a restart interrupted)."""
-        key = layout.deleting_key(topic)
-        self._recovery.ready(topic)
-        return self.objects.head(key) is not None
+        """Whether ``topic`` carries a deletion mark not yet completed (``topic_removal.deletion_pending``)."""
+        return topic_removal.deletion_pending(self, topic)
 
     def delete_topic(self, topic: str) -> None:
-        """Remove a topic's directory with every ledger, its pointer and policies (missing is fine).
-
-        The deletion mark, if any, goes last: until then a crash leaves a deletion the topic's recovery completes.
-        """
-        self.topic_dir(topic)  # checks the name, and that the folder is the root's
-        self._check_writer(topic)
-        try:
-            removal.delete_topic(self.objects, topic)
-        finally:
-            self._known.wrote(topic, None)
+        """Remove a topic with every ledger, its deletion mark last (``topic_removal.delete_topic``)."""
+        topic_removal.delete_topic(self, self._known, topic)
 
     def quarantined(self) -> list[str]:
         """The folders under ``@compactord/quarantine`` (``<topic>/<time>``), sorted."""
         return quarantined(self.objects)
 
     def remove_orphans(self, topic: str) -> list[str]:
-        """Remove the ledgers neither ``CURRENT`` nor its retired list names, and leftover temporary files;
-        return their keys (a ledger's ending in ``/``).
-
-        Only safe while nothing of the topic is being written, i.e. in its recovery (``recover_topic``, before
-        the topic is used; ``sweep`` is for later). Without ``CURRENT``, a finalized ledger (one with a
-        manifest) is never removed: the recovery quarantines it.
-
-        No age margin, unlike ``sweep``, on any root: a previous daemon's executors may still upload into a
-        ledger removed here, but ledger ids are never reused, so no ledger of this daemon is hit; what lands
-        later is a new orphan, which the periodic sweep removes once past its margin.
-
-        :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
-        """
-        self.topic_dir(topic)
-        pointer = self.pointer(topic)
-        keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
-        return removal.remove_orphans(self.objects, topic, keep, pointer.ledger is not None)
+        """Remove the topic's orphans, in its recovery; return their keys (``topic_removal.remove_orphans``)."""
+        return topic_removal.remove_orphans(self, topic)
 
     def sweep(self, topic: str, ceiling: int, older_than: float) -> removal.Swept:
-        """Remove what ``remove_orphans`` would, on a root in use: only ledgers with an id up to ``ceiling``
-        (the highest under the topic while no task of it ran), and only objects last written before
-        ``older_than`` (UTC seconds); then abort the topic's unfinished uploads begun before then.
-
-        :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
-        """
-        self.topic_dir(topic)
-        pointer = self.pointer(topic)
-        keep = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
-        swept = removal.sweep_orphans(self.objects, topic, keep, pointer.ledger is not None, ceiling, older_than)
-        swept.uploads = self.objects.abort_uploads(layout.topic_prefix(topic), older_than)
-        return swept
+        """Remove the topic's orphans on a root in use, past a margin (``topic_removal.sweep``)."""
+        return topic_removal.sweep(self, topic, ceiling, older_than)
 
     def ledger_key(self, topic: str, ledger_id: int) -> str:
         """The key prefix of a ledger's objects without its last ``/`` (``<topic>/ledger-<id>``): the folder
@@ -513,29 +396,3 @@ class LedgerStore:
         """The key prefix of a ledger's objects, ``<topic>/ledger-<id>/`` (name and id checked)."""
         self.ledger_path(topic, ledger_id)
         return layout.ledger_prefix(topic, ledger_id)
-
-    def _is_current(self, topic: str, path: Path) -> bool:
-        current = self.current_ledger_id(topic)
-        if current is None:
-            return False
-        return path.resolve() == (self.topic_dir(topic) / ledger_dir_name(current)).resolve()
-
-
-def _refuse_folded_case(root: Path, daemon_dir: Path) -> None:
-    """:raises LedgerRootUnwritable: the root's file system folds case (topics ``A`` and ``a`` would share a
-    folder)."""
-    if layout.case_folds(daemon_dir):
-        raise LedgerRootUnwritable(
-            f"ledger root {root} is on a case-insensitive file system (a name and its other case are one file "
-            "there), where topics whose names differ only in case would share their files; compactedLedgerRoot "
-            "must be a directory on a case-sensitive file system", root=str(root))
-
-
-def _is_topic_name(name: str) -> bool:
-    try:
-        validate_topic_name(name)
-    except CompactordError:
-        return False
-    return True
-
-

@@ -531,7 +531,7 @@ def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(k
     admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
     held, release, used = threading.Event(), threading.Event(), []
 
-    def slow(client: Any, _c: Any) -> None:
+    def slow(client: Any) -> None:
         used.append(client)
         held.set()
         release.wait(2 * TASK_TIMEOUT_S)
@@ -547,7 +547,7 @@ def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(k
         release.set()
         holder.join(TASK_TIMEOUT_S)
 
-        def failing(client: Any, _c: Any) -> None:
+        def failing(client: Any) -> None:
             used.append(client)
             raise OSError("the connection broke")
 
