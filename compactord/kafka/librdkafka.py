@@ -6,7 +6,6 @@ here imports confluent-kafka until a function needs it.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from collections.abc import Mapping
@@ -15,7 +14,7 @@ from typing import Any
 
 from compactord.model import RecordFingerprint
 
-__all__ = ["close_in_background", "consumer_config", "end_reader", "first_records", "librdkafka_available",
+__all__ = ["close_in_background", "consumer_config", "end_reader", "first_records",
            "librdkafka_config", "out_of_range_errors", "read_ends", "read_ends_many", "transient_errors"]
 
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
@@ -29,10 +28,6 @@ _PROBE_WAIT_S = 0.01  # one wait of the probe for its records (it waits again un
 # A partition whose read got nothing for this long after the broker's answer is at its end (an open
 # transaction holds its position below the high watermark).
 _QUIET_S = 0.4
-
-
-def librdkafka_available() -> bool:
-    return importlib.util.find_spec("confluent_kafka") is not None
 
 
 # kafka-python's names (``Settings.kafka_client_config``) -> librdkafka's. Values pass as they are, but
