@@ -294,3 +294,17 @@ def test_a_topic_changed_appears_changed_in_the_listing_within_one_pass(daemon: 
     assert measured is not None and time.mktime(time.strptime(measured[:19], "%Y-%m-%dT%H:%M:%S")) \
         - time.timezone >= int(produced_at), (measured, produced_at)
     assert entry["last_compaction"]["status"] == "SUCCESS", entry
+
+
+def test_the_listed_backlog_of_a_recreated_topic_is_its_whole_new_log(daemon: DaemonProcess, kafka: Any) -> None:
+    """Not what lies past the old ledger's horizon (nothing): the pass measures a log that is not the ledger's
+    from its start. The topic is outside the pattern, so that no trigger rebuilds it meanwhile."""
+    topic = kafka.topic(prefix="xmon")
+    assert not re.fullmatch(MONITOR_PATTERN, topic)
+    kafka.produce(topic, [(f"old{i}", f"v{i}") for i in range(100)])
+    compact(daemon, topic)
+    kafka.recreate(topic)
+    kafka.produce(topic, [(f"new{i}", f"w{i}") for i in range(10)])
+    wait_for(lambda: (listed(daemon, topic).get("backlog") or {}).get("records") == 10, 60,
+             "the listing to show the recreated topic's whole new log as its backlog", daemon)
+    assert {t["reason"] for t in tasks_of(daemon, topic)} == {"manual"}  # no trigger ran: the pass measured it

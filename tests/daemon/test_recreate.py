@@ -88,10 +88,7 @@ def test_a_recreated_topic_answers_410_on_every_read_path_before_the_monitor_s_p
         assert_error(response, 410, "topic_recreated")
     with pytest.raises(TopicRecreated):
         list(CompactedReader(own_broker.bootstrap, topic, url=daemon.url))
-    # The backlog of the new log is the whole of it, not what lies past the old horizon (nothing).
-    rows = daemon.http.get("/v1/topics").json()["topics"]
-    row = next(r for r in rows if r["topic"] == topic)
-    assert row["backlog"] is not None and row["backlog"]["records"] == 10, row
+    # (The listing's backlog of a recreated topic, the whole new log, is the monitor pass's: test_monitor.py.)
     assert "compacting topic" not in daemon.log_text()  # the monitor has not run: the reads saw it
 
     compact(daemon, topic)  # the rebuild from the new log is served again
