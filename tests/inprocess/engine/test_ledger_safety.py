@@ -105,7 +105,7 @@ def test_ledger_damaged_after_it_was_loaded_is_rebuilt_not_built_upon(kafka, mak
 # -- orphans and the root's lock --------------------------------------------------------------------
 
 
-def test_orphans_are_removed_when_the_root_is_opened(kafka, make_factory, tmp_path):
+def test_orphans_are_removed_when_the_root_is_opened_and_the_topic_first_used(kafka, make_factory, tmp_path):
     topic = kafka.topic()
     records = [("a", "1"), ("b", "2"), ("a", "3")]
     kafka.produce(topic, records)
@@ -125,12 +125,14 @@ def test_orphans_are_removed_when_the_root_is_opened(kafka, make_factory, tmp_pa
     (stale_progress / "0-0.json").write_text("{}")
 
     second = make_factory(root=root)  # a new factory opens its own store: the next start
-    assert sorted(os.listdir(topic_dir)) == ["CURRENT", f"ledger-{current}"]
-    assert "manifest.json.tmp" not in os.listdir(topic_dir / f"ledger-{current}")
+    # the root's own leftovers go when it is opened
     assert not (root / "@compactord" / "ledger-seq.tmp").exists()
     assert not stale_progress.exists()
+    # a topic's, when it is first used (or the paced recovery pass reaches it): before anything of it is read
     service = second.new_topic_compaction_service(topic)
     assert service.ledger_info().ledger_id == current
+    assert sorted(os.listdir(topic_dir)) == ["CURRENT", f"ledger-{current}"]
+    assert "manifest.json.tmp" not in os.listdir(topic_dir / f"ledger-{current}")
     assert view(service) == last_value_model(records)
     kafka.produce(topic, [("c", "4")])
     assert compact(service).ledger_id > current
