@@ -35,8 +35,9 @@ RecoveryHook = Callable[[str, bool], None]
 class TopicRecovery:
     """The topics recovered since the store's ``open()``, the gate in front of the others, and the pass."""
 
-    def __init__(self, recover: Callable[[str], bool]) -> None:
-        """``recover``: recover one topic (``LedgerStore.recover_topic``): True if it completed its deletion."""
+    def __init__(self, recover: Callable[[str], bool | None]) -> None:
+        """``recover``: recover one topic (``LedgerStore.recover_topic``): True if it completed its deletion,
+        None if it cannot now (the touch passes; the topic recovers at a later one)."""
         self._recover = recover
         self._lock = threading.Lock()
         self._topic_locks: dict[str, threading.RLock] = {}
@@ -91,7 +92,8 @@ class TopicRecovery:
             self._running.add(topic)
             try:
                 deleted = self._recover(topic)
-                self._finish(topic, deleted)
+                if deleted is not None:
+                    self._finish(topic, deleted)
             finally:
                 self._running.discard(topic)
         with self._lock:

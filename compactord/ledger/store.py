@@ -24,6 +24,7 @@ from compactord.errors import (
     InsufficientDiskSpace,
     InvalidArgument,
     LedgerCorrupt,
+    StorageUnavailable,
 )
 from compactord.ledger import layout, manifests, removal, topic_removal, upgrade, writes
 from compactord.ledger.checksums import file_crc32c
@@ -128,16 +129,23 @@ class LedgerStore:
         """Whether ``topic`` was recovered since ``open()``."""
         return self._recovery.recovered(topic)
 
-    def recover_topic(self, topic: str) -> bool:
+    def recover_topic(self, topic: str) -> bool | None:
         """What the root's writer does for one topic before it serves or compacts it (``ready`` calls it once per
         ``open()``): complete a deletion a restart interrupted, quarantine ledgers that lost their ``CURRENT``,
         remove retired ledgers past their ``until`` and orphans. One topic at a time, touching only its own
         objects, so that a writer that owns some of a root's topics recovers those alone. True if it completed
-        the topic's deletion.
+        the topic's deletion; None if it could not write now (the root's lease is not renewed yet): the topic is
+        then read as it is, unless its deletion is pending, and recovered at a touch once the lease is held.
 
         :raises Fenced: another daemon took the root over (it recovers the topic).
-        :raises StorageUnavailable: the store does not answer, or the root's lease was not renewed in time."""
-        self._check_writer(topic)  # a store no longer the root's writer leaves its topics to the one that is
+        :raises StorageUnavailable: the store does not answer, or the lease is not renewed and the topic's
+            deletion is pending (it is not served)."""
+        try:
+            self._check_writer(topic)  # a store no longer the root's writer leaves its topics to the one that is
+        except StorageUnavailable:
+            if self.deletion_pending(topic):
+                raise
+            return None
         if self.deletion_pending(topic):  # first: a topic being deleted is neither served nor quarantined
             log.warning("completing the deletion of topic %r that a restart interrupted", topic)
             self.delete_topic(topic)
