@@ -147,32 +147,19 @@ class KafkaAdmin(BrokerMetadata):
     def topic_configs(self, topic: str) -> TopicConfigs:
         from kafka.admin import ConfigResource, ConfigResourceType
 
-        def describe(admin: Any) -> dict[str, str]:
+        def describe(admin: Any) -> Any:
             # "all": a topic left at the broker's defaults has no "modified" config.
-            answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
-            configs = answer.get("topic", {}).get(topic, {}) if isinstance(answer, dict) else {}
-            found: dict[str, str] = {}
-            for name in _CLEANUP_CONFIGS:
-                config = configs.get(name)
-                value = config.get("value") if isinstance(config, dict) else config
-                if value is not None:
-                    found[name] = str(value)
-            return found
+            return admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
 
         self.partitions(topic)  # TopicNotFound for a topic the broker does not have
         try:
-            found = self._call(topic, describe, op="describe_configs")
+            answer = self._call(topic, describe, op="describe_configs")
         except TopicNotFound:
             raise
         except Exception as exc:  # noqa: BLE001 (an old broker, or one without DescribeConfigs: "unknown", not an error)
             log.debug("DescribeConfigs of %s failed: %s", topic, exc)
-            found = {}
-        return TopicConfigs(
-            cleanup_policy=found.get("cleanup.policy"),
-            delete_retention_ms=_int_or_none(found.get("delete.retention.ms")),
-            min_compaction_lag_ms=_int_or_none(found.get("min.compaction.lag.ms")),
-            retention_ms=_int_or_none(found.get("retention.ms")),
-        )
+            answer = {}
+        return _configs_of(answer, topic)
 
     def describe_many(self, topics: Sequence[str], stopping: Callable[[], bool] = lambda: False
                       ) -> dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError]:
