@@ -6,9 +6,6 @@ is in tests/daemon/test_cli.py and test_first_hour.py."""
 from __future__ import annotations
 
 import argparse
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 
 import kafka.errors as kerr
@@ -21,6 +18,7 @@ from compactord.config import settings_from_properties
 from compactord.embedded import free_port
 from compactord.errors import BrokerUnavailable, ConfigError
 from compactord.kafka.client import translate_kafka_errors
+from tests.support.json_server import JsonHandler, serving
 from tests.support.s3_server import S3Server
 
 # A value as a producer may store it: a terminal title (OSC), a colour (CSI), a newline.
@@ -88,33 +86,18 @@ def test_a_daemon_that_is_not_there_says_start_it_or_set_the_url(capsys: pytest.
     assert "start the daemon (compactord run)" in err and "--url (COMPACTORD_URL)" in err
 
 
-class _Unauthorized(http.server.BaseHTTPRequestHandler):
+class _Unauthorized(JsonHandler):
     message = "a bearer token is required"
 
     def do_GET(self) -> None:  # http.server's name
-        body = json.dumps({"error": "unauthorized", "message": self.message}).encode()
-        self.send_response(401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json({"error": "unauthorized", "message": self.message}, status=401)
 
 
 @pytest.fixture(params=[_Unauthorized.message])
 def unauthorized(request: pytest.FixtureRequest) -> Iterator[str]:
     """A server that answers 401 with the API's error body; its message is the param."""
-    handler = type("Handler", (_Unauthorized,), {"message": request.param})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Unauthorized, message=request.param) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def test_a_401_names_the_token_option_and_variable(unauthorized: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,8 +7,6 @@ No test times anything: the server that holds its answer releases it when the pr
 
 from __future__ import annotations
 
-import http.server
-import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from compactord.cli import main
 from compactord.client import DaemonClient
 from compactord.embedded import EmbeddedBroker
 from compactord.errors import DaemonUnreachable, NotCompactordApi
+from tests.support.json_server import JsonHandler, serving
 
 NOT_THE_API = "answers, but it is not compactord's API: is it the broker's address?"
 
@@ -92,7 +91,7 @@ def test_the_broker_s_address_is_named_as_not_the_api(broker: EmbeddedBroker, mo
         DaemonClient(broker.bootstrap).info()  # what demo --url asks first
 
 
-class _SlowRoute(http.server.BaseHTTPRequestHandler):
+class _SlowRoute(JsonHandler):
     """``/v1/info`` answers only once ``/healthz`` has been asked, as a route slow by design would
     answer after the client's probe; ``/healthz`` answers at once."""
 
@@ -101,35 +100,17 @@ class _SlowRoute(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # http.server's name
         if self.path == "/healthz":
             self.probed.set()
-            self._json({"status": "ok"})
+            self.send_json({"status": "ok"})
         elif self.probed.wait(60):
-            self._json({"version": "slow"})
-
-    def _json(self, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            self.send_json({"version": "slow"})
 
 
 @pytest.fixture
 def slow_route(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, threading.Event]]:
     monkeypatch.setattr(client, "ANSWER_START", 0.2)  # the probe comes sooner; nothing else changes
     probed = threading.Event()
-    handler = type("Handler", (_SlowRoute,), {"probed": probed})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", probed
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_SlowRoute, probed=probed) as port:
+        yield f"127.0.0.1:{port}", probed
 
 
 def test_a_slow_answer_of_the_api_is_awaited_after_the_probe(slow_route: tuple[str, threading.Event]) -> None:
