@@ -73,11 +73,17 @@ def daemon_process(work: Path, bootstrap: str, conf: dict[str, str] | None = Non
                     time.sleep(0.5 if ready_for == "compactions" else 0.05)
             yield daemon, base
         finally:
-            daemon.terminate()
-            try:
-                daemon.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its Spark JVM
+            stop_daemon(daemon)
+
+
+def stop_daemon(daemon: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL to its process group (the daemon and its Spark JVM) if it does not end in a minute."""
+    daemon.terminate()
+    try:
+        daemon.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
 
 
 def rss_mb(pid: int) -> float:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from load import stop_daemon
 
 from compactord.embedded import EmbeddedBroker, free_port
 from compactord.ledger.store import LedgerStore
@@ -113,12 +114,7 @@ def one_start(source: Path, work: Path, conf: dict[str, str], topic: str) -> tup
             assert healthy is not None
             return healthy, read, requests
         finally:
-            daemon.terminate()
-            try:
-                daemon.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)  # the daemon and its Spark JVM
-                daemon.wait()
+            stop_daemon(daemon)
 
 
 def main() -> int:
