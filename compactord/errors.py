@@ -36,6 +36,9 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRootLocked                ledger_root_locked           409
     +-- LedgerRootUnwritable (OSError)  ledger_root_unwritable       503
     +-- Fenced                          fenced                       409
+    +-- NoOwner                         no_owner                     503
+    +-- OwnerUnreachable (ConnectionError)
+    |                                   owner_unreachable            503
     +-- StorageUnavailable (ConnectionError)
     |                                   storage_unavailable          503
     +-- PreconditionFailed              precondition_failed          500   (internal)
@@ -295,6 +298,21 @@ class Fenced(CompactordError):
 
     code = "fenced"
     status = 409
+
+
+class NoOwner(CompactordError):
+    """In a cluster, a request that only a topic's owner may carry out found no member owning the topic (the
+    cluster is rebalancing): retry after ``Retry-After``."""
+
+    code = "no_owner"
+    status = 503
+
+
+class OwnerUnreachable(CompactordError, ConnectionError):
+    """In a cluster, the member that owns a topic did not answer a request forwarded to it."""
+
+    code = "owner_unreachable"
+    status = 503
 
 
 class StorageUnavailable(CompactordError, ConnectionError):

@@ -73,6 +73,8 @@ _SERVER_ERROR_TEXT = {
                             "are served again); details are in the daemon's log"),
     "spark_error": "a Spark job failed; details are in the daemon's log",
     "compaction_failed": "the compaction failed; details are in the daemon's log",
+    "owner_unreachable": ("the member of the cluster that owns the topic did not answer the request forwarded to "
+                          "it (retry in a second); details are in the daemon's log"),
 }
 _SERVER_ERROR_DEFAULT = "the daemon could not answer this request; details are in the daemon's log"
 # Built from fixed phrases and config values only (``Daemon.readiness_problems``, ``api/limits.py``): safe
