@@ -22,16 +22,16 @@ import re
 import ssl
 import urllib.parse
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from starlette.types import ASGIApp, Receive, Send
 
 from compactord.api.views import error_response
+from compactord.daemon.cluster import Owner
 from compactord.errors import CompactordError, NoOwner, OwnerUnreachable
 
-__all__ = ["FORWARDED_HEADER", "Owner", "OwnerProxy", "owned_topic"]
+__all__ = ["FORWARDED_HEADER", "OwnerProxy", "owned_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,6 @@ _WRITES = [(method, re.compile(pattern)) for method, pattern in (
     ("PUT", rf"/v1/topics/{_NAME}/policies"), ("DELETE", rf"/v1/topics/{_NAME}/policies"),
     ("POST", rf"/v1/topics/{_NAME}/unload"), ("POST", rf"/v1/topics/{_NAME}/load"),
     ("DELETE", rf"/v1/topics/{_NAME}"))]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who owns a topic now: this member (``here``), another one at ``url``, or none (neither)."""
-
-    here: bool
-    url: str | None = None
 
 
 def owned_topic(method: str, path: str) -> str | None:

@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from compactord.api import proxy
-from compactord.api.proxy import FORWARDED_HEADER, Owner, OwnerProxy, owned_topic
+from compactord.api.proxy import FORWARDED_HEADER, OwnerProxy, owned_topic
+from compactord.daemon.cluster import Owner
 from compactord.embedded import free_port
 from tests.support.json_server import JsonHandler, serving
 
