@@ -88,6 +88,7 @@ def switched(store: _Store, topic: str, ledger_id: int, base: Pointer | None,
     store.ledger_path(topic, ledger_id)  # checks the name and the id
     key = layout.ledger_prefix(topic, ledger_id) + MANIFEST
     if store.objects.head(key) is None:
+        store.guard.check_owner(topic)  # a cluster's previous owner: the new one removed it, and fenced this switch
         raise InvalidArgument(
             f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} in {store.objects.describe()}: "
             "only a finalized ledger can become current"
