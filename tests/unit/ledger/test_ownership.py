@@ -15,6 +15,7 @@ from compactord.ledger import layout
 from compactord.ledger.ownership import OwnershipGuard
 from compactord.ledger.pointer import EPOCH_KEY, Pointer, parse_pointer, read_pointer
 from compactord.ledger.store import LedgerStore
+from compactord.server import EXIT_CONFIG, refuse_start
 from compactord.storage import ObjectStore, open_local
 from tests.support.s3_server import S3Server
 from tests.unit.ledger.members import Member, Refused
@@ -172,6 +173,7 @@ def test_a_root_is_one_clusters_and_no_single_daemon_writes_it(
     with pytest.raises(LedgerRootClaimed, match="without clusterName may not write it") as claimed:
         single.open()
     assert claimed.value.details["cluster"] == "blue" and not single.guard.held
+    assert refuse_start(claimed.value) == EXIT_CONFIG  # the daemon exits 2: the same start fails again
     assert root.objects.head(layout.lease_key()) is None  # a refused lease is given back
 
 
