@@ -135,7 +135,9 @@ class OwnershipGuard(WriterGuard):
             try:
                 check_free(self._objects, self._lease_seconds)
             except LedgerRootLocked as exc:
-                why = f"a single compactord renews its lease ({exc.details.get('holder') or 'unknown holder'})"
+                holder = exc.details.get("holder") or {}
+                why = (f"a single compactord renews its lease (pid {holder.get('pid', '?')} on host "
+                       f"{holder.get('host', '?')}, see {self._objects.location(layout.lease_key())})")
         if why is not None:
             raise LedgerRootClaimed(
                 f"ledger root {self._root} is written by a single daemon: {why}; the daemons of cluster "
