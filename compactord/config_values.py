@@ -7,9 +7,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+from urllib.parse import urlsplit
 
 from compactord.errors import ConfigError
 from compactord.event_time import EVENT_TIME_SOURCES, validate_event_time_source
