@@ -103,6 +103,7 @@ def split(group: list[Membership]) -> bool:
             and frozenset().union(*owned) == frozenset(range(PARTITIONS)))
 
 
+@pytest.mark.slow  # waits out rebalances (seconds each on the test broker)
 def test_two_then_three_members_split_the_partitions_and_list_one_another(broker: Any, members: Any) -> None:
     settings = cluster_settings(broker.bootstrap)
     ensure_coordination_topic(settings)
@@ -126,6 +127,7 @@ def test_two_then_three_members_split_the_partitions_and_list_one_another(broker
     assert all(m.last_rebalance is not None and m.last_rebalance.seconds >= 0 for m in group)
 
 
+@pytest.mark.slow  # waits out rebalances (seconds each on the test broker)
 def test_a_revoke_that_blocks_past_the_session_keeps_the_member_and_the_partition_unassigned(
         broker: Any, members: Any) -> None:
     """The daemon may take longer than the session to stop a topic's tasks: the member's heartbeats go on
@@ -141,6 +143,7 @@ def test_a_revoke_that_blocks_past_the_session_keeps_the_member_and_the_partitio
     assert events.of("http://m1:8642", "revoked") and not events.of("http://m1:8642", "lost")
 
 
+@pytest.mark.slow  # waits out rebalances (seconds each on the test broker)
 def test_a_member_stopped_hands_its_partitions_over(broker: Any, members: Any) -> None:
     settings = cluster_settings(broker.bootstrap)
     ensure_coordination_topic(settings)
@@ -179,6 +182,7 @@ def member_process(bootstrap: str, name: str, url: str, events: Events) -> Itera
         reader.join(STOP_TIMEOUT_S)
 
 
+@pytest.mark.slow  # waits out rebalances (seconds each on the test broker)
 def test_a_killed_member_process_loses_its_partitions_to_the_others(broker: Any) -> None:
     settings = cluster_settings(broker.bootstrap)
     ensure_coordination_topic(settings)
@@ -220,6 +224,7 @@ def _listening(port: int) -> bool:
     return False
 
 
+@pytest.mark.slow  # waits out rebalances (seconds each on the test broker)
 def test_a_member_cut_off_from_the_broker_stops_writing_within_the_session(
         broker_behind_proxy: tuple[str, TcpProxy], members: Any) -> None:
     """kafka-python's consumer keeps its assignment while it cannot reach the broker; the member does not."""
