@@ -18,9 +18,11 @@ from compactord.config_values import (
     choice,
     class_ref,
     class_refs,
+    cluster_name,
     event_time_source,
     float_range,
     host_list,
+    http_url,
     int_range,
     ledger_root,
     regex,
@@ -44,6 +46,7 @@ GROUPS = {
     "spark": "Spark: the engine that does the compaction",
     "scheduler": "Scheduler: when topics are compacted (the backlog monitor)",
     "http": "HTTP: the API",
+    "cluster": "Cluster: several daemons sharing one ledger root, one owner per topic",
     "logging": "Logging",
 }
 
@@ -270,6 +273,26 @@ class Settings:
         "/metrics has series per topic (backlog, ledger, runs: docs/operations.md) while at most this many topics "
         "are matched by compactionTopicsPattern or have a folder under the root (as of the backlog monitor's last "
         "pass); past it only the totals are exported (0 = never per topic).")
+    # Cluster
+    cluster_name: str = _key("clusterName", cluster_name, "", "cluster",
+        "Empty: one daemon owns the root. Set: the daemons with this name and these brokers form one cluster, "
+        "members of the consumer group compactord-NAME over the coordination topic __compactord-NAME (created "
+        "if missing); a topic is compacted by the member that holds its coordination partition.")
+    cluster_coordination_partitions: int = _key("clusterCoordinationPartitions", int_range(1, 1024), "32",
+        "cluster", "Partitions of the coordination topic: the units of ownership the members share (a topic's "
+        "is crc32(topic) modulo this). An existing coordination topic with another count refuses the start; "
+        "changing it moves every topic.")
+    cluster_advertised_url: str = _key("clusterAdvertisedUrl", http_url, "", "cluster",
+        "The URL the other members reach this daemon's API at (carried in its group membership); empty = "
+        "derived from httpBindAddress and the port the API listens on (the host's name for a wildcard "
+        "address).")
+    cluster_session_timeout_ms: int = _key("clusterSessionTimeoutMs", int_range(1000, 300000), "6000", "cluster",
+        "Group session: a member not heard from for this long loses its coordination partitions to the others, "
+        "and a member whose last heartbeat is older stops writing by itself; it heartbeats every third of it. "
+        "Must lie within the brokers' group.min.session.timeout.ms and group.max.session.timeout.ms.")
+    cluster_tls_ca_file: str = _key("clusterTlsCaFile", text, "", "cluster",
+        "CA bundle (PEM) to verify the other members' HTTPS certificates; empty = the system's. A file that "
+        "cannot be read refuses the start.")
     # Logging
     log_format: str = _key("logFormat", choice("text", "json"), "text", "logging",
         "text or json (one object a line).")

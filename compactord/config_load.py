@@ -99,6 +99,15 @@ def _check_s3(values: dict[str, Any]) -> None:
         raise ConfigError("s3Endpoint", values["s3_endpoint"], "an http:// or https:// URL")
 
 
+def _check_cluster(values: dict[str, Any]) -> None:
+    """The cluster's CA bundle is read when a member first calls another: a path that names no readable file
+    refuses the start instead."""
+    ca_file = values["cluster_tls_ca_file"]
+    if ca_file and not os.access(ca_file, os.R_OK):
+        raise ConfigError("clusterTlsCaFile", ca_file, "a readable CA bundle (PEM), or empty for the system's: "
+                          "this file does not exist or cannot be read")
+
+
 def _resolve_factory_alias(values: dict[str, Any], explicit: set[str]) -> None:
     factory = values["compaction_service_factory_class_name"]
     if factory == PULSAR_DEFAULT_FACTORY:
@@ -160,6 +169,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
     _resolve_factory_alias(values, explicit)
     _check_http(values)
     _check_s3(values)
+    _check_cluster(values)
     values["spark_conf"] = spark_conf
     return Settings(**values)
 

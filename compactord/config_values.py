@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+from urllib.parse import urlsplit
 
 from compactord.errors import ConfigError
 from compactord.event_time import EVENT_TIME_SOURCES, validate_event_time_source
@@ -22,9 +23,11 @@ __all__ = [
     "choice",
     "class_ref",
     "class_refs",
+    "cluster_name",
     "event_time_source",
     "float_range",
     "host_list",
+    "http_url",
     "int_range",
     "is_loopback",
     "ledger_root",
@@ -271,3 +274,42 @@ def _spark_master(raw: str) -> str:
 
 spark_master = Parser("local, local[N], local[*], local[N,F] or local[*,F] (N threads, F attempts of a task), "
                       "spark://HOST:PORT[,HOST:PORT...], yarn, or k8s://API-SERVER", _spark_master)
+
+
+# Kafka's topic names: letters, digits, '.', '_', '-', at most 249 characters; the coordination topic is this
+# prefix and the cluster's name.
+COORDINATION_TOPIC_PREFIX = "__compactord-"
+_TOPIC_NAME_MAX = 249
+_CLUSTER_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def _cluster_name(raw: str) -> str:
+    value = raw.strip()
+    if not _CLUSTER_NAME.fullmatch(value):
+        raise Rejected()
+    if len(COORDINATION_TOPIC_PREFIX + value) > _TOPIC_NAME_MAX:
+        raise Rejected(f"its coordination topic's name would be {len(COORDINATION_TOPIC_PREFIX + value)} "
+                       "characters long")
+    return value
+
+
+cluster_name = Parser(f"letters, digits, '.', '_' and '-' (part of a Kafka topic name: "
+                      f"{COORDINATION_TOPIC_PREFIX}NAME at most {_TOPIC_NAME_MAX} characters), or empty for a "
+                      "single daemon", _cluster_name)
+
+
+def _http_url(raw: str) -> str:
+    value = raw.strip()
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        raise Rejected() from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+            or parts.username is not None:
+        raise Rejected()
+    return value.rstrip("/")
+
+
+http_url = Parser("an http:// or https:// URL (scheme, host, optional port and path; no query, user or "
+                  "fragment), e.g. https://compactord-0.compactord:8642", _http_url)

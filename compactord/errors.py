@@ -34,8 +34,10 @@ without its own ``status`` inherits its parent's, and a test checks that every c
     +-- LedgerRetired (RuntimeError)    ledger_retired               410
     +-- TopicRecreated                  topic_recreated              410
     +-- LedgerRootLocked                ledger_root_locked           409
+    |   +-- LedgerRootClaimed           ledger_root_claimed          409
     +-- LedgerRootUnwritable (OSError)  ledger_root_unwritable       503
     +-- Fenced                          fenced                       409
+    |   +-- ConditionalWriteNotAtomic   store_not_atomic             500
     +-- NoOwner                         no_owner                     503
     +-- OwnerUnreachable (ConnectionError)
     |                                   owner_unreachable            503
@@ -283,6 +285,15 @@ class LedgerRootLocked(CompactordError):
     status = 409
 
 
+class LedgerRootClaimed(LedgerRootLocked):
+    """The ledger root is claimed for another way of writing it: another cluster's (``@compactord/cluster`` names
+    it), a cluster's while a single daemon opens it, or a live single daemon's while a cluster member opens it.
+    The daemon refuses to start with exit status 2 (the same start fails again until the config changes)."""
+
+    code = "ledger_root_claimed"
+    status = 409
+
+
 class LedgerRootUnwritable(CompactordError, OSError):
     """The ledger root cannot be created or written at start (read-only, full, no permission, an I/O
     error): the daemon refuses to start, with exit status 74 (EX_IOERR), since a disk that is not
@@ -298,6 +309,15 @@ class Fenced(CompactordError):
 
     code = "fenced"
     status = 409
+
+
+class ConditionalWriteNotAtomic(Fenced):
+    """A pointer written by compare-and-swap did not read back as written: the store let another writer's
+    conditional write win from the same version too (it does not decide conditions atomically). The switch is
+    not made; the view is the one the pointer names now."""
+
+    code = "store_not_atomic"
+    status = 500
 
 
 class NoOwner(CompactordError):

@@ -153,15 +153,14 @@ class PolicyStore:
             ) from exc
 
     def put(self, topic: str, policies: TopicPolicies) -> None:
-        key = self._key(topic, POLICIES)
         self._written(topic, None)  # read again if the write fails
-        self._store.objects.put(key, json.dumps(policies.to_json(), indent=1).encode())
+        # As the topic's writer: on a root a cluster shares, refused (fenced) unless this member owns the topic.
+        self._store.put_topic_object(topic, POLICIES, json.dumps(policies.to_json(), indent=1).encode())
         self._written(topic, policies)
 
     def delete(self, topic: str) -> None:
-        key = self._key(topic, POLICIES)
         self._written(topic, None)
-        self._store.objects.delete(key)
+        self._store.delete_topic_object(topic, POLICIES)
         self._written(topic, _NONE)
 
     def _written(self, topic: str, policies: TopicPolicies | None) -> None:
@@ -189,10 +188,9 @@ class PolicyStore:
         self._written(topic, None)
 
     def set_unloaded(self, topic: str, unloaded: bool) -> None:
-        key = self._key(topic, UNLOADED)
         self._unloaded.pop(topic, None)  # read again if the write fails
         if unloaded:
-            self._store.objects.put(key, b"")
+            self._store.put_topic_object(topic, UNLOADED, b"")
         else:
-            self._store.objects.delete(key)
+            self._store.delete_topic_object(topic, UNLOADED)
         self._unloaded[topic] = unloaded

@@ -14,30 +14,36 @@ The backends:
 - ``LeaseGuard``, an object store's, where there is no ``flock``: the renewed lease ``@compactord/lease``
   (``lease.py``), which raises the root's epoch as it is taken. It lapses when its renewals fail for two thirds
   of the lease (``overdue``), and is lost for good when another daemon takes it over (``lost``).
+- ``OwnershipGuard`` (``ownership.py``), a cluster's: daemons sharing a root, each owning the topics a Kafka consumer
+  group assigns it, answer ``check(T)`` with whether this member took T and its membership is current, and
+  ``fence(T)`` with the epoch raised in T's pointer when it was taken (``take``), so that the previous owner's writes
+  of T are refused by the pointer as a stale generation's (Kafka Connect's and Streams' fencing of the previous
+  generation). The daemon's recovery of a topic (``LedgerStore.recover_topic``) is per topic for that reason.
 
-``writer_guard`` picks one by what the store declares (a folder of this host has a lock file).
-
-Both answer the same for every topic: one process writes the whole root. The questions are asked per topic all
-the same, so that ownership of a subset of a root's topics fits as a third backend: daemons sharing a root, each
-owning the topics a Kafka consumer group assigns it, answer ``check(T)`` with whether T is assigned to this
-member now, and ``fence(T)`` with an epoch raised for T when it was assigned, so that the previous owner's
-writes of T are refused by the pointer as a stale generation's (Kafka Connect's and Streams' fencing of the
-previous generation). The daemon's recovery of a topic (``LedgerStore.recover_topic``) is already per topic
-for that reason.
+``writer_guard`` picks one of the first two by what the store declares (a folder of this host has a lock file); a
+cluster's daemon gives the store its ``OwnershipGuard``. The first two answer the same for every topic: one process
+writes the whole root. Both refuse a root marked as a cluster's (``@compactord/cluster``, ``claimed_by_cluster``),
+checked before and again after the right is taken, so that a single daemon and a cluster member starting at once
+do not both go on.
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from compactord.errors import LedgerRootClaimed, ObjectNotFound
 from compactord.ledger import layout
 from compactord.ledger.lease import Lease, acquire
 from compactord.ledger.lock import RootLock, unwritable
-from compactord.ledger.pointer import raise_epoch
+from compactord.ledger.pointer import Pointer, raise_epoch
 from compactord.storage import ObjectStore
 
-__all__ = ["LeaseGuard", "LockGuard", "WriterGuard", "writer_guard"]
+__all__ = ["CLUSTER_KEY", "LeaseGuard", "LockGuard", "WriterGuard", "claimed_by_cluster", "refuse_cluster_root",
+           "writer_guard"]
+
+CLUSTER_KEY = layout.cluster_key()
 
 
 class WriterGuard(ABC):
@@ -103,6 +109,73 @@ class WriterGuard(ABC):
         """The renewed lease behind this guard while it holds one (``LeaseGuard``), else None."""
         return None
 
+    @property
+    def shared_root(self) -> bool:
+        """Whether other processes write the root's topics while this guard is held (a cluster's members): then
+        nothing root-wide is cleaned at the open (another member's writes under way), only each topic by its owner."""
+        return False
+
+    def owns(self, topic: str) -> bool:
+        """Whether this process recovers and writes ``topic`` (every topic, for the root's one writer)."""
+        return True
+
+    def take(self, topic: str) -> int:
+        """Take ``topic`` for this process and return its fence (the root's one writer has every topic)."""
+        return self.fence(topic)
+
+    def release_topic(self, topic: str) -> None:
+        """Give ``topic`` back (the root's one writer keeps every topic until ``release``)."""
+
+    def check_owner(self, topic: str) -> None:
+        """Before a write of ``topic``'s objects beside its pointer (its policies, marks, deletion): return if this
+        process writes the topic now (the root's one writer: always; see ``OwnershipGuard``).
+
+        :raises Fenced: another process holds the topic, or took it since.
+        """
+
+    def check_pointer(self, topic: str, pointer: Pointer) -> None:
+        """Before a write against ``pointer`` (its base): return if this process may write over it. A lower epoch
+        than the pointer's is ``Pointer.switched``'s to refuse, whatever the backend.
+
+        :raises Fenced: the pointer is not this process's to write over.
+        """
+
+    def confirm(self, topic: str, written: Pointer) -> None:
+        """After ``written`` won its compare-and-swap: return if it is the topic's pointer (nothing to ask where
+        one process writes the root).
+
+        :raises ConditionalWriteNotAtomic: the pointer reads back as another writer's.
+        """
+
+
+def claimed_by_cluster(objects: ObjectStore) -> str | None:
+    """The cluster name ``@compactord/cluster`` holds (None: no cluster shares the root; a mark that does not
+    parse names ``"?"``, so that nothing takes the root as a single daemon's)."""
+    try:
+        data = objects.get(CLUSTER_KEY)
+    except ObjectNotFound:
+        return None
+    try:
+        name = json.loads(data)["cluster"]
+    except (ValueError, KeyError, TypeError):
+        return "?"
+    return name if isinstance(name, str) and name else "?"
+
+
+def refuse_cluster_root(objects: ObjectStore, root: Path | str) -> None:
+    """What a single daemon's guard asks before and after it takes the root.
+
+    :raises LedgerRootClaimed: a cluster shares the root.
+    """
+    cluster = claimed_by_cluster(objects)
+    if cluster is not None:
+        raise LedgerRootClaimed(
+            f"ledger root {root} is shared by the daemons of cluster {cluster!r} ({objects.location(CLUSTER_KEY)}), "
+            f"each writing the topics it owns; a daemon without clusterName may not write it: set "
+            f"clusterName={cluster} to join that cluster, or use another compactedLedgerRoot (the root goes back to a "
+            f"single daemon once {CLUSTER_KEY} is removed, with no member of the cluster running)",
+            root=str(root), cluster=cluster)
+
 
 class LockGuard(WriterGuard):
     """A local root's guard: the ``flock`` of ``lock.py``, in the root's folder ``root``."""
@@ -118,9 +191,11 @@ class LockGuard(WriterGuard):
             return
         with unwritable(self._root, "cannot be created"):
             self._daemon_dir.mkdir(parents=True, exist_ok=True)
+        refuse_cluster_root(self._objects, self._root)
         with unwritable(self._root, "cannot be locked"):
             self._lock.acquire()
         try:
+            refuse_cluster_root(self._objects, self._root)  # a member that marked the root meanwhile
             with unwritable(self._root, "cannot be written"):
                 self._epoch = raise_epoch(self._objects)
         except BaseException:
@@ -153,9 +228,15 @@ class LeaseGuard(WriterGuard):
     def acquire(self) -> None:
         if self._lease is not None:
             return
+        refuse_cluster_root(self._objects, self._root)
         with unwritable(self._root, "cannot be written"):
-            self._lease = acquire(self._objects, self.seconds)
-        self._epoch = self._lease.epoch
+            lease = acquire(self._objects, self.seconds)
+        try:
+            refuse_cluster_root(self._objects, self._root)  # a member that marked the root meanwhile
+        except BaseException:
+            lease.release()
+            raise
+        self._lease, self._epoch = lease, lease.epoch
 
     def release(self) -> None:
         lease, self._lease = self._lease, None

@@ -17,7 +17,7 @@ case-insensitive file system is refused at the start (``case_folds``).
 
 Layout (docs/upgrading.md, "The ledger root today"; ``upgrade.py`` moves a root written by the older one)::
 
-    @compactord/lock  epoch  lease  ledger-seq  write-probe  store-probe  check/  progress/  tmp/
+    @compactord/lock  epoch  lease  cluster  ledger-seq  write-probe  store-probe  check/  progress/  tmp/
     @compactord/ledger-ids/<topic>
     @compactord/history/<topic>/compacted.jsonl
     @compactord/history/<topic>/<seq>.json
@@ -35,7 +35,7 @@ from compactord.errors import CompactordError, LedgerRootUnwritable
 from compactord.model import validate_topic_name
 
 __all__ = ["CURRENT", "DAEMON_DIR", "DELETING", "HISTORY_FILE", "LEDGER_RE", "LEGACY_HISTORY_SUFFIX", "MANIFEST", "POLICIES",
-           "RUN_RE", "UNLOADED", "case_folds", "deleting_key", "epoch_key", "history_file_key", "history_prefix", "history_root",
+           "RUN_RE", "UNLOADED", "case_folds", "cluster_key", "deleting_key", "epoch_key", "history_file_key", "history_prefix", "history_root",
            "is_topic_name", "last_id_key", "last_ids_root", "lease_key", "ledger_dir_name", "ledger_prefix", "legacy_history_key",
            "legacy_seq_key", "lock_name", "pointer_key", "policies_key", "progress_name", "quarantine_prefix", "quarantine_root",
            "refuse_folded_case", "root_keys", "run_key", "store_probe_key", "topic_prefix", "unloaded_key", "write_probe_key"]
@@ -93,6 +93,11 @@ def lease_key() -> str:
     return f"{DAEMON_DIR}/lease"
 
 
+def cluster_key() -> str:
+    """The mark of a root shared by a cluster's daemons, naming the cluster (``ownership.py``): created once."""
+    return f"{DAEMON_DIR}/cluster"
+
+
 def legacy_seq_key() -> str:
     """An older version's root-wide last ledger id (read, never written)."""
     return f"{DAEMON_DIR}/ledger-seq"
@@ -122,7 +127,7 @@ def quarantine_root() -> str:
 def root_keys() -> list[str]:
     """Every key and folder (ending in ``/``) of the root's own that is not a topic's: what no topic key may
     equal or lie in. ``@compactord/check/`` is an S3 store's own probe (``storage/s3.py``)."""
-    return [f"{DAEMON_DIR}/{lock_name()}", epoch_key(), lease_key(), legacy_seq_key(), write_probe_key(),
+    return [f"{DAEMON_DIR}/{lock_name()}", epoch_key(), lease_key(), cluster_key(), legacy_seq_key(), write_probe_key(),
             store_probe_key(), f"{DAEMON_DIR}/{progress_name()}/", f"{DAEMON_DIR}/tmp/", f"{DAEMON_DIR}/check/",
             last_ids_root(), history_root(), quarantine_root()]
 

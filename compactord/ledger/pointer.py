@@ -3,8 +3,10 @@ compare-and-swap (``put_if_absent`` first, ``put_if_match`` after), so that of t
 version, one wins and the other is ``Fenced``, on a local disk as on an object store.
 
 ``<topic>/CURRENT`` is ``{"ledger": 12, "epoch": 3, "retired": [{"id": 11, "until": "2026-11-27T10:00:00Z"}]}``:
-the ledger served, the epoch of the writer that switched to it, and the ledgers replaced since that stay
-readable by id until their ``until``. A pointer an older version wrote (``ledger-12\\n``) reads as ledger 12,
+the ledger served, the epoch of the writer that switched to it (or, on a root daemons share, that took the topic
+last: ``ownership.py``), and the ledgers replaced since that stay readable by id until their ``until``. A topic
+taken before it has a ledger has ``"ledger": null``: it records the epoch only, and reads as no ledger. A pointer an
+older version wrote (``ledger-12\\n``) reads as ledger 12,
 epoch 0, nothing retired, and is replaced by the JSON form at the topic's next switch.
 
 ``@compactord/ledger-ids/<topic>`` holds the topic's last ledger id; an id is taken by advancing it by
@@ -14,8 +16,9 @@ reused. It lies outside the topic's folder so that it outlives the topic's delet
 compacted again goes on from its last id, and a reader pinned to an id of the deleted one never reads another
 ledger under that id.
 
-``@compactord/epoch`` is raised by compare-and-swap by each daemon that opens the root; a switch writes its
-daemon's epoch into the pointer, and one from a lower epoch than the pointer's is fenced.
+``@compactord/epoch`` is raised by compare-and-swap by each daemon that opens the root, and by each member of a
+cluster that takes a topic; a switch writes its writer's epoch into the pointer, and one from a lower epoch than the
+pointer's is fenced.
 """
 
 from __future__ import annotations
@@ -89,6 +92,10 @@ class Pointer:
         """
         self._check_epoch(topic, epoch, "its retired ledgers are not swept")
         return Pointer(self.ledger, epoch, tuple(r for r in self.retired if r.id not in ids))
+
+    def taken(self, epoch: int) -> Pointer:
+        """This pointer as a writer that took its topic with ``epoch`` writes it: the same ledgers, that epoch."""
+        return Pointer(self.ledger, epoch, self.retired)
 
     def _check_epoch(self, topic: str, epoch: int, consequence: str) -> None:
         if self.epoch > epoch:
@@ -166,11 +173,13 @@ def parse_pointer(data: bytes, topic: str, version: str | None) -> Pointer:
         retired = tuple(Retired(_positive(r["id"]), _timestamp(r["until"])) for r in body["retired"])
         if not (_is_int(epoch) and epoch >= 0):
             raise ValueError(f"epoch {epoch!r} is not a non-negative integer")
-        return Pointer(_positive(ledger), epoch, retired, version)
+        if ledger is None and epoch < 1:
+            raise ValueError("a pointer that names no ledger records a writer's epoch (1 or more)")
+        return Pointer(None if ledger is None else _positive(ledger), epoch, retired, version)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerCorrupt(
             f"pointer {layout.pointer_key(topic)} of topic {topic!r} holds {text[:120]!r}: {exc}; expected "
-            '{"ledger": <id>, "epoch": <n>, "retired": [...]} or one line \'ledger-<id>\'', topic=topic) from None
+            '{"ledger": <id or null>, "epoch": <n>, "retired": [...]} or one line \'ledger-<id>\'', topic=topic) from None
 
 
 def write_pointer(objects: ObjectStore, topic: str, new: Pointer, base: Pointer) -> Pointer:
@@ -221,12 +230,13 @@ def raise_last_id(objects: ObjectStore, topic: str, at_least: int) -> int:
     return _advance(objects, layout.last_id_key(topic), lambda last: max(last or 0, at_least), "raised", topic)
 
 
-def raise_epoch(objects: ObjectStore) -> int:
-    """Raise the root's writer epoch by one (compare-and-swap) and return it.
+def raise_epoch(objects: ObjectStore, above: int = 0) -> int:
+    """Raise the root's writer epoch by one, and above ``above`` (compare-and-swap); return it: of writers racing,
+    each gets its own.
 
     :raises LedgerCorrupt: ``@compactord/epoch`` does not hold an integer.
     """
-    return _advance(objects, EPOCH_KEY, lambda current: (current or 0) + 1, "raised")
+    return _advance(objects, EPOCH_KEY, lambda current: max(current or 0, above) + 1, "raised")
 
 
 def _advance(objects: ObjectStore, key: str, following: Callable[[int | None], int], verb: str,

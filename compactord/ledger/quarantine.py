@@ -14,6 +14,7 @@ import time
 
 from compactord.ledger import layout
 from compactord.ledger.layout import CURRENT, LEDGER_RE, MANIFEST
+from compactord.ledger.pointer import read_pointer
 from compactord.storage import ObjectStore
 
 __all__ = ["lost_pointer", "quarantine", "quarantined"]
@@ -27,9 +28,12 @@ def _ledgers(objects: ObjectStore, topic: str) -> list[str]:
 
 
 def lost_pointer(objects: ObjectStore, topic: str) -> bool:
-    """A finalized ledger and no ``CURRENT``: the pointer was lost, not a first run left unfinished
-    (whose ledger has no manifest yet)."""
-    if objects.head(layout.pointer_key(topic)) is not None:
+    """A finalized ledger and no ``CURRENT`` naming a ledger (none, or a cluster member's naming only its epoch): the
+    pointer was lost, not a first run left unfinished (whose ledger has no manifest yet).
+
+    :raises LedgerCorrupt: ``CURRENT`` is unreadable.
+    """
+    if read_pointer(objects, topic).ledger is not None:
         return False
     return any(objects.head(f"{layout.topic_prefix(topic)}{name}/{MANIFEST}") is not None for name in _ledgers(objects, topic))
 

@@ -76,6 +76,11 @@ class TopicRecovery:
     def recovered(self, topic: str) -> bool:
         return topic in self._done
 
+    def forget(self, topic: str) -> None:
+        """Recover ``topic`` again at its next touch (a topic a cluster's member takes: a previous owner wrote it)."""
+        with self._lock:
+            self._done.pop(topic, None)
+
     def ready(self, topic: str) -> None:
         """Recover ``topic`` unless it was since the store's ``open()`` (a valid name; the store checks it).
 

@@ -31,11 +31,16 @@ def mark_deleting(objects: ObjectStore, topic: str) -> bool:
     return True
 
 
-def delete_topic(objects: ObjectStore, topic: str) -> None:
-    """Remove every object of the topic, its deletion mark last (missing is fine)."""
-    mark, prefix = layout.deleting_key(topic), layout.topic_prefix(topic)
-    objects.delete_many(info.key for info in objects.list(prefix) if info.key != mark)
-    objects.delete_prefix(prefix)  # the mark, and on a local disk the folders with them
+def delete_topic(objects: ObjectStore, topic: str, keep_pointer: bool = False) -> None:
+    """Remove every object of the topic, its deletion mark last (missing is fine); with ``keep_pointer``, all but its
+    pointer (a root daemons share keeps its epoch)."""
+    mark, prefix, pointer = layout.deleting_key(topic), layout.topic_prefix(topic), layout.pointer_key(topic)
+    kept = {mark, pointer} if keep_pointer else {mark}
+    objects.delete_many(info.key for info in objects.list(prefix) if info.key not in kept)
+    if keep_pointer:
+        objects.delete(mark)
+    else:
+        objects.delete_prefix(prefix)  # the mark, and on a local disk the folders with them
 
 
 def remove_orphans(objects: ObjectStore, topic: str, keep: set[int], has_pointer: bool) -> list[str]:

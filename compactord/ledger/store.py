@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Self
 
@@ -52,17 +53,19 @@ class LedgerStore:
     """
 
     def __init__(self, root: str | Path, objects: ObjectStore | None = None, lease_seconds: float = 30.0,
-                 recovery_per_second: float = RECOVERY_TOPICS_PER_SECOND) -> None:
+                 recovery_per_second: float = RECOVERY_TOPICS_PER_SECOND, guard: WriterGuard | None = None) -> None:
         """``objects``: the root's store as the daemon opened it (``open_store`` with its settings and
         metrics); by default the local root ``root``. ``lease_seconds``: an object store's lease
         (``lease.py``; a local root has its lock). ``recovery_per_second``: the pace of the recovery pass that
         ``open()`` starts (``recovery.py``); <= 0: none (``start_recovery_pass`` starts one later), each topic
-        recovers at its first use."""
+        recovers at its first use. ``guard``: who may write which topic (``guard.py``); by default the root's one
+        writer's (``writer_guard``: a local root's lock, an object store's lease), a cluster member's
+        ``OwnershipGuard`` (``ownership.py``) where daemons share the root."""
         self.objects: ObjectStore = objects if objects is not None else open_store(str(root))
         self.root: Path = self.objects.local_root or Path(str(root))
         self.lease_seconds = lease_seconds
         # Who may write, and the epoch every pointer write carries (raised by ``open()``; 0 until then).
-        self.guard: WriterGuard = writer_guard(self.objects, self.root, lease_seconds)
+        self.guard: WriterGuard = guard if guard is not None else writer_guard(self.objects, self.root, lease_seconds)
         self._opened = False
         self._known = KnownPointers()  # while this store is the sole writer: the pointers it read or wrote
         self.recovery_per_second = recovery_per_second
@@ -97,7 +100,8 @@ class LedgerStore:
                 daemon_dir = self.objects.local_path(DAEMON_DIR)
                 if daemon_dir is not None:  # a file system's folders may fold case; an object store's keys do not
                     layout.refuse_folded_case(self.root, daemon_dir)
-                self.objects.recover()
+                if not self.guard.shared_root:  # other members' writes under way: each topic's owner cleans it
+                    self.objects.recover()
             upgrade.upgrade_root(self.objects)
             self._recovery.start()
             self.start_recovery_pass(self.recovery_per_second)
@@ -137,9 +141,15 @@ class LedgerStore:
         the topic's deletion; None if it could not write now (the root's lease is not renewed yet): the topic is
         then read as it is, unless its deletion is pending, and recovered at a touch once the lease is held.
 
+        On a root daemons share, only the topic's owner recovers it (after ``take``), without the root-wide lock or
+        lease; it also aborts the topic's unfinished uploads (a previous owner's). A topic another member owns is
+        read as it is (None).
+
         :raises Fenced: another daemon took the root over (it recovers the topic).
         :raises StorageUnavailable: the store does not answer, or the lease is not renewed and the topic's
             deletion is pending (it is not served)."""
+        if not self.guard.owns(topic):
+            return None  # its owner recovers it
         try:
             self._check_writer(topic)  # a store no longer the root's writer leaves its topics to the one that is
         except StorageUnavailable:
@@ -156,10 +166,40 @@ class LedgerStore:
                 quarantine(self.objects, topic)
             self.sweep_retired(topic)
             self.remove_orphans(topic)
+            if self.guard.shared_root:  # the root-wide clean-up of open() is each topic's there
+                self.objects.abort_uploads(layout.topic_prefix(topic), time.time())
         except LedgerCorrupt as exc:
             # Keep every ledger of a topic whose pointer is unreadable: its reads report it.
             log.error("not removing orphans of topic %r: %s", topic, exc)
         return False
+
+    def take(self, topic: str) -> int:
+        """Take ``topic`` (``WriterGuard.take``: a cluster member raises its epoch in its pointer), then recover it
+        as its new owner (``recover_topic``: what a previous owner left); return its fence.
+
+        :raises Fenced: this process may not take it now. :raises StorageUnavailable: the store failed.
+        """
+        topic = validate_topic_name(topic)
+        epoch = self.guard.take(topic)
+        self._known.wrote(topic, None)
+        self._recovery.forget(topic)  # recovered again, as its new owner
+        self.ready(topic)
+        return epoch
+
+    def release_topic(self, topic: str) -> None:
+        """Give ``topic`` back (``WriterGuard.release_topic``): nothing of it is written here from now on."""
+        topic = validate_topic_name(topic)
+        self.guard.release_topic(topic)
+        self._known.wrote(topic, None)
+        self._recovery.forget(topic)
+
+    def put_topic_object(self, topic: str, name: str, data: bytes) -> str:
+        """Write ``<topic>/<name>`` as the topic's writer (``writes.put_topic_object``); return its version."""
+        return writes.put_topic_object(self, topic, name, data)
+
+    def delete_topic_object(self, topic: str, name: str) -> None:
+        """Remove ``<topic>/<name>`` as the topic's writer (``writes.delete_topic_object``)."""
+        writes.delete_topic_object(self, topic, name)
 
     def _unwritable(self, what: str) -> contextlib.AbstractContextManager[None]:
         return unwritable(self.root, what)
@@ -254,6 +294,7 @@ class LedgerStore:
         self._check_writer(topic)
         try:
             written = write_pointer(self.objects, topic, new, base)
+            self.guard.confirm(topic, written)  # a store that let another write win too: reads back the other's
         except BaseException:
             self._known.wrote(topic, None)  # lost a race, or an answer lost: read it again
             raise
@@ -315,6 +356,7 @@ class LedgerStore:
 
         :raises Fenced: the pointer changed since ``base`` was read, or names a higher epoch than this store's.
         """
+        self.guard.check_pointer(topic, base)
         new = base.without(topic, ids, self.guard.fence(topic))
         return base if new.retired == base.retired else self._write_pointer(topic, new, base)
 

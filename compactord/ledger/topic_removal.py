@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from compactord.errors import InvalidArgument
+from compactord.errors import InvalidArgument, LedgerCorrupt
 from compactord.ledger import layout, removal
 from compactord.ledger.guard import WriterGuard
 from compactord.ledger.layout import CURRENT, ledger_dir_name
-from compactord.ledger.pointer import KnownPointers, Pointer, expired
+from compactord.ledger.pointer import KnownPointers, Pointer, expired, read_pointer, write_pointer
 from compactord.storage import ObjectStore
 
 __all__ = ["delete_ledger", "delete_topic", "deletion_pending", "discard", "mark_deleting", "remove_orphans", "sweep",
@@ -43,6 +43,7 @@ def mark_deleting(store: _Store, topic: str) -> bool:
     deletion goes on without it (logged), rather than being refused.
     """
     store.ready(topic)
+    store.guard.check_owner(topic)
     return removal.mark_deleting(store.objects, topic)
 
 
@@ -50,6 +51,7 @@ def unmark_deleting(store: _Store, topic: str) -> None:
     """Withdraw a deletion mark (a deletion given up, e.g. because a new compaction started)."""
     key = layout.deleting_key(topic)
     store.ready(topic)
+    store.guard.check_owner(topic)
     store.objects.delete(key)
 
 
@@ -66,13 +68,31 @@ def delete_topic(store: _Store, known: KnownPointers, topic: str) -> None:
     pointer in ``known`` (the store's).
 
     The deletion mark, if any, goes last: until then a crash leaves a deletion the topic's recovery completes.
+
+    On a root daemons share, the topic's pointer is first replaced by compare-and-swap with one naming no ledger
+    and the epoch the topic was taken with (``Fenced`` if another member took it since), and stays: a previous
+    owner's switch from before the deletion fails on it rather than creating the pointer again.
     """
     store.topic_dir(topic)  # checks the name, and that the folder is the root's
     store.guard.check(topic)
     try:
-        removal.delete_topic(store.objects, topic)
+        if store.guard.shared_root:
+            _fence_pointer(store, topic)
+        removal.delete_topic(store.objects, topic, keep_pointer=store.guard.shared_root)
     finally:
         known.wrote(topic, None)
+
+
+def _fence_pointer(store: _Store, topic: str) -> None:
+    try:
+        base = read_pointer(store.objects, topic)
+    except LedgerCorrupt:
+        info = store.objects.head(layout.pointer_key(topic))
+        base = Pointer(None, version=None if info is None else info.version)
+    else:
+        store.guard.check_pointer(topic, base)
+    written = write_pointer(store.objects, topic, Pointer(None, store.guard.fence(topic)), base)
+    store.guard.confirm(topic, written)
 
 
 def delete_ledger(store: _Store, topic: str, ledger_id: int) -> None:
@@ -136,6 +156,7 @@ def remove_orphans(store: _Store, topic: str) -> list[str]:
     :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
     """
     store.topic_dir(topic)
+    store.guard.check(topic)
     pointer = store.pointer(topic)
     return removal.remove_orphans(store.objects, topic, _kept(pointer), pointer.ledger is not None)
 
@@ -148,6 +169,8 @@ def sweep(store: _Store, topic: str, ceiling: int, older_than: float) -> removal
     :raises LedgerCorrupt: ``CURRENT`` is unreadable (then nothing is removed).
     """
     store.topic_dir(topic)
+    if not store.guard.owns(topic):
+        return removal.Swept()  # its owner sweeps it
     pointer = store.pointer(topic)
     swept = removal.sweep_orphans(store.objects, topic, _kept(pointer), pointer.ledger is not None, ceiling,
                                   older_than)

@@ -17,7 +17,7 @@ from compactord.ledger.pointer import Pointer, allocate_id
 from compactord.model import LedgerManifest
 from compactord.storage import ObjectStore
 
-__all__ = ["allocate_ledger", "finalize_ledger", "switched"]
+__all__ = ["allocate_ledger", "delete_topic_object", "finalize_ledger", "put_topic_object", "switched"]
 
 
 class _Store(Protocol):  # the ledger store, as far as this module needs it
@@ -80,17 +80,48 @@ def switched(store: _Store, topic: str, ledger_id: int, base: Pointer | None,
     now): ``LedgerStore.switch`` writes it by compare-and-swap. The ledger ``base`` named joins the retired
     list for ``retire_for`` seconds (None or <= 0: it does not).
 
-    :raises Fenced: another daemon took the root's lease.
+    :raises Fenced: another daemon took the root's lease, or (a cluster's member) the topic is not this member's,
+        or ``base`` does not carry the epoch it took the topic with.
     :raises StorageUnavailable: the root's lease has not been renewed in time (``Lease.check``).
     :raises InvalidArgument: the ledger has no ``manifest.json`` (it was not finalized).
     """
     store.ledger_path(topic, ledger_id)  # checks the name and the id
     key = layout.ledger_prefix(topic, ledger_id) + MANIFEST
     if store.objects.head(key) is None:
+        store.guard.check_owner(topic)  # a cluster's previous owner: the new one removed it, and fenced this switch
         raise InvalidArgument(
             f"ledger {ledger_id} of topic {topic!r} has no {MANIFEST} in {store.objects.describe()}: "
             "only a finalized ledger can become current"
         )
     base = store.pointer(topic) if base is None else base
     store.guard.check(topic)
+    store.guard.check_pointer(topic, base)  # a cluster member's: the epoch it took the topic with
     return base.switched(topic, ledger_id, store.guard.fence(topic), retire_for), base
+
+
+def put_topic_object(store: _Store, topic: str, name: str, data: bytes) -> str:
+    """Write ``<topic>/<name>`` (``policies.json``, ``UNLOADED``) as the topic's writer (``WriterGuard.check_owner``
+    first: on a root daemons share, the topic is this member's and its pointer carries the epoch it took it with);
+    return its version.
+
+    :raises InvalidArgument: ``name`` is neither.
+    :raises Fenced: another member holds the topic, or took it since.
+    """
+    key = _topic_object(store, topic, name)
+    store.guard.check_owner(topic)
+    return store.objects.put(key, data)
+
+
+def delete_topic_object(store: _Store, topic: str, name: str) -> None:
+    """Remove ``<topic>/<name>`` (missing is fine), as ``put_topic_object`` writes it."""
+    key = _topic_object(store, topic, name)
+    store.guard.check_owner(topic)
+    store.objects.delete(key)
+
+
+def _topic_object(store: _Store, topic: str, name: str) -> str:
+    if name not in (layout.POLICIES, layout.UNLOADED):
+        raise InvalidArgument(f"a topic's object beside its ledgers is {layout.POLICIES} or {layout.UNLOADED}, "
+                              f"got: {name!r}")
+    store.topic_dir(topic)  # checks the name, and that the topic's folder is the root's
+    return layout.topic_prefix(topic) + name

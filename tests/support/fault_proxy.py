@@ -19,6 +19,8 @@ unless a fault is set, which then takes the next requests:
 
 ``requests`` counts the requests that reached the proxy, ``seen`` holds their request lines
 (``GET /bucket/key``, the query cut off) in arrival order, ``faulted`` those a fault took.
+
+``TcpProxy`` is a plain TCP relay whose ``partition()`` cuts a Kafka broker off from its clients.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from typing import Self
 
-__all__ = ["FaultProxy"]
+__all__ = ["FaultProxy", "TcpProxy"]
 
 _CODES = {500: ("InternalError", "We encountered an internal error. Please try again."),
           503: ("SlowDown", "Please reduce your request rate.")}
@@ -267,3 +269,87 @@ def _error_answer(status: int) -> bytes:
             f"</Error>").encode()
     return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/xml\r\n"
             f"Content-Length: {len(body)}\r\nx-amz-request-id: fault-proxy\r\n\r\n").encode() + body
+
+
+class TcpProxy:
+    """A plain TCP relay on 127.0.0.1 to ``upstream_port`` (a Kafka broker that advertises the relay's port, so
+    that every connection of its clients passes here), one thread each way of a connection.
+
+    ``partition()`` cuts the network: bytes stop flowing both ways, new connections are accepted and never
+    relayed, and the connections stay open (as a partition leaves them) until ``rejoin()``, which closes them
+    (their clients reconnect) and relays again.
+    """
+
+    def __init__(self, upstream_port: int, port: int = 0) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._stopped = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        threading.Thread(target=self._accept, name="tcp-proxy", daemon=True).start()
+
+    def partition(self) -> None:
+        self._open.clear()
+
+    def rejoin(self) -> None:
+        self._close_all()
+        self._open.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        self._close_all()
+        self._open.set()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_all(self) -> None:
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._sockets.add(client)
+            threading.Thread(target=self._connect, args=(client,), name="tcp-proxy-conn", daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        self._open.wait()  # during a partition, a new connection waits (its client times out)
+        if self._stopped.is_set():
+            return
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            with contextlib.suppress(OSError):
+                client.close()
+            return
+        with self._lock:
+            self._sockets.add(upstream)
+        threading.Thread(target=self._pump, args=(upstream, client), name="tcp-proxy-back", daemon=True).start()
+        self._pump(client, upstream)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                self._open.wait()  # a partition holds what was read: nothing passes until rejoin() closes it
+                if self._stopped.is_set():
+                    return
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

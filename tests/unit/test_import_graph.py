@@ -140,8 +140,8 @@ LAYERS: dict[str, int] = {
     # the leaves: errors, settings, plain data, the plug-in interfaces
     **dict.fromkeys(("errors", "config", "config_keys", "config_load", "config_values", "properties",
                      "event_time", "refs", "model", "task", "task_report", "interfaces"), 0),
-    # the stores, the broker (the bundled one too) and the daemon's HTTP client
-    **dict.fromkeys(("storage", "ledger", "kafka", "embedded", "client"), 1),
+    # the stores, the broker (the bundled one too), the cluster's membership and the daemon's HTTP client
+    **dict.fromkeys(("storage", "ledger", "kafka", "cluster", "embedded", "client"), 1),
     # one run, and the readers of its ledgers
     **dict.fromkeys(("engine", "compacted_reader"), 2),
     "daemon": 3,
