@@ -40,6 +40,7 @@ import contextlib
 import multiprocessing as mp
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -320,6 +321,57 @@ def read_all(client: httpx.Client, sampler: TreeSampler, partitions: int, page: 
     return {"seconds": seconds, "entries": entries, "nulls": nulls, "pages": pages, "peaks": sampler.phase()}
 
 
+def replay_merge(ledger: Path) -> None:
+    """Partition 0's steps of an incremental run after its tail is read (``range_task._finish``), replayed in this
+    process on the ledger folder ``ledger`` with a tail made of its rows (every 20th key updated, as many new):
+    Arrow's bytes allocated and its pool's peak, and the RSS, after each step."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from compactord.engine.deletions import DeletionRules
+    from compactord.engine.merge import merge_into_ledger
+    from compactord.engine.strategies.publishing_order import reduce_last_offset
+    from compactord.ledger.parts import part_name, write_part
+    from compactord.ledger.row_groups import locate, partition_groups, partition_rows, row_groups_of
+    from compactord.model import RECORD_SCHEMA
+
+    pool = pa.default_memory_pool()
+
+    def show(step: str) -> None:
+        print(f"  {step:<44} Arrow {pa.total_allocated_bytes() >> 20:>6} MiB, its peak {pool.max_memory() >> 20:>6} "
+              f"MiB; RSS {status_kb('self', 'VmRSS') >> 10:>6} MiB, its peak {status_kb('self', 'VmHWM') >> 10:>6} MiB",
+              flush=True)
+
+    part = ledger / part_name(0)
+    groups = partition_groups(list(row_groups_of(part, 0, pq.ParquetFile(part).metadata)), 0, 0)
+    show(f"start ({pool.backend_name})")
+    rows = partition_rows(groups, 0, 0, None)
+    show(f"partition_rows: {rows.num_rows:,} rows, {rows.nbytes >> 20} MiB")
+    top = pc.max(rows["offset"]).as_py() + 1
+    updates = rows.take(pa.array(range(0, rows.num_rows, 20)))
+    key_at, offset_at = RECORD_SCHEMA.get_field_index("key"), RECORD_SCHEMA.get_field_index("offset")
+    updates = updates.set_column(offset_at, "offset", pc.add(updates["offset"], top))
+    new = rows.take(pa.array(range(1, rows.num_rows, 20)))
+    new = new.set_column(key_at, "key", pa.array([b"new-%08d" % i for i in range(new.num_rows)], pa.binary()))
+    new = new.set_column(offset_at, "offset", pc.add(new["offset"], 2 * top))
+    winners = pa.concat_tables([updates, new]).sort_by("offset").cast(RECORD_SCHEMA)
+    del updates, new
+    show(f"the tail's winners: {winners.num_rows:,} rows")
+    table = merge_into_ledger(winners, rows, reduce_last_offset)
+    show(f"merge_into_ledger: {table.num_rows:,} rows")
+    del rows, winners
+    table = DeletionRules(int(time.time() * 1000), 86_400_000, False).apply_arrow(table)
+    show("apply_arrow")
+    with tempfile.TemporaryDirectory() as scratch:
+        write_part(table, *locate(None, f"{scratch}/{part_name(0)}"))
+        show("write_part")
+    del table
+    show("every table let go")
+    pool.release_unused()
+    show("pyarrow's pool.release_unused()")
+
+
 # -- the report -------------------------------------------------------------------------------------------------
 
 def mib(kb: int) -> str:
@@ -385,7 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-available-gib", type=float, default=4.0,
                     help="stop once the machine's MemAvailable falls below this")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
+    ap.add_argument("--replay-merge", type=Path, metavar="LEDGER_DIR",
+                    help="only replay partition 0's incremental merge on a ledger folder, step by step (the run "
+                         "does this in a process of its own on its last ledger)")
     args = ap.parse_args(argv)
+    if args.replay_merge:
+        replay_merge(args.replay_merge)
+        return 0
     if args.keys < 20 or args.partitions < 1 or args.producers < 1 or not 1 <= args.page <= 10_000:
         ap.error("need --keys >= 20, --partitions >= 1, --producers >= 1 and --page from 1 to 10,000")
     more = args.keys // 10
@@ -428,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
             results["read"] = read_all(client, sampler, args.partitions, args.page)
             results["read"]["load"] = f"{load_before} -> {loadavg()}"
             resets = all(r["peaks"].reset for r in results.values())
+            ledger = root / ledger_prefix(TOPIC, results["incremental"]["run"]["ledger_after"])
+
+        print("\npartition 0's incremental merge replayed in a process of its own:", flush=True)
+        subprocess.run([sys.executable, __file__, "--replay-merge", str(ledger)], check=True)
 
         tombstones = sum(1 for j in range(more) if is_tombstone(j))
         live = args.keys + more // 2 - tombstones  # the odd records of the increment are new keys
