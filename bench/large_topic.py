@@ -5,6 +5,7 @@ Usage (from the repository root, with the project's venv; the machine is shared,
 
     nice -n 15 .venv/bin/python bench/large_topic.py                  # 10,000,000 distinct keys, 8 partitions
     nice -n 15 .venv/bin/python bench/large_topic.py --keys 200000    # a smoke run of about a minute
+    .venv/bin/python bench/large_topic.py --replay-merge <root>/large/ledger-2   # only the merge's steps
 
 It starts the bundled broker (Tansu, its records in memory) and makes one topic of ``--partitions`` partitions,
 then produces ``--keys`` records with confluent-kafka's producer (``--producers`` processes, each owning whole
@@ -17,7 +18,11 @@ otherwise) and:
 2. **incremental**: produces ``--keys // 10`` more records, half of them updates of existing keys (``k * 7919 %
    keys``, every 25th of them a tombstone), half new keys, then triggers the incremental run;
 3. **read**: reads the whole compacted view, every partition from offset 0, in pages of ``--page`` entries
-   (``GET /v1/topics/<t>/compacted?encoding=utf8``, as ``compactord read`` does), counting entries.
+   (``GET /v1/topics/<t>/compacted?encoding=utf8``, as ``compactord read`` does), counting entries;
+4. once the daemon is stopped, replays partition 0's steps of an incremental run after its tail is read, on the
+   last ledger, in a process of its own (``--replay-merge LEDGER_DIR`` does only this): the Arrow bytes allocated,
+   the Arrow pool's peak and the RSS after each step (``partition_rows``, ``merge_into_ledger``, the deletion
+   rules, ``write_part``, and the pool's ``release_unused()``).
 
 For each run it prints the wall time (the trigger's request to the task's ``finished_at``), records read, rows in
 the new ledger and its bytes (the run's history record; the ledger folder's size on disk), and the peak memory of
