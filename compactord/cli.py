@@ -126,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     delete = client("delete-topic", "the topic was deleted: stop its task, remove its ledgers and policies")
     delete.add_argument("--yes", action="store_true", help="really delete (required)")
     client("info", "the daemon's version, broker, ledger root and Spark master", topic=False)
+    client("cluster", "the cluster's members, their URLs and partitions, and the topics this member owns",
+           topic=False)
     migrate = sub.add_parser("migrate-root", formatter_class=_FORMAT,
                              help="copy every topic's current ledger, run history and policies to another root",
                              description="Copy every topic's current ledger, run history and policies from SRC "
@@ -325,6 +327,8 @@ def _client(args: argparse.Namespace) -> int:
         body = daemon.topics(args.state, args.prefix)
     elif cmd == "info":
         body = daemon.info()
+    elif cmd == "cluster":
+        body = daemon.cluster()
     else:  # status, cancel, horizon, unload, load: one call with the topic
         body = getattr(daemon, cmd)(topic)
     print_body(cmd, body, args.json)

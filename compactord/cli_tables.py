@@ -170,6 +170,20 @@ def _info(body: dict[str, Any]) -> None:
           f"ledger root   {_s(body.get('ledger_root'))}\nspark master  {_s(body.get('spark_master'))}")
 
 
+def _cluster(body: dict[str, Any]) -> None:
+    if not body.get("name"):
+        print("not a cluster's member (clusterName is empty): this daemon compacts every topic of its root")
+        return
+    print(f"cluster       {_s(body['name'])} (generation {_s(body.get('generation'))}, "
+          f"{_s(body.get('coordination_partitions'))} coordination partitions, "
+          f"{_s(body.get('unowned_partitions'))} unowned)\nthis member   {_s(body.get('member_url'))}, "
+          f"{len(body.get('owned_topics') or [])} topics owned\nrebalanced    {_s(body.get('last_rebalance_seconds'))} s "
+          f"(rebalances here: {_s(body.get('rebalances'))})")
+    _table(["MEMBER", "URL", "VERSION", "PARTITIONS"],
+           [[m["member_id"], m["url"], m["version"], len(m["partitions"])] for m in body.get("members") or []],
+           right=("PARTITIONS",))
+
+
 def _history(body: dict[str, Any]) -> None:
     rows = []
     for r in body["runs"]:
@@ -194,6 +208,7 @@ _PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "compact": print_task, "rebuild": print_task, "status": print_task, "cancel": print_task,
     "horizon": _horizon, "read": _read, "topics": _topics, "tasks": _tasks, "policies": _policies,
     "unload": _lifecycle, "load": _lifecycle, "delete-topic": _lifecycle, "info": _info,
+    "cluster": _cluster,
     "history": _history, "preview": _preview,
 }
 

@@ -209,6 +209,9 @@ class DaemonClient:
     def info(self) -> Any:
         return self.request("GET", "/v1/info")
 
+    def cluster(self) -> Any:
+        return self.request("GET", "/v1/cluster")
+
     def readiness(self) -> Any:
         return self.request("GET", "/readyz")
 

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from compactord import __version__
 from compactord.api.auth import ApiGuard
 from compactord.api.limits import BROKER_SLOTS, RequestLimitsMiddleware, broker_slots, refused_while
+from compactord.api.proxy import FORWARD_MARGIN_S, OwnerProxy
 from compactord.api.routers import compaction, health, history, hooks, info, preview, reads, topics
 from compactord.api.views import error_response, optional_task_status, problem_response
 from compactord.config_values import is_loopback
@@ -62,6 +63,10 @@ def create_app(daemon: Daemon) -> FastAPI:
     )
     _add_error_handlers(app, daemon)
     settings = daemon.settings
+    if daemon.cluster is not None:  # innermost: a request is authenticated and bounded before it is forwarded
+        app.add_middleware(OwnerProxy, owner_of=daemon.cluster.owner, member=daemon.member_url,
+                           timeout_s=settings.cancel_timeout_seconds + FORWARD_MARGIN_S,
+                           ca_file=settings.cluster_tls_ca_file or None)
     app.add_middleware(RequestLimitsMiddleware, max_in_flight=settings.http_max_connections,
                        max_body_bytes=settings.http_max_request_bytes,
                        body_timeout_s=settings.http_request_body_timeout_seconds,

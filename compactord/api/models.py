@@ -20,6 +20,8 @@ from compactord.task_report import REASON_KINDS
 __all__ = [
     "Backlog",
     "BrokerView",
+    "Cluster",
+    "ClusterMember",
     "Conflict",
     "Entry",
     "Error",
@@ -141,6 +143,28 @@ class Info(_Body):
     broker: InfoBroker
     ledger_root: str
     spark_master: str
+
+
+class ClusterMember(_Body):
+    member_id: str
+    url: str = Field(description="the URL the other members reach its API at")
+    version: str = Field(description="its compactord version (a rolling upgrade mixes versions)")
+    partitions: list[int] = Field(description="the coordination partitions it holds")
+    generation: int
+
+
+class Cluster(_Body):
+    name: str = Field(description="clusterName; empty: this daemon is no cluster's member")
+    member_url: str | None = Field(description="this member's advertised URL")
+    member_id: str | None
+    generation: int | None = Field(description="the group's generation this member last joined")
+    coordination_partitions: int | None
+    members: list[ClusterMember] = Field(description="as of the last assignment this member received")
+    owned_topics: list[str] = Field(description="the topics this member owns now")
+    unowned_partitions: int | None = Field(description="coordination partitions no member holds")
+    rebalances: int | None = Field(description="the rebalances this member took part in")
+    last_rebalance_at: Number | None = Field(description="when the last one ended (seconds since the epoch)")
+    last_rebalance_seconds: Number | None
 
 
 class Backlog(_Body):

@@ -31,7 +31,7 @@ from compactord.api.views import error_response
 from compactord.daemon.cluster import Owner
 from compactord.errors import CompactordError, NoOwner, OwnerUnreachable
 
-__all__ = ["FORWARDED_HEADER", "OwnerProxy", "owned_topic"]
+__all__ = ["FORWARDED_HEADER", "FORWARD_MARGIN_S", "OwnerProxy", "owned_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 FORWARDED_HEADER = "x-compactord-forwarded"
 #: An owner's answer larger than this is refused (the forwarded routes answer a task or a topic's JSON).
 MAX_ANSWER_BYTES = 1024 * 1024
+#: A forward waits for the owner's answer this much longer than the owner waits for a task to stop.
+FORWARD_MARGIN_S = 10.0
 #: Forwards in flight at once; each holds a worker thread while it waits for the owner.
 MAX_FORWARDS = 16
 #: The headers of the owner's answer that are passed on.

@@ -138,6 +138,24 @@ def info_json(daemon: Daemon) -> dict[str, Any]:
             "ledger_root": daemon.store.location, "spark_master": settings.spark_master}
 
 
+def cluster_json(daemon: Daemon) -> dict[str, Any]:
+    cluster = daemon.cluster
+    if cluster is None:
+        return {"name": "", "member_url": None, "member_id": None, "generation": None,
+                "coordination_partitions": None, "members": [], "owned_topics": [], "unowned_partitions": None,
+                "rebalances": None, "last_rebalance_at": None, "last_rebalance_seconds": None}
+    view = cluster.view()
+    membership = cluster.membership
+    return {"name": view.name, "member_url": view.me, "member_id": membership.member_id or None,
+            "generation": membership.generation if membership.generation >= 0 else None,
+            "coordination_partitions": view.partitions,
+            "members": [{"member_id": m.member_id, "url": m.url, "version": m.version,
+                         "partitions": sorted(m.partitions), "generation": m.generation} for m in view.members],
+            "owned_topics": cluster.taken(), "unowned_partitions": view.unowned_partitions,
+            "rebalances": membership.rebalances, "last_rebalance_at": view.last_rebalance_at,
+            "last_rebalance_seconds": view.last_rebalance_seconds}
+
+
 # -- tasks and topics ---------------------------------------------------------------------------
 
 

@@ -59,18 +59,17 @@ class ClusterView:
 
 
 class ClusterRole:
-    """Ownership of this member's topics. ``take`` / ``release``: the ownership guard's (raise a topic's epoch,
-    drop it); ``recover``: a topic's recovery after it is taken (its clean-up and policies); ``stop_topic``: stop a
-    topic's task and wait for it (bounded); ``known_topics``: the topics there are (on the broker or the root)."""
+    """Ownership of this member's topics. ``take``: raise a topic's epoch and recover it as its new owner (its
+    clean-up, policies and last success; ``LedgerStore.take``); ``release``: drop it; ``stop_topic``: stop a topic's
+    task and wait for it (bounded); ``known_topics``: the topics there are (on the broker or the root)."""
 
     def __init__(self, name: str, membership: Membership, partitions: int, me: str, *,
-                 take: Callable[[str], int], release: Callable[[str], None], recover: Callable[[str], None],
-                 stop_topic: Callable[[str], None], known_topics: Callable[[], Iterable[str]]) -> None:
+                 take: Callable[[str], int], release: Callable[[str], None], stop_topic: Callable[[str], None], known_topics: Callable[[], Iterable[str]]) -> None:
         self.name = name
         self.membership = membership
         self.partitions = partitions
         self.me = me
-        self._take, self._release, self._recover = take, release, recover
+        self._take, self._release = take, release
         self._stop_topic, self._known_topics = stop_topic, known_topics
         self._lock = threading.Lock()
         self._taken: dict[str, int] = {}  # topic -> the epoch taken
@@ -163,7 +162,6 @@ class ClusterRole:
 
     def _take_one(self, topic: str) -> None:
         epoch = self._take(topic)
-        self._recover(topic)
         with self._lock:
             self._taken[topic] = epoch
         log.info("topic %s taken (epoch %d)", topic, epoch)

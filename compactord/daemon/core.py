@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from compactord.cluster import Membership, advertised_url, coordination_topic, ensure_coordination_topic
 from compactord.config import Settings
 from compactord.daemon.backlogs import BacklogCache
+from compactord.daemon.cluster import ClusterRole
 from compactord.daemon.health import Health
 from compactord.daemon.history import RunHistory
 from compactord.daemon.identity import TopicIdentities
@@ -37,7 +39,15 @@ from compactord.daemon.recorder import RunRecorder, delete_history
 from compactord.daemon.scheduler import TaskRegistry
 from compactord.daemon.topics import Topics, apply_stored_policies
 from compactord.daemon.watchdog import JVM_CHECK_TIMEOUT_S, Watchdog
-from compactord.errors import CompactordError, LedgerRootUnwritable, PluginLoadError, StorageUnavailable
+from compactord.errors import (
+    BrokerUnavailable,
+    CompactordError,
+    ConfigError,
+    LedgerRootUnwritable,
+    NoOwner,
+    PluginLoadError,
+    StorageUnavailable,
+)
 from compactord.interfaces import (
     BrokerMetadata,
     CompactionServiceFactory,
@@ -48,6 +58,8 @@ from compactord.interfaces import (
 )
 from compactord.kafka.admin import KafkaAdmin
 from compactord.ledger import footer_cache
+from compactord.ledger.guard import WriterGuard
+from compactord.ledger.ownership import OwnershipGuard
 from compactord.ledger.recovery import RECOVERY_TOPICS_PER_SECOND
 from compactord.ledger.store import DAEMON_DIR, LedgerStore
 from compactord.refs import resolve_ref
@@ -57,6 +69,11 @@ from compactord.task import CompactionTaskCtx
 __all__ = ["Daemon", "allowed_strategies", "load_factory"]
 
 log = logging.getLogger(__name__)
+
+JOIN_RETRY_S = 2.0  # a cluster's member asks a broker that did not answer again after this long
+# How long a topic's task is given to stop before its coordination partition is handed over: below the group's
+# rebalance timeout (``cluster/membership.py``), within which a revoking member must answer.
+HANDOVER_WAIT_S = 120.0
 
 
 def load_factory(settings: Settings) -> CompactionServiceFactory:
@@ -75,18 +92,24 @@ def allowed_strategies(settings: Settings, factory: CompactionServiceFactory) ->
     return tuple(dict.fromkeys([settings.compaction_strategy, *settings.strategy_plugins]))
 
 
-def _open_store(settings: Settings, metrics: Metrics) -> LedgerStore:
+def _open_store(settings: Settings, metrics: Metrics, membership: Membership | None = None) -> LedgerStore:
     """The open store, whose topics are recovered each at its first use (``ledger/recovery.py``; the recovery
     pass starts with the daemon). An object store is checked first (its bucket, credentials, endpoint, and that
     it enforces conditional writes); its requests feed ``metrics``. A local root is locked; an S3 root is leased
-    (``ledger/lease.py``, for storageLeaseSeconds).
+    (``ledger/lease.py``, for storageLeaseSeconds). A cluster's member (``membership``) takes neither: the root is
+    marked as the cluster's and each topic is written by its owner (``ledger/ownership.py``).
 
     :raises LedgerRootUnwritable: the root cannot be created or written (read-only, not mounted), or an
         object store refuses the check."""
     root = settings.compacted_ledger_root
     objects = open_store(root, settings, observer=metrics.storage_request)
     objects.check("compactedLedgerRoot")
-    store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds, recovery_per_second=0)
+    guard: WriterGuard | None = None
+    if membership is not None:
+        guard = OwnershipGuard(objects, root, settings.cluster_name, membership.may_write,
+                               lease_seconds=settings.storage_lease_seconds)
+    store = LedgerStore(root, objects, lease_seconds=settings.storage_lease_seconds, recovery_per_second=0,
+                        guard=guard)
     try:
         return store.open()
     except CompactordError:  # LedgerRootUnwritable, InsufficientDiskSpace, LedgerRootLocked: as they are
@@ -113,7 +136,16 @@ class Daemon:
         self._recovery_per_second = recovery_per_second
         self.metrics = Metrics(snapshot=self._snapshot)  # before the store: it counts the store's requests
         footer_cache.SHARED.resize(settings.storage_metadata_cache_bytes)  # one cache for every reader
-        self.store = _open_store(settings, self.metrics)
+        # A cluster's member (clusterName): the group's membership decides which topics it writes.
+        self.cluster: ClusterRole | None = None
+        self.member_url = ""  # a cluster member's advertised URL
+        membership = None
+        if settings.cluster_name:
+            self.member_url = advertised_url(settings, settings.http_port)
+            membership = Membership(settings, self.member_url, on_assigned=lambda parts: self._cluster().gained(parts),
+                                    on_revoked=lambda parts: self._cluster().revoking(parts),
+                                    on_lost=lambda parts: self._cluster().lost(parts))
+        self.store = _open_store(settings, self.metrics, membership)
         self.history = RunHistory(self.store.objects, settings.compaction_history_max_runs,
                                   settings.compaction_history_max_age_days, ready=self.store.ready)
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings, observer=self.metrics.broker_request)
@@ -140,6 +172,12 @@ class Daemon:
                                      recorder=self.runs.record)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
                                       store_problem=self.health.write_problem, history_last=self.history.last)
+        if membership is not None:
+            self.cluster = ClusterRole(settings.cluster_name, membership, settings.cluster_coordination_partitions,
+                                       self.member_url, take=self._take_topic, release=self.store.release_topic,
+                                       stop_topic=self._stop_topic_for_handover, known_topics=self._known_topics)
+            self.monitor.owns = self.cluster.owns  # it considers the topics this member owns only
+            self.monitor.ignored = frozenset({coordination_topic(settings.cluster_name)})
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.identities = TopicIdentities(self._identity_broker, self.health.broker_problem,
                                           self.monitor.last_identity)
@@ -164,11 +202,71 @@ class Daemon:
         threads: list[tuple[str, Callable[..., object], tuple[Any, ...]]] = [
             ("runtime-start", self._start_runtime, ()), ("watchdog", self.watchdog.run, (self._stop,)),
             *((name, watch, (self._stop,)) for name, watch in self.health.watches())]
+        if self.cluster is not None:
+            threads.append(("cluster-join", self._join_cluster, ()))
         for name, target, args in threads:
             thread = threading.Thread(target=target, args=args, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
         self.store.start_recovery_pass(self._recovery_per_second)
+
+    # -- a cluster's member -----------------------------------------------------------------------
+
+    def _cluster(self) -> ClusterRole:
+        assert self.cluster is not None  # the membership's callbacks run once it is built
+        return self.cluster
+
+    def _join_cluster(self) -> None:
+        """Make sure of the coordination topic, then join the group; a broker that does not answer is asked again
+        (the daemon serves reads meanwhile), a coordination topic of another partition count ends the daemon
+        (exit 2: the config must be fixed)."""
+        while not self._stop.is_set():
+            try:
+                ensure_coordination_topic(self.settings)
+                self._cluster().membership.start()
+                return
+            except ConfigError as exc:
+                self.watchdog.die("the cluster's coordination topic does not fit the config", exc)
+                return
+            except BrokerUnavailable as exc:
+                log.warning("cluster %s not joined yet: %s", self.settings.cluster_name, exc)
+                self._stop.wait(JOIN_RETRY_S)
+
+    def _take_topic(self, topic: str) -> int:
+        """Take the topic as its new owner: its epoch raised, what an earlier owner left removed, its policies
+        and last success read again (``LedgerStore.take``, then the recovery hook)."""
+        self.policies.forget(topic)  # an earlier owner may have changed them
+        return self.store.take(topic)
+
+    def _stop_topic_for_handover(self, topic: str) -> None:
+        """Stop the topic's task before it is handed over: cancelled, or waited for while it switches (bounded
+        below the group's rebalance timeout); a task still running then is fenced by the next owner's epoch."""
+        wait_s = min(float(self.settings.cancel_timeout_seconds), HANDOVER_WAIT_S)
+        try:
+            self.registry.stop_topic(topic, wait_s)
+        except CompactordError as exc:
+            log.warning("topic %s: its task not stopped before the handover: %s", topic, exc)
+
+    def _known_topics(self) -> list[str]:
+        """The topics there are: on the broker (matched by compactionTopicsPattern) and under the root; the
+        coordination topic never."""
+        ignored = coordination_topic(self.settings.cluster_name)
+        found = set(self.store.topics())
+        try:
+            found |= {t for t in self.admin.list_topics() if self.monitor.watches(t)}
+        except BrokerUnavailable as exc:
+            log.warning("the broker's topics not listed (those under the root are taken): %s", exc)
+        found.discard(ignored)
+        return sorted(found)
+
+    def require_owner(self, topic: str) -> None:
+        """Before a request changes the topic here: in a cluster, this member must own it (taken now if its
+        partition is held); elsewhere, nothing to check.
+
+        :raises NoOwner: another member holds it, or none does (the request was forwarded while it moved)."""
+        if self.cluster is not None and not self.cluster.owns(topic):
+            raise NoOwner(f"topic {topic!r} is not owned by this member of cluster {self.settings.cluster_name!r} "
+                          "now (it is moving between members); retry in a second", public=True)
 
     def _topic_recovered(self, topic: str, deleted: bool) -> None:
         """Before the topic is served: its run history goes if its recovery completed its deletion; else its last
@@ -209,6 +307,8 @@ class Daemon:
         started = time.monotonic()
         self._stop.set()
         self.monitor.stop()
+        if self.cluster is not None:  # hands the topics over: their tasks stop, the group rebalances at once
+            self.cluster.stop()
         self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))
         self.runs.record_at_stop()
         try:
@@ -258,4 +358,12 @@ class Daemon:
             "quarantined": self._quarantined_count(),
             "monitor_last_run": self.monitor.last_run,
             "storage_up": 0 if self.health.store_problem() else 1,
+            "cluster": self._cluster_snapshot(),
         }
+
+    def _cluster_snapshot(self) -> dict[str, Any] | None:
+        if self.cluster is None:
+            return None
+        view = self.cluster.view()
+        return {"members": len(view.members), "owned": view.owned_topics, "unowned": view.unowned_partitions,
+                "rebalances": self.cluster.membership.rebalances, "rebalance_seconds": view.last_rebalance_seconds}

@@ -88,7 +88,7 @@ class _LiveCollector(Collector):
         self._snapshot = snapshot
         self._per_topic = per_topic
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snap = self._snapshot()
         yield GaugeMetricFamily("compactord_running_tasks", "Compactions holding a slot now", value=snap["running"])
         yield GaugeMetricFamily("compactord_pending_tasks", "Compactions waiting for a slot", value=snap["pending"])
@@ -111,6 +111,22 @@ class _LiveCollector(Collector):
             "Folders under @compactord/quarantine: ledgers found without their CURRENT, kept for an operator",
             value=snap.get("quarantined", 0),
         )
+        cluster = snap.get("cluster")
+        if cluster is not None:  # a cluster's member (clusterName)
+            yield GaugeMetricFamily("compactord_cluster_members", "Members of the cluster as of the last assignment",
+                                    value=cluster["members"])
+            yield GaugeMetricFamily("compactord_owned_topics", "Topics this member owns now", value=cluster["owned"])
+            yield GaugeMetricFamily(
+                "compactord_unowned_coordination_partitions",
+                "Coordination partitions no member holds, as of the last assignment (their topics are compacted "
+                "by no one)", value=cluster["unowned"])
+            yield CounterMetricFamily("compactord_rebalances", "Rebalances of the cluster this member took part in",
+                                      value=cluster["rebalances"])
+            last = GaugeMetricFamily("compactord_rebalance_seconds",
+                                     "How long the last rebalance took, from this member's join to its assignment")
+            if cluster["rebalance_seconds"] is not None:
+                last.add_metric([], cluster["rebalance_seconds"])
+            yield last
         yield GaugeMetricFamily(
             "compactord_storage_up",
             "1 while the ledger root's store answers; 0 from a failed request until a probe is answered "
@@ -190,6 +206,10 @@ class Metrics:
             ["topic"], registry=r)
         self.dirty_ratio = _TopicGauge("compactord_dirty_ratio", "Tail records / (ledger + tail records)", ["topic"],
                                  registry=r)
+        self.fenced_switches = Counter(
+            "compactord_fenced_switches", "Switches refused because another writer took the topic (a newer epoch) "
+            "or the store let two conditional writes win: the task failed fenced, the view is the winner's",
+            registry=r)
         self.uncleanable = Gauge("compactord_uncleanable_topics", "Topics whose last 3 compactions failed",
                                  registry=r)
         self.topic_uncleanable = _TopicGauge("compactord_topic_uncleanable", "1 if the topic's last 3 compactions failed",
@@ -291,6 +311,8 @@ class Metrics:
         if result is None:
             return
         self.compactions.labels(topic, result).inc()
+        if ctx.error_type in ("fenced", "store_not_atomic"):
+            self.fenced_switches.inc()
         self.tasks.labels(ctx.reason.kind, result).inc()
         if ctx.started_at is not None and ctx.finished_at is not None:
             self.duration.labels(topic).observe(ctx.finished_at - ctx.started_at)

@@ -71,6 +71,10 @@ class BacklogMonitor:
         the root's lease is not held; None: it may); no pass runs then. ``history_last``: a topic's last recorded
         run (``RunHistory.last``), for the listing."""
         self._settings = settings
+        # In a cluster: whether this member owns a topic (it considers those only), and the topics never listed or
+        # compacted (the coordination topic).
+        self.owns: Callable[[str], bool] = lambda _topic: True
+        self.ignored: frozenset[str] = frozenset()
         self._store_problem = store_problem
         self._history_last = history_last
         self._broker = broker
@@ -204,7 +208,7 @@ class BacklogMonitor:
             return
         started, cpu, requests = time.monotonic(), time.thread_time(), self._metrics.thread_broker_requests()
         asked = time.time()
-        broker_topics = set(self._broker.list_topics())
+        broker_topics = set(self._broker.list_topics()) - self.ignored
         store_topics = set(self._store.topics())
         # The topics with metric series: matched by the pattern, or with a ledger (at most: a folder under the root).
         watched = {t for t in broker_topics if self._pattern.fullmatch(t)}
@@ -238,6 +242,10 @@ class BacklogMonitor:
         self._metrics.monitor_pass_cpu_seconds.set(time.thread_time() - cpu)
         self._metrics.monitor_pass_broker_requests.set(self._metrics.thread_broker_requests() - requests)
         self._metrics.monitor_pass_topics.set(len(views))
+
+    def watches(self, topic: str) -> bool:
+        """Whether the topic is one to compact: matched by compactionTopicsPattern, and not an ignored one."""
+        return topic not in self.ignored and self._pattern.fullmatch(topic) is not None
 
     def _row(self, topic: str, on_root: bool = True) -> TopicRow:
         """What the listing shows of the topic's ledger, last run and policies, as kept in memory (each read once,
@@ -273,7 +281,7 @@ class BacklogMonitor:
         for topic in sorted(views):
             if self._stopping.is_set():
                 return
-            if not self._pattern.fullmatch(topic):
+            if not self.watches(topic) or not self.owns(topic):
                 continue
             monitored.append(topic)
             failures = self._registry.recent_failures(topic)

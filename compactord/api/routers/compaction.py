@@ -33,6 +33,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any, lease_held: Any
         while the ledger root's store does not answer or its lease is not held)."""
         validate_topic_name(topic)
         daemon.topics.require_topic(topic)
+        daemon.require_owner(topic)
         daemon.policies.set_unloaded(topic, False)  # a manual trigger brings an unloaded topic back
         caller = request.client.host if request.client is not None else None
         ctx = daemon.registry.trigger(topic, rebuild=rebuild, caller=caller)

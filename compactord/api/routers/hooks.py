@@ -32,6 +32,7 @@ def router(daemon: Daemon) -> APIRouter:
         """The topic moved away: cancel a cancellable task, keep the ledger, skip it in the monitor."""
         validate_topic_name(topic)
         daemon.topics.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.require_owner(topic)
         daemon.policies.set_unloaded(topic, True)
         # 0.8, as DELETE /v1/topics/{topic} does: the answer itself must also fit in the timeout.
         outcome = daemon.registry.stop_topic(topic, cancel_timeout * 0.8)
@@ -45,6 +46,7 @@ def router(daemon: Daemon) -> APIRouter:
         """The topic is back on this broker: the monitor considers it again."""
         validate_topic_name(topic)
         daemon.topics.require_known_topic(topic)
+        daemon.require_owner(topic)
         daemon.policies.set_unloaded(topic, False)
         return unloaded_json(topic, False)
 
@@ -55,6 +57,7 @@ def router(daemon: Daemon) -> APIRouter:
         name that has no state here and that the broker lacks: nothing was deleted)."""
         validate_topic_name(topic)
         daemon.topics.require_known_topic(topic)
+        daemon.require_owner(topic)
         done, task = daemon.topics.delete_topic(topic, cancel_timeout)
         return JSONResponse(deleted_json(topic, done, task), status_code=200 if done else 202)
 

@@ -47,6 +47,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         validate_topic_name(topic)
         policies = TopicPolicies.from_json(body, daemon.policies.allowed_strategies)
         daemon.topics.require_known_topic(topic)  # 404 topic_not_found: no folder for a name that exists nowhere
+        daemon.require_owner(topic)
         daemon.topics.set_policies(topic, policies)
         return answer(topic)
 
@@ -56,6 +57,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
         """Drop the topic's overrides: the broker-wide settings are in force again."""
         validate_topic_name(topic)
         daemon.topics.require_known_topic(topic)
+        daemon.require_owner(topic)
         daemon.topics.set_policies(topic, None)
         return answer(topic)
 
