@@ -1,0 +1,170 @@
+"""Several daemons, one cluster (``clusterName``): real daemon processes sharing one local ledger root, their
+membership through the test broker's group coordinator. Each topic has one owner; a request that changes a topic,
+sent to any member, is carried out by its owner; every member serves the same view; a member killed with SIGKILL
+or stopped with SIGTERM hands its topics to the others, whose next compactions succeed. A daemon that is not the
+cluster's refuses its root.
+
+Tansu holds each JoinGroup for half the session timeout: a first assignment takes ~3 s and a dead member is
+replaced in ~11 s with a 6 s session; the waits below are bounded by ``REBALANCE_TIMEOUT_S``, never timed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compactord.cluster import coordination_topic
+from tests.conftest import Kafka
+from tests.daemon.conftest import Launcher
+from tests.support.daemon import DaemonProcess, wait_state
+from tests.support.timeouts import REBALANCE_TIMEOUT_S, STOP_TIMEOUT_S
+from tests.support.waiting import wait_for
+
+CLUSTER = "cl-test"
+PARTITIONS = 8
+TOPICS = 8
+TOKEN = "cluster-shared-token"
+
+
+def partition_of(topic: str) -> int:
+    return zlib.crc32(topic.encode()) % PARTITIONS
+
+
+def cluster_of(daemon: DaemonProcess) -> dict[str, Any]:
+    answer = daemon.client().get("/v1/cluster")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def settled(daemons: list[DaemonProcess]) -> bool:
+    """Every member sees all of them, in one generation, and every coordination partition is held once."""
+    views = [cluster_of(d) for d in daemons]
+    if any(len(v["members"]) != len(daemons) or v["unowned_partitions"] != 0 for v in views):
+        return False
+    if len({v["generation"] for v in views}) != 1:
+        return False
+    held = [p for m in views[0]["members"] for p in m["partitions"]]
+    return sorted(held) == list(range(PARTITIONS))
+
+
+def owner_url(daemon: DaemonProcess, topic: str) -> str:
+    part = partition_of(topic)
+    [url] = [m["url"] for m in cluster_of(daemon)["members"] if part in m["partitions"]]
+    return url
+
+
+def by_url(daemons: list[DaemonProcess], url: str) -> DaemonProcess:
+    [daemon] = [d for d in daemons if d.url == url]
+    return daemon
+
+
+def view(daemon: DaemonProcess, topic: str) -> list[tuple[Any, ...]]:
+    answer = daemon.client().get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 1000, "encoding": "utf8"})
+    assert answer.status_code == 200, answer.text
+    return [(e["partition"], e["offset"], e["key"], e["value"]) for e in answer.json()["entries"]]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cluster-root") / "ledgers"
+
+
+def member(launch: Launcher, root: Path, name: str) -> DaemonProcess:
+    port_holder = launch.prepare(name, root=root, token=TOKEN, clusterName=CLUSTER,
+                                 clusterCoordinationPartitions=PARTITIONS, clusterSessionTimeoutMs=6000,
+                                 compactionDriverRunMaxRecords=100000)
+    # Each member is reached at its own port: the URL it advertises to the others.
+    with port_holder.config.open("a") as conf:
+        conf.write(f"clusterAdvertisedUrl={port_holder.url}\n")
+    return port_holder
+
+
+@pytest.fixture(scope="module")
+def members(launch: Launcher, root: Path) -> list[DaemonProcess]:
+    daemons = [member(launch, root, "a"), member(launch, root, "b")]
+    for daemon in daemons:
+        daemon.start()
+    for daemon in daemons:
+        daemon.wait_ready()
+    wait_for(lambda: settled(daemons), timeout=REBALANCE_TIMEOUT_S, what="two members share the partitions")
+    return daemons
+
+
+@pytest.fixture(scope="module")
+def topics(kafka: Kafka, members: list[DaemonProcess]) -> list[str]:
+    names = [kafka.topic(prefix="cl") for _ in range(TOPICS)]
+    for n, topic in enumerate(names):
+        kafka.produce(topic, [(f"k{i % 5}".encode(), f"v{n}-{i}".encode()) for i in range(40)])
+    return names
+
+
+def test_each_topic_is_owned_by_one_member_and_compacted_there_whichever_member_is_asked(
+        members: list[DaemonProcess], topics: list[str]) -> None:
+    a, b = members
+    assert {m["url"] for m in cluster_of(a)["members"]} == {a.url, b.url}
+    assert cluster_of(a)["members"] == cluster_of(b)["members"]
+    for n, topic in enumerate(topics):
+        owner = by_url(members, owner_url(a, topic))
+        other = b if owner is a else a
+        asked = other if n % 2 == 0 else owner  # half through the member that does not own the topic
+        answer = asked.client().put(f"/v1/topics/{topic}/compaction")
+        assert answer.status_code == 202, answer.text
+        assert wait_state(owner, topic, "Succeed", "Failed")["state"] == "Succeed"
+        # The run is the owner's: the other member has no task of it.
+        assert owner.client().get("/v1/tasks", params={"topic": topic}).json()["tasks"] != []
+        assert other.client().get("/v1/tasks", params={"topic": topic}).json()["tasks"] == []
+        assert topic in cluster_of(owner)["owned_topics"] and topic not in cluster_of(other)["owned_topics"]
+        # Every member serves the same view: one record per key, the last of each.
+        assert view(a, topic) == view(b, topic)
+        assert len(view(a, topic)) == 5
+
+
+def test_the_coordination_topic_is_never_listed_or_compacted(members: list[DaemonProcess]) -> None:
+    names = {t["topic"] for t in members[0].client().get("/v1/topics", params={"partition": 0, "limit": 1000, "encoding": "utf8"}).json()["topics"]}
+    assert coordination_topic(CLUSTER) not in names
+
+
+def test_a_daemon_that_is_not_the_cluster_s_refuses_its_root(launch: Launcher, root: Path,
+                                                             members: list[DaemonProcess]) -> None:
+    for name, conf in (("single", {}), ("other", {"clusterName": "another"})):
+        stranger = launch.prepare(name, root=root, **conf).start()
+        assert stranger.wait_exit(STOP_TIMEOUT_S) == 2, stranger.log_tail()
+        assert "ledger root" in stranger.log_text() and CLUSTER in stranger.log_text()
+
+
+def test_a_member_killed_hands_its_topics_to_the_survivor_whose_compactions_succeed(
+        kafka: Kafka, launch: Launcher, root: Path, members: list[DaemonProcess], topics: list[str]) -> None:
+    a, b = members
+    b_topics = [t for t in topics if owner_url(a, t) == b.url]
+    assert b_topics, "the partitions are split: b owns some of the topics"
+    before = {t: view(a, t) for t in topics}
+    b.kill_group()  # SIGKILL: no leave, the group waits out b's session
+    b.process.wait(10)  # type: ignore[union-attr]
+    wait_for(lambda: settled([a]), timeout=REBALANCE_TIMEOUT_S, what="the survivor holds every partition")
+    assert {t: view(a, t) for t in topics} == before  # the view changed only by a committed switch: not at all
+    for topic in b_topics:
+        kafka.produce(topic, [(b"k-new", b"after the failover")])
+        answer = a.client().put(f"/v1/topics/{topic}/compaction")
+        assert answer.status_code == 202, answer.text
+        assert wait_state(a, topic, "Succeed", "Failed")["state"] == "Succeed"
+        assert "k-new" in {e[2] for e in view(a, topic)}
+    # b comes back as an ordinary member, and the partitions are shared again.
+    b.start().wait_ready()
+    wait_for(lambda: settled(members), timeout=REBALANCE_TIMEOUT_S, what="b rejoined")
+
+
+def test_a_member_stopped_hands_its_topics_over_and_reads_go_on(members: list[DaemonProcess],
+                                                                topics: list[str]) -> None:
+    a, b = members
+    wait_for(lambda: settled(members), timeout=REBALANCE_TIMEOUT_S, what="two members")
+    before = {t: view(b, t) for t in topics}
+    assert a.stop() == 0  # SIGTERM: a leaves the group, and b takes its partitions at once
+    wait_for(lambda: settled([b]), timeout=REBALANCE_TIMEOUT_S, what="b holds every partition")
+    assert {t: view(b, t) for t in topics} == before
+    for topic in topics:
+        answer = b.client().put(f"/v1/topics/{topic}/compaction")
+        assert answer.status_code == 202, answer.text
+        assert wait_state(b, topic, "Succeed", "Failed")["state"] == "Succeed"
