@@ -1,4 +1,5 @@
-"""Several daemons, one cluster (``clusterName``): real daemon processes sharing one local ledger root, their
+"""Several daemons, one cluster (``clusterName``): real daemon processes sharing one ledger root (a local folder,
+and an S3 bucket's prefix on the test S3 server), their
 membership through the test broker's group coordinator. Each topic has one owner; a request that changes a topic,
 sent to any member, is carried out by its owner; every member serves the same view; a member killed with SIGKILL
 or stopped with SIGTERM hands its topics to the others, whose next compactions succeed. A daemon that is not the
@@ -10,8 +11,9 @@ replaced in ~11 s with a 6 s session; the waits below are bounded by ``REBALANCE
 
 from __future__ import annotations
 
+import uuid
 import zlib
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,10 +22,10 @@ from compactord.cluster import coordination_topic
 from tests.conftest import Kafka
 from tests.daemon.conftest import Launcher
 from tests.support.daemon import DaemonProcess, wait_state
+from tests.support.s3_server import BUCKET
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-CLUSTER = "cl-test"
 PARTITIONS = 8
 TOPICS = 8
 TOKEN = "cluster-shared-token"
@@ -67,30 +69,45 @@ def view(daemon: DaemonProcess, topic: str) -> list[tuple[Any, ...]]:
     return [(e["partition"], e["offset"], e["key"], e["value"]) for e in answer.json()["entries"]]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cluster-root") / "ledgers"
+class Root:
+    """Where the members' ledgers are: ``kind`` local or s3; ``conf``: the keys every daemon on it is given."""
+
+    def __init__(self, kind: str, location: Any, conf: dict[str, str]) -> None:
+        self.kind, self.location, self.conf = kind, location, conf
+        self.cluster = f"cl-{kind}-{uuid.uuid4().hex[:6]}"  # a group of its own for each root
 
 
-def member(launch: Launcher, root: Path, name: str) -> DaemonProcess:
-    port_holder = launch.prepare(name, root=root, token=TOKEN, clusterName=CLUSTER,
-                                 clusterCoordinationPartitions=PARTITIONS, clusterSessionTimeoutMs=6000,
-                                 compactionDriverRunMaxRecords=100000)
+@pytest.fixture(scope="module", params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Root:
+    if request.param == "local":
+        return Root("local", tmp_path_factory.mktemp("cluster-root") / "ledgers", {})
+    s3_server = request.getfixturevalue("s3_server")
+    return Root("s3", f"s3://{BUCKET}/cluster-{uuid.uuid4().hex[:12]}", s3_server.daemon_conf())
+
+
+def member(launch: Launcher, root: Root, name: str) -> DaemonProcess:
+    daemon = launch.prepare(f"{root.kind}-{name}", root=root.location, token=TOKEN, clusterName=root.cluster,
+                            clusterCoordinationPartitions=PARTITIONS, clusterSessionTimeoutMs=6000,
+                            compactionDriverRunMaxRecords=100000, **root.conf)
     # Each member is reached at its own port: the URL it advertises to the others.
-    with port_holder.config.open("a") as conf:
-        conf.write(f"clusterAdvertisedUrl={port_holder.url}\n")
-    return port_holder
+    with daemon.config.open("a") as conf:
+        conf.write(f"clusterAdvertisedUrl={daemon.url}\n")
+    return daemon
 
 
 @pytest.fixture(scope="module")
-def members(launch: Launcher, root: Path) -> list[DaemonProcess]:
+def members(launch: Launcher, root: Root) -> Iterator[list[DaemonProcess]]:
     daemons = [member(launch, root, "a"), member(launch, root, "b")]
-    for daemon in daemons:
-        daemon.start()
-    for daemon in daemons:
-        daemon.wait_ready()
-    wait_for(lambda: settled(daemons), timeout=REBALANCE_TIMEOUT_S, what="two members share the partitions")
-    return daemons
+    try:
+        for daemon in daemons:
+            daemon.start()
+        for daemon in daemons:
+            daemon.wait_ready()
+        wait_for(lambda: settled(daemons), timeout=REBALANCE_TIMEOUT_S, what="two members share the partitions")
+        yield daemons
+    finally:
+        for daemon in daemons:
+            daemon.stop()
 
 
 @pytest.fixture(scope="module")
@@ -122,21 +139,23 @@ def test_each_topic_is_owned_by_one_member_and_compacted_there_whichever_member_
         assert len(view(a, topic)) == 5
 
 
-def test_the_coordination_topic_is_never_listed_or_compacted(members: list[DaemonProcess]) -> None:
-    names = {t["topic"] for t in members[0].client().get("/v1/topics", params={"partition": 0, "limit": 1000, "encoding": "utf8"}).json()["topics"]}
-    assert coordination_topic(CLUSTER) not in names
+def test_the_coordination_topic_is_never_listed_or_compacted(root: Root, members: list[DaemonProcess]) -> None:
+    listing = members[0].client().get("/v1/topics", params={"limit": 1000})
+    assert listing.status_code == 200, listing.text
+    names = {t["topic"] for t in listing.json()["topics"]}
+    assert names and coordination_topic(root.cluster) not in names
 
 
-def test_a_daemon_that_is_not_the_cluster_s_refuses_its_root(launch: Launcher, root: Path,
+def test_a_daemon_that_is_not_the_cluster_s_refuses_its_root(launch: Launcher, root: Root,
                                                              members: list[DaemonProcess]) -> None:
     for name, conf in (("single", {}), ("other", {"clusterName": "another"})):
-        stranger = launch.prepare(name, root=root, **conf).start()
+        stranger = launch.prepare(f"{root.kind}-{name}", root=root.location, **conf, **root.conf).start()
         assert stranger.wait_exit(STOP_TIMEOUT_S) == 2, stranger.log_tail()
-        assert "ledger root" in stranger.log_text() and CLUSTER in stranger.log_text()
+        assert "ledger root" in stranger.log_text() and root.cluster in stranger.log_text(), stranger.log_tail()
 
 
 def test_a_member_killed_hands_its_topics_to_the_survivor_whose_compactions_succeed(
-        kafka: Kafka, launch: Launcher, root: Path, members: list[DaemonProcess], topics: list[str]) -> None:
+        kafka: Kafka, members: list[DaemonProcess], topics: list[str]) -> None:
     a, b = members
     b_topics = [t for t in topics if owner_url(a, t) == b.url]
     assert b_topics, "the partitions are split: b owns some of the topics"
