@@ -63,6 +63,7 @@ def test_every_route_answers_its_model(shared_daemon: DaemonProcess, kafka: Any)
     check.call("GET", "/healthz", 200)
     check.call("GET", "/readyz", 200)
     check.call("GET", "/v1/info", 200)
+    assert check.call("GET", "/v1/cluster", 200)["name"] == ""  # no cluster's member (test_cluster.py: one)
     never = check.call("GET", "/v1/topics/{topic}/compaction", 200, topic=topic)
     assert never["status"] == "NOT_RUN"
     check.call("GET", "/v1/topics/{topic}/compacted", 404, params={"partition": 0}, topic=topic)

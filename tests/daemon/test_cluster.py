@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from compactord.api import models
 from compactord.cluster import coordination_topic
 from tests.conftest import Kafka
 from tests.daemon.conftest import Launcher
@@ -121,6 +122,7 @@ def topics(kafka: Kafka, members: list[DaemonProcess]) -> list[str]:
 def test_each_topic_is_owned_by_one_member_and_compacted_there_whichever_member_is_asked(
         members: list[DaemonProcess], topics: list[str]) -> None:
     a, b = members
+    models.Cluster.model_validate(cluster_of(a))  # the document's model, every key of it
     assert {m["url"] for m in cluster_of(a)["members"]} == {a.url, b.url}
     assert cluster_of(a)["members"] == cluster_of(b)["members"]
     for n, topic in enumerate(topics):

@@ -39,7 +39,7 @@ def test_other_exceptions_pass_unchanged(kind: type[BaseException]) -> None:
 def stand_in(registry: Any) -> Any:
     """The daemon as the app sees it, with ``registry``; nothing else of it answers but its metrics."""
     health = SimpleNamespace(broker_problem=lambda: None, store_problem=lambda: None, lease_problem=lambda: None)
-    return SimpleNamespace(settings=Settings(), registry=registry, metrics=Metrics(), health=health)
+    return SimpleNamespace(settings=Settings(), registry=registry, metrics=Metrics(), health=health, cluster=None)
 
 
 def get_tasks(daemon: Any) -> httpx.Response:
