@@ -210,6 +210,8 @@ class Topic(_Body):
     current_task: Task | None = None
     broker: BrokerView | None = None
     warnings: list[str] = []
+    owner: str | None = Field(None, description="in a cluster: the advertised URL of the member that owns the "
+                                                "topic now (null while none does); absent outside a cluster")
     error: Error | None = None
 
 

@@ -273,6 +273,9 @@ def topics_json(daemon: Daemon, limit: int = DEFAULT_LIMIT, after: str | None = 
                         "error": {"error": exc.code, "message": public_message(exc.status, exc.code, exc.message)}})
             continue
         out.append(_topic_json(daemon, topic, on_broker, row, now))
+        if daemon.cluster is not None:
+            owner = daemon.cluster.owner(topic)
+            out[-1]["owner"] = daemon.member_url if owner.here else owner.url
     return {"topics": out, "next_after": page.next_after, "monitor_pass_at": iso_utc(monitor.rows.pass_at)}
 
 

@@ -146,6 +146,9 @@ def test_the_coordination_topic_is_never_listed_or_compacted(root: Root, members
     assert listing.status_code == 200, listing.text
     names = {t["topic"] for t in listing.json()["topics"]}
     assert names and coordination_topic(root.cluster) not in names
+    # Each topic's owner, as every member lists it.
+    for row in listing.json()["topics"]:
+        assert row["owner"] == owner_url(members[0], row["topic"]), row
 
 
 def test_a_daemon_that_is_not_the_cluster_s_refuses_its_root(launch: Launcher, root: Root,
