@@ -12,9 +12,11 @@ then starts ``compactord run`` (its monitor every ``--interval`` s over every to
 again, nothing more is compacted), waits until every topic is compacted, no task runs or waits and two more
 passes ended, and measures: ``GET /v1/topics`` (every topic, ``limit=1000`` pages followed to the last; ``--listings`` times) p50
 and p99, and a page of 100; the last pass's wall and CPU seconds, broker requests and topics
-(``compactord_monitor_pass_*``), and the store requests between two passes; the daemon's RSS. It then stops
-the daemon and starts another on the same root: the seconds from its start to ``/readyz`` saying it serves
-reads, and to its first pass's end. It prints a table.
+(``compactord_monitor_pass_*``), and the store requests between two passes; the daemon's RSS; the full rebuilds
+taken for a recreated topic (``compactord_recreated_rebuilds``, none expected: no topic is recreated) and the tasks
+the monitor started for that reason. It then stops the daemon and starts another on the same root: the seconds
+from its start to ``/readyz`` saying it serves reads, and to its first pass's end, and once no task is left, its
+"recreated" rebuilds. It prints a table.
 """
 
 from __future__ import annotations
@@ -77,6 +79,25 @@ def make_topics(bootstrap: str, count: int, records: int) -> list[str]:
     return names
 
 
+def idle(client: httpx.Client, timeout: float = 3600) -> None:
+    """Wait until no task runs or waits."""
+    deadline = time.monotonic() + timeout
+    while (lambda m: m.get("compactord_running_tasks", 0) + m.get("compactord_pending_tasks", 0))(
+            metrics(client)) and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def recreated(m: dict[str, float]) -> str:
+    """The "recreated" full rebuilds, and the tasks the monitor started for a recreated topic."""
+    return f"{m.get('compactord_recreated_rebuilds_total', 0):.0f} / {m.get('compactord_recreated_tasks', 0):.0f}"
+
+
+def recreated_tasks(client: httpx.Client) -> float:
+    """``compactord_tasks_total`` of reason ``recreated``, every result."""
+    return sum(float(line.rpartition(" ")[2]) for line in client.get("/metrics").text.splitlines()
+               if line.startswith("compactord_tasks_total{") and 'reason="recreated"' in line)
+
+
 def listing(client: httpx.Client, limit: int, follow: bool) -> tuple[float, int]:
     started = time.perf_counter()
     body = client.get("/v1/topics", params={"limit": limit}).json()
@@ -126,10 +147,7 @@ def main() -> int:
             wait_metric(client, "compactord_compactions_total", args.topics, "every topic compacted once")
             compacted_s = time.monotonic() - started
             print(f"every topic compacted once in {compacted_s:.1f} s", flush=True)
-            deadline = time.monotonic() + 3600
-            while (lambda m: m.get("compactord_running_tasks", 0) + m.get("compactord_pending_tasks", 0))(
-                    metrics(client)) and time.monotonic() < deadline:
-                time.sleep(1)  # the figures are of a daemon with nothing to compact
+            idle(client)  # the figures are of a daemon with nothing to compact
             settled_s = time.monotonic() - started
             print(f"no task running or waiting {settled_s:.1f} s after the start", flush=True)
             passes = metrics(client).get("compactord_monitor_runs_total", 0)
@@ -144,6 +162,7 @@ def main() -> int:
                 whole.append(took)
             page = [listing(client, 100, follow=False)[0] for _ in range(args.listings)]
             m = metrics(client)
+            m["compactord_recreated_tasks"] = recreated_tasks(client)
             rss = rss_mb(daemon.pid)
 
         (work / "second").mkdir()
@@ -155,6 +174,9 @@ def main() -> int:
             first_pass_s = time.monotonic() - started
             restarted = metrics(client)
             rss_restarted = rss_mb(daemon.pid)
+            idle(client)
+            restarted_idle = metrics(client)
+            restarted_idle["compactord_recreated_tasks"] = recreated_tasks(client)
 
         requests = {op: after.get(op, 0) - before.get(op, 0) for op in ("compactord_storage_requests_total",)}
         rows = [
@@ -171,12 +193,14 @@ def main() -> int:
             ("store requests in one pass (S3; a local root's are not counted)",
              f"{requests['compactord_storage_requests_total']:.0f}"),
             ("daemon RSS", f"{rss:.0f} MB"),
+            ('"recreated" full rebuilds / tasks started for a recreated topic', recreated(m)),
             ("restart: start to serving reads / to its first pass's end", f"{reads_s:.1f} s / {first_pass_s:.1f} s"),
             ("restart: first pass wall / CPU / store requests",
              (f"{restarted.get('compactord_monitor_pass_seconds', 0):.2f} s / "
              f"{restarted.get('compactord_monitor_pass_cpu_seconds', 0):.2f} s / "
              f"{restarted.get('compactord_storage_requests_total', 0):.0f} (all since its start)")),
             ("restart: daemon RSS after its first pass", f"{rss_restarted:.0f} MB"),
+            ('restart: "recreated" full rebuilds / tasks, once no task is left', recreated(restarted_idle)),
         ]
         print(f"\n{args.topics} topics, {args.records} records each, {'S3' if args.s3 else 'local'} root")
         print("| figure | value |\n|---|---|")
