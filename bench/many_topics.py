@@ -9,12 +9,14 @@ Usage (from the repository root, with the project's venv)::
 It starts the bundled broker, creates ``--topics`` topics of one partition with ``--records`` records each,
 then starts ``compactord run`` (its monitor every ``--interval`` s over every topic, pattern ``many-.*``, with
 ``compactionThresholdInMessages=1``: the first pass compacts every topic once; the thresholds are not reached
-again, nothing more is compacted), waits until every topic is compacted, no task runs or waits and two more
+again, nothing more is compacted), waits until every topic is compacted, no task runs or waits (at most 900 s) and two more
 passes ended, and measures: ``GET /v1/topics`` (every topic, ``limit=1000`` pages followed to the last; ``--listings`` times) p50
 and p99, and a page of 100; the last pass's wall and CPU seconds, broker requests and topics
-(``compactord_monitor_pass_*``), and the store requests between two passes; the daemon's RSS. It then stops
-the daemon and starts another on the same root: the seconds from its start to ``/readyz`` saying it serves
-reads, and to its first pass's end. It prints a table.
+(``compactord_monitor_pass_*``), and the store requests between two passes; the daemon's RSS; the full rebuilds
+taken for a recreated topic (``compactord_recreated_rebuilds``) and the compactions the monitor started on a view
+that took a topic as recreated (its log's lines), none expected: no topic is recreated. It then stops the
+daemon and starts another on the same root: the seconds from its start to ``/readyz`` saying it serves reads,
+and to its first pass's end, and once no task is left (at most 900 s), the same two counts. It prints a table.
 """
 
 from __future__ import annotations
@@ -77,6 +79,25 @@ def make_topics(bootstrap: str, count: int, records: int) -> list[str]:
     return names
 
 
+def idle(client: httpx.Client, timeout: float = 900) -> bool:
+    """Wait until no task runs or waits (False: some still did after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while (lambda m: m.get("compactord_running_tasks", 0) + m.get("compactord_pending_tasks", 0))(metrics(client)):
+        if time.monotonic() > deadline:
+            print(f"tasks still running or waiting after {timeout:.0f} s", flush=True)
+            return False
+        time.sleep(1)
+    return True
+
+
+def recreated(m: dict[str, float], daemon_log: Path) -> str:
+    """The "recreated" full rebuilds, and the compactions the monitor started on a view that took the topic as
+    recreated (whatever reason came first: a recreated topic's whole log is its backlog)."""
+    started = sum("compacting topic" in line and "the topic was recreated" in line
+                  for line in daemon_log.read_text(errors="replace").splitlines())
+    return f"{m.get('compactord_recreated_rebuilds_total', 0):.0f} / {started}"
+
+
 def listing(client: httpx.Client, limit: int, follow: bool) -> tuple[float, int]:
     started = time.perf_counter()
     body = client.get("/v1/topics", params={"limit": limit}).json()
@@ -126,10 +147,7 @@ def main() -> int:
             wait_metric(client, "compactord_compactions_total", args.topics, "every topic compacted once")
             compacted_s = time.monotonic() - started
             print(f"every topic compacted once in {compacted_s:.1f} s", flush=True)
-            deadline = time.monotonic() + 3600
-            while (lambda m: m.get("compactord_running_tasks", 0) + m.get("compactord_pending_tasks", 0))(
-                    metrics(client)) and time.monotonic() < deadline:
-                time.sleep(1)  # the figures are of a daemon with nothing to compact
+            idle(client)  # the figures are of a daemon with nothing to compact
             settled_s = time.monotonic() - started
             print(f"no task running or waiting {settled_s:.1f} s after the start", flush=True)
             passes = metrics(client).get("compactord_monitor_runs_total", 0)
@@ -155,6 +173,8 @@ def main() -> int:
             first_pass_s = time.monotonic() - started
             restarted = metrics(client)
             rss_restarted = rss_mb(daemon.pid)
+            idle(client)
+            restarted_idle = metrics(client)
 
         requests = {op: after.get(op, 0) - before.get(op, 0) for op in ("compactord_storage_requests_total",)}
         rows = [
@@ -171,12 +191,16 @@ def main() -> int:
             ("store requests in one pass (S3; a local root's are not counted)",
              f"{requests['compactord_storage_requests_total']:.0f}"),
             ("daemon RSS", f"{rss:.0f} MB"),
+            ('"recreated" full rebuilds / compactions started on a view taking the topic as recreated',
+             recreated(m, work / "first" / "daemon.log")),
             ("restart: start to serving reads / to its first pass's end", f"{reads_s:.1f} s / {first_pass_s:.1f} s"),
             ("restart: first pass wall / CPU / store requests",
              (f"{restarted.get('compactord_monitor_pass_seconds', 0):.2f} s / "
              f"{restarted.get('compactord_monitor_pass_cpu_seconds', 0):.2f} s / "
              f"{restarted.get('compactord_storage_requests_total', 0):.0f} (all since its start)")),
             ("restart: daemon RSS after its first pass", f"{rss_restarted:.0f} MB"),
+            ('restart: "recreated" full rebuilds / compactions so started, once no task is left',
+             recreated(restarted_idle, work / "second" / "daemon.log")),
         ]
         print(f"\n{args.topics} topics, {args.records} records each, {'S3' if args.s3 else 'local'} root")
         print("| figure | value |\n|---|---|")

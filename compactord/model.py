@@ -77,6 +77,9 @@ class PartitionOffsets:
     partition: int
     log_start: int
     end: int  # exclusive: the last stable offset
+    # False: ``end`` is the broker's listed end (ListOffsets), which the read meant to confirm it did not
+    # reach; it may be below the true end (the test broker lists one), so it tells nothing of the log's identity.
+    end_confirmed: bool = True
 
     @property
     def records(self) -> int:

@@ -123,6 +123,9 @@ def plan_compaction(
             full = True
             reasons.append(f"the log start moved past ledger entries in partitions {passed}, and the "
                            f"{strategy.settings.strategy} strategy chooses among the records the log still holds")
+    if previous is not None and recreated is None and (unknown := _unconfirmed_below(previous, offsets)):
+        log.warning("topic %s: no read confirmed the ends of partitions %s, listed below the horizon: they are "
+                    "taken as unknown, not as a new log", topic, unknown)
     if full and reasons:
         log.warning("topic %s: full rebuild because %s", topic, "; ".join(reasons))
     incremental = previous is not None and not full
@@ -141,3 +144,8 @@ def plan_compaction(
         horizon = {p: max(h, previous.horizon.get(p, -1)) for p, h in horizon.items()}
     return CompactionPlan(offsets, full, split, previous, files, horizon, strategy, reasons, corrupt_id,
                           log_now.topic_id, recreated is not None)
+
+
+def _unconfirmed_below(previous: LedgerManifest, offsets: Mapping[int, PartitionOffsets]) -> list[int]:
+    """The partitions whose end, below ``previous``'s horizon, no read confirmed (``PartitionOffsets.end_confirmed``)."""
+    return sorted(p for p, o in offsets.items() if not o.end_confirmed and o.end - 1 < previous.horizon.get(p, -1))

@@ -212,12 +212,11 @@ class KafkaAdmin(BrokerMetadata):
         tps = [TopicPartition(t, p) for t, ps in partitions.items() for p in ps]
         timeout_ms = self._settings.kafka_request_timeout_ms
         starts, listed = self._call(None, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
-        self._count("fetch")
-        ends = confirm_ends_many(self._client_config, self._bootstrap, tps, starts, listed,
-                                 self._settings.kafka_request_timeout_ms / 1000)
+        found = confirm_ends_many(self._client_config, self._bootstrap, tps, starts, listed,
+                                  self._settings.kafka_request_timeout_ms / 1000, self._count)
         out: dict[str, dict[int, PartitionOffsets]] = {t: {} for t in partitions}
         for tp in tps:
-            out[tp.topic][tp.partition] = PartitionOffsets(tp.partition, starts[tp], max(ends[tp], starts[tp]))
+            out[tp.topic][tp.partition] = found[tp]
         return out
 
     # -- offsets ----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A topic deleted and created again under its name (Apache Kafka calls no hook) is a new log. What tells
 it apart, strongest first: the broker's topic id (Metadata v10+), the offsets (a partition that now ends
-below the ledger's horizon, or starts below the log start the ledger recorded: a log start never moves
+below the ledger's horizon, where a read confirmed that end, or starts below the log start the ledger recorded: a log start never moves
 back; a partition gone), and, where a run reads them, the records the ledger fingerprinted. The planning
 of a run, the monitor, the read paths of the daemon and ``CompactedReader`` all ask ``new_log_reason``.
 """
@@ -44,15 +44,16 @@ def new_log_reason(previous: LedgerManifest | LedgerIdentity, offsets: Mapping[i
                    now: LogNow) -> str | None:
     """Why the log is not the one ``previous`` was made of (the topic was recreated), or None.
 
-    A topic id is compared only where both sides have one. A log start above the ledger's, even past its
-    horizon, is retention, not a new log. A fingerprinted record that is simply gone (retention, or the
-    broker's own cleaner) with the same topic id is not a new log.
+    A topic id is compared only where both sides have one. An end no read confirmed (``end_confirmed``) is
+    unknown, not evidence: a broker may list an end below its last record. A log start above the ledger's,
+    even past its horizon, is retention, not a new log. A fingerprinted record that is simply gone
+    (retention, or the broker's own cleaner) with the same topic id is not a new log.
     """
     ledger = previous if isinstance(previous, LedgerIdentity) else LedgerIdentity.of(previous)
     if ledger.topic_id and now.topic_id and ledger.topic_id != now.topic_id:
         return f"the topic id changed from {ledger.topic_id} to {now.topic_id} (topic recreated)"
     for p, old in sorted(ledger.horizon.items()):
-        if p in offsets and offsets[p].end - 1 < old:
+        if p in offsets and offsets[p].end_confirmed and offsets[p].end - 1 < old:
             return f"partition {p} now ends at {offsets[p].end}, below the horizon {old} (topic recreated or truncated)"
     for p, start in sorted(ledger.log_start.items()):
         if p in offsets and offsets[p].log_start < start:

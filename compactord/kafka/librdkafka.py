@@ -22,6 +22,7 @@ _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatev
 # also brought the new tail's first ~1 MB of every partition, which librdkafka checked and decoded (an
 # incremental run's planning: 25-31 ms with it, 16-24 ms with 64 KB fetches; medians 28 and 20).
 _FIRST_RECORD_FETCH_BYTES = 64 << 10
+_MANY_FETCH_MAX_BYTES = 32 << 20  # a fetch's bound for the ends of many partitions (librdkafka's default: 50 MiB)
 _MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes (a consumer sends none)
 _PROBE_FETCH_WAIT_MS = 10  # how long the broker may hold a probe's fetch at a log's end
 _PROBE_WAIT_S = 0.01  # one wait of the probe for its records (it waits again until its deadline)
@@ -104,7 +105,8 @@ def out_of_range_errors() -> frozenset[int]:
     return frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 
 
-def _probe_consumer(client_config: Mapping[str, Any], fetch_bytes: int = _PROBE_FETCH_BYTES) -> Any:
+def _probe_consumer(client_config: Mapping[str, Any], fetch_bytes: int = _PROBE_FETCH_BYTES,
+                    request_bytes: int | None = None) -> Any:
     """A consumer for the driver's small reads at known offsets (``first_records``, ``read_ends``): the first
     batch at each offset is all they need, so small fetches (a broker answers with the first batch whole
     whatever the limit). (Its prefetch queue stays unbounded: past a bound librdkafka waits
@@ -112,7 +114,7 @@ def _probe_consumer(client_config: Mapping[str, Any], fetch_bytes: int = _PROBE_
     from confluent_kafka import Consumer
 
     cfg = consumer_config(client_config)
-    cfg.update({"max.partition.fetch.bytes": fetch_bytes, "fetch.max.bytes": fetch_bytes,
+    cfg.update({"max.partition.fetch.bytes": fetch_bytes, "fetch.max.bytes": request_bytes or fetch_bytes,
                 # librdkafka wants fetch.max.bytes >= message.max.bytes (a producer's limit: unused here).
                 "message.max.bytes": min(fetch_bytes, _MESSAGE_MAX_BYTES),
                 # A read at a log's end is answered when this wait ends (librdkafka's default: 500 ms); the
@@ -206,7 +208,10 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
     """Per partition ``p`` (one that holds records below ``listed[p]``, its ListOffsets end), where a
     read_committed read from ``listed[p] - 1`` ends: the consumer's position once it has read up to the
     high watermark the broker first gave (transaction markers occupy offsets, and the position moves past
-    them), never below ``listed[p]``; and the partitions whose end no read confirmed within ``timeout_s``.
+    them), never below ``listed[p]``; and the partitions whose end no read confirmed: not read within
+    ``timeout_s``, or quiet for ``_QUIET_S`` before any record of theirs came (an answer of many partitions
+    may hold the records of some only; the others come with later fetches). A partition whose read starts at
+    or past the broker's high watermark has nothing to read: its listed end stands.
 
     The driver's offsets (``KafkaAdmin.offsets``), with librdkafka: the broker answers with the whole batch
     that holds the offset, which kafka-python decoded record by record in Python (70-100 ms a run for four
@@ -223,6 +228,7 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
     try:
         consumer.assign([TopicPartition(topic, p, end - 1) for p, end in listed.items()])
         pending = set(listed)
+        unread: set[int] = set()
         limit: dict[int, int] = {}  # the high watermark of the broker's first answer
         heard: dict[int, float] = {}  # when a partition last got a record, or its first answer
         deadline = time.monotonic() + timeout_s
@@ -251,9 +257,13 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
                     ends[p] = max(ends[p], min(position, limit[p]))
                 if p in got or p not in heard:
                     heard[p] = now
-                if position >= limit[p] or now - heard[p] >= _QUIET_S:
+                if max(position, listed[p] - 1) >= limit[p]:
                     pending.discard(p)
-        return ends, pending
+                elif now - heard[p] >= _QUIET_S:
+                    pending.discard(p)
+                    if position < 0:
+                        unread.add(p)  # quiet before any record came: nothing confirms its end
+        return ends, pending | unread
     finally:
         if own:
             consumer.close()
@@ -271,10 +281,15 @@ def read_ends_many(client_config: Mapping[str, Any], listed: Mapping[tuple[str, 
     ends = dict(listed)
     if not listed:
         return ends, set()
-    consumer = _probe_consumer(client_config, _FIRST_RECORD_FETCH_BYTES)
+    # Each partition's share bounded as ``first_records``' (Kafka bounds it; the test broker answers a partition
+    # with up to the request's bound), the request's large enough for every partition's share, so that one answer
+    # can hold the last batch of each (a request bounded as one share holds a few partitions' only).
+    consumer = _probe_consumer(client_config, _FIRST_RECORD_FETCH_BYTES,
+                               min(_FIRST_RECORD_FETCH_BYTES * len(listed), _MANY_FETCH_MAX_BYTES))
     try:
         consumer.assign([TopicPartition(t, p, end - 1) for (t, p), end in listed.items()])
         pending = set(listed)
+        unread: set[tuple[str, int]] = set()
         limit: dict[tuple[str, int], int] = {}
         heard: dict[tuple[str, int], float] = {}
         deadline = time.monotonic() + timeout_s
@@ -302,8 +317,12 @@ def read_ends_many(client_config: Mapping[str, Any], listed: Mapping[tuple[str, 
                     ends[key] = max(ends[key], min(at.offset, limit[key]))
                 if key in got or key not in heard:
                     heard[key] = now
-                if at.offset >= limit[key] or now - heard[key] >= _QUIET_S:
+                if max(at.offset, listed[key] - 1) >= limit[key]:
                     pending.discard(key)
-        return ends, pending
+                elif now - heard[key] >= _QUIET_S:
+                    pending.discard(key)
+                    if at.offset < 0:
+                        unread.add(key)
+        return ends, pending | unread
     finally:
         close_in_background(consumer)

@@ -9,9 +9,10 @@ against the real broker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from compactord.errors import CompactordError
 from compactord.interfaces import BrokerMetadata
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
@@ -45,8 +46,22 @@ class Answers(BrokerMetadata):
         given = self.topic_ids.get(topic, _REAL)
         return self.real.topic_id(topic) if given is _REAL else given  # type: ignore[return-value]
 
+    def describe_many(self, topics: Sequence[str], stopping: Callable[[], bool] = lambda: False
+                      ) -> dict[str, tuple[str | None, dict[int, PartitionOffsets], TopicConfigs] | CompactordError]:
+        """``real``'s batched answer (the monitor's pass), with the answers given here."""
+        found = self.real.describe_many(topics, stopping)
+        for topic, answer in found.items():
+            if not isinstance(answer, CompactordError):
+                topic_id, offsets, configs = answer
+                given = self.topic_ids.get(topic, _REAL)
+                found[topic] = (topic_id if given is _REAL else given,  # type: ignore[assignment]
+                                self._given(topic, offsets), self.configs.get(topic) or configs)
+        return found
+
     def offsets(self, topic: str) -> dict[int, PartitionOffsets]:
-        offsets = self.real.offsets(topic)
+        return self._given(topic, self.real.offsets(topic))
+
+    def _given(self, topic: str, offsets: dict[int, PartitionOffsets]) -> dict[int, PartitionOffsets]:
         for p, start in self.log_start.get(topic, {}).items():
             o = offsets[p]
             offsets[p] = replace(o, log_start=start, end=max(o.end, start))

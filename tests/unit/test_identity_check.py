@@ -107,6 +107,18 @@ def test_retention_past_the_horizon_is_not_a_new_log() -> None:
     assert new_log_reason(previous, {0: PartitionOffsets(0, 150, 200)}, LogNow("id-1")) is None
 
 
+def test_an_end_no_read_confirmed_is_no_evidence_of_a_new_log() -> None:
+    """A broker may list an end below its last record (the test broker does): below the horizon, an end that
+    no read confirmed tells nothing; the other evidence still does."""
+    previous = LedgerIdentity("id-1", {0: 299}, {0: 50})
+    listed = PartitionOffsets(0, 50, 291, end_confirmed=False)
+    assert new_log_reason(previous, {0: listed}, LogNow(None)) is None
+    assert new_log_reason(previous, {0: listed}, LogNow("id-1")) is None
+    assert "topic id changed" in (new_log_reason(previous, {0: listed}, LogNow("id-2")) or "")
+    assert "starts at 0" in (new_log_reason(previous, {0: PartitionOffsets(0, 0, 10, False)}, LogNow(None)) or "")
+    assert "below the horizon" in (new_log_reason(previous, {0: PartitionOffsets(0, 50, 291)}, LogNow(None)) or "")
+
+
 # -- the check ------------------------------------------------------------------------------------
 
 
