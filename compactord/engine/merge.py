@@ -150,6 +150,8 @@ def _merged(base: pa.Table, keep: pa.ChunkedArray | None, extra: pa.Table) -> pa
     pieces: list[pa.Table] = []
     placed = at = 0  # rows of ``extra`` placed, rows of ``base`` gone through
     for batch in base.to_batches():
+        if not batch.num_rows:
+            continue
         piece = pa.Table.from_batches([batch])
         if keep is not None:
             piece = kept(piece, keep.slice(at, batch.num_rows))
@@ -169,7 +171,7 @@ def _as_py(scalar: pa.Scalar) -> Any:
 
 def _sorted(*tables: pa.Table) -> pa.Table:
     """The rows of ``tables`` (each in offset order) in offset order: joined without a copy where they follow
-    one another, sorted (a copy of every row, twice) only where they do not."""
+    one another, sorted (copies of every row) only where they do not."""
     rows = [t for t in tables if t.num_rows]
     if len(rows) <= 1:
         return rows[0] if rows else tables[0]

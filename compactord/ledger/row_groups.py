@@ -136,14 +136,16 @@ def partition_rows(groups: Sequence[FileSlice], partition: int, start: int = 0,
     """
     # Each row group is cut to its rows here and let go, and the rows are copied only where a group holds
     # others or a sort is needed: the partition's rows are what a task holds (a list of every group, filtered
-    # and sorted as a whole, peaked at 3.6 times them; see #40).
+    # and sorted as a whole, peaks at 3.6 times them; see #40).
     tables = []
     for part in groups:
         objects, key = locate(store, part.name)
         footer = file_footer(objects, key, part.size, part.crc32c)
         for index in part.indexes:
             group = footer_cache.read_row_group(objects, key, footer, index).cast(RECORD_SCHEMA)
-            tables.append(kept(group, at_or_after(group, partition, start)))
+            group = kept(group, at_or_after(group, partition, start))
+            if group.num_rows:
+                tables.append(group)
             del group
     table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
     del tables

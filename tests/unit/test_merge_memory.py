@@ -101,6 +101,8 @@ def test_ledger_rows_that_win_stay_in_their_place_and_the_rest_is_copied_once(le
     assert peak < 1.3 * rows.nbytes, f"peak {peak:,} B for {rows.nbytes:,} B of ledger rows"
     # Every ledger row as it was, in its place, then each new key's row.
     assert merged.equals(pa.concat_tables([rows, tail.slice(500)]))
+    gaps = pa.concat_tables([rows.slice(0, 0), rows.slice(0, 9_000), rows.slice(0, 0), rows.slice(9_000)])
+    assert merge_into_ledger(tail, gaps, reduce).equals(merged)  # chunks without rows between the groups'
 
 
 def test_a_task_gives_its_memory_back_to_the_system_once_its_part_is_written(ledger: list[FileSlice],
