@@ -20,8 +20,8 @@ otherwise) and:
 3. **read**: reads the whole compacted view, every partition from offset 0, in pages of ``--page`` entries
    (``GET /v1/topics/<t>/compacted?encoding=utf8``, as ``compactord read`` does), counting entries;
 4. once the daemon is stopped, replays partition 0's steps of an incremental run after its tail is read, on the
-   last ledger, in a process of its own (``--replay-merge LEDGER_DIR`` does only this): the Arrow bytes allocated,
-   the Arrow pool's peak and the RSS after each step (``partition_rows``, ``merge_into_ledger``, the deletion
+   last ledger, in a process of its own (``--replay-merge LEDGER_DIR`` does only this): the Arrow bytes allocated
+   after each step and their peak during it, and the RSS (``partition_rows``, ``merge_into_ledger``, the deletion
    rules, ``write_part``, and the pool's ``release_unused()``).
 
 For each run it prints the wall time (the trigger's request to the task's ``finished_at``), records read, rows in
