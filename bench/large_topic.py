@@ -20,8 +20,8 @@ otherwise) and:
 3. **read**: reads the whole compacted view, every partition from offset 0, in pages of ``--page`` entries
    (``GET /v1/topics/<t>/compacted?encoding=utf8``, as ``compactord read`` does), counting entries;
 4. once the daemon is stopped, replays partition 0's steps of an incremental run after its tail is read, on the
-   last ledger, in a process of its own (``--replay-merge LEDGER_DIR`` does only this): the Arrow bytes allocated,
-   the Arrow pool's peak and the RSS after each step (``partition_rows``, ``merge_into_ledger``, the deletion
+   last ledger, in a process of its own (``--replay-merge LEDGER_DIR`` does only this): the Arrow bytes allocated
+   after each step and their peak during it, and the RSS (``partition_rows``, ``merge_into_ledger``, the deletion
    rules, ``write_part``, and the pool's ``release_unused()``).
 
 For each run it prints the wall time (the trigger's request to the task's ``finished_at``), records read, rows in
@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -329,7 +329,9 @@ def read_all(client: httpx.Client, sampler: TreeSampler, partitions: int, page: 
 def replay_merge(ledger: Path) -> None:
     """Partition 0's steps of an incremental run after its tail is read (``range_task._finish``), replayed in this
     process on the ledger folder ``ledger`` with a tail made of its rows (every 20th key updated, as many new):
-    Arrow's bytes allocated and its pool's peak, and the RSS, after each step."""
+    after each step, Arrow's bytes allocated and their peak during the step (the bytes held at its start plus the
+    peak of its own allocations, counted by a proxy of the pool that is the default during the step), and the
+    process's RSS and its peak."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -342,35 +344,49 @@ def replay_merge(ledger: Path) -> None:
     from compactord.model import RECORD_SCHEMA
 
     pool = pa.default_memory_pool()
+    proxies = []  # a proxy frees what it allocated: each outlives the step's tables
 
-    def show(step: str) -> None:
-        print(f"  {step:<44} Arrow {pa.total_allocated_bytes() >> 20:>6} MiB, its peak {pool.max_memory() >> 20:>6} "
-              f"MiB; RSS {status_kb('self', 'VmRSS') >> 10:>6} MiB, its peak {status_kb('self', 'VmHWM') >> 10:>6} MiB",
-              flush=True)
+    def step(name: str | Callable[[Any], str], call: Callable[..., Any], *args: Any) -> Any:
+        held, proxy = pa.total_allocated_bytes(), pa.proxy_memory_pool(pool)
+        proxies.append(proxy)
+        pa.set_memory_pool(proxy)
+        try:
+            result = call(*args)
+        finally:
+            pa.set_memory_pool(pool)
+        show(name if isinstance(name, str) else name(result), held + proxy.max_memory())
+        return result
+
+    def show(name: str, peak: int | None = None) -> None:
+        during = "" if peak is None else f", at most {peak >> 20:>5} MiB during it"
+        print(f"  {name:<40} Arrow {pa.total_allocated_bytes() >> 20:>5} MiB{during:<28}; RSS "
+              f"{status_kb('self', 'VmRSS') >> 10:>5} MiB, its peak {status_kb('self', 'VmHWM') >> 10:>5} MiB", flush=True)
 
     part = ledger / part_name(0)
     groups = partition_groups(list(row_groups_of(part, 0, pq.ParquetFile(part).metadata)), 0, 0)
     show(f"start ({pool.backend_name})")
-    rows = partition_rows(groups, 0, 0, None)
-    show(f"partition_rows: {rows.num_rows:,} rows, {rows.nbytes >> 20} MiB")
+    rows = step(lambda r: f"partition_rows: {r.num_rows:,} rows, {r.nbytes >> 20} MiB",
+                partition_rows, groups, 0, 0, None)
     top = pc.max(rows["offset"]).as_py() + 1
-    updates = rows.take(pa.array(range(0, rows.num_rows, 20)))
     key_at, offset_at = RECORD_SCHEMA.get_field_index("key"), RECORD_SCHEMA.get_field_index("offset")
-    updates = updates.set_column(offset_at, "offset", pc.add(updates["offset"], top))
-    new = rows.take(pa.array(range(1, rows.num_rows, 20)))
-    new = new.set_column(key_at, "key", pa.array([b"new-%08d" % i for i in range(new.num_rows)], pa.binary()))
-    new = new.set_column(offset_at, "offset", pc.add(new["offset"], 2 * top))
-    winners = pa.concat_tables([updates, new]).sort_by("offset").cast(RECORD_SCHEMA)
-    del updates, new
-    show(f"the tail's winners: {winners.num_rows:,} rows")
-    table = merge_into_ledger(winners, rows, reduce_last_offset)
-    show(f"merge_into_ledger: {table.num_rows:,} rows")
+
+    def tail(rows: pa.Table) -> pa.Table:
+        updates = rows.take(pa.array(range(0, rows.num_rows, 20)))
+        updates = updates.set_column(offset_at, "offset", pc.add(updates["offset"], top))
+        new = rows.take(pa.array(range(1, rows.num_rows, 20)))
+        new = new.set_column(key_at, "key", pa.array([b"new-%08d" % i for i in range(new.num_rows)], pa.binary()))
+        new = new.set_column(offset_at, "offset", pc.add(new["offset"], 2 * top))
+        return pa.concat_tables([updates, new]).sort_by("offset").cast(RECORD_SCHEMA)
+
+    winners = step(lambda r: f"(the tail's winners: {r.num_rows:,} rows)", tail, rows)
+    table = step(lambda r: f"merge_into_ledger: {r.num_rows:,} rows",
+                 merge_into_ledger, winners, rows, reduce_last_offset)
     del rows, winners
-    table = DeletionRules(int(time.time() * 1000), 86_400_000, False).apply_arrow(table)
-    show("apply_arrow")
+    show("the ledger's rows and the tail let go")
+    rules = DeletionRules(int(time.time() * 1000), 86_400_000, False)
+    table = step("apply_arrow", rules.apply_arrow, table)
     with tempfile.TemporaryDirectory() as scratch:
-        write_part(table, *locate(None, f"{scratch}/{part_name(0)}"))
-        show("write_part")
+        step("write_part", write_part, table, *locate(None, f"{scratch}/{part_name(0)}"))
     del table
     show("every table let go")
     pool.release_unused()

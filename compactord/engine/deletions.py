@@ -22,6 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from compactord.ledger.row_groups import kept
+
 __all__ = ["DeletionRules", "deleted_sql"]
 
 _FALSE = pa.scalar(False)
@@ -89,7 +91,7 @@ class DeletionRules:
                                 pc.less(age_at, pa.scalar(self.now_ms - self.key_ttl_ms, pa.int64())))
             deleted = pc.or_kleene(deleted, pc.fill_null(old, _FALSE))
         if not self.keeps_markers:
-            return _kept(table, pc.invert(deleted))
+            return kept(table, pc.invert(deleted))
         is_del = pc.fill_null(deleted, _FALSE)  # CASE WHEN: an unknown condition takes the ELSE branch
         marker_at = pc.if_else(is_del, pc.coalesce(table["marker_at"], pa.scalar(self.now_ms, pa.int64())),
                                _NULL_INT64)
@@ -99,15 +101,7 @@ class DeletionRules:
                            pc.if_else(is_del, _NULL_BINARY, table["value"])))
         young = pc.less(pc.subtract(pa.scalar(self.now_ms, pa.int64()), marker_at),
                         pa.scalar(self.tombstone_retention_ms, pa.int64()))
-        return _kept(out, pc.or_kleene(pc.invert(deleted), young))
-
-
-def _kept(table: pa.Table, keep: Any) -> pa.Table:
-    """``table.filter(keep)``, the same table when every row is kept: a filter copies every column, keys and
-    values included, also when it drops nothing (250,000 rows of 100-byte values: 6.3 ms)."""
-    if keep.null_count == 0 and pc.all(keep).as_py():
-        return table
-    return table.filter(keep)
+        return kept(out, pc.or_kleene(pc.invert(deleted), young))
 
 
 def deleted_sql() -> Any:

@@ -19,8 +19,9 @@ from compactord.ledger.footer_cache import Footer
 from compactord.model import RECORD_SCHEMA
 from compactord.storage import ObjectStore, open_local
 
-__all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "ledger_row_groups", "locate",
-           "max_partition_rows", "of_partition", "open_file", "partition_groups", "partition_rows", "row_groups_of"]
+__all__ = ["FileFacts", "FileSlice", "RowGroup", "at_or_after", "file_footer", "in_offset_order", "kept",
+           "ledger_row_groups", "locate", "max_partition_rows", "of_partition", "open_file", "partition_groups",
+           "partition_rows", "row_groups_of"]
 
 _INF = math.inf
 
@@ -133,16 +134,22 @@ def partition_rows(groups: Sequence[FileSlice], partition: int, start: int = 0,
     read, each with one ranged read; a file's footer is read once (with its size known, no HEAD), or not at
     all when this worker read it for an earlier run (``file_footer``).
     """
+    # Each row group is cut to its rows here and let go, and the rows are copied only where a group holds
+    # others or a sort is needed: the partition's rows are what a task holds (a list of every group, filtered
+    # and sorted as a whole, peaks at 3.6 times them; see #40).
     tables = []
     for part in groups:
         objects, key = locate(store, part.name)
         footer = file_footer(objects, key, part.size, part.crc32c)
-        tables += [footer_cache.read_row_group(objects, key, footer, index) for index in part.indexes]
-    if not tables:
-        return RECORD_SCHEMA.empty_table()
-    table = pa.concat_tables(tables).cast(RECORD_SCHEMA)
-    table = table.filter(at_or_after(table, partition, start))
-    return table.sort_by("offset")
+        for index in part.indexes:
+            group = footer_cache.read_row_group(objects, key, footer, index).cast(RECORD_SCHEMA)
+            group = kept(group, at_or_after(group, partition, start))
+            if group.num_rows:
+                tables.append(group)
+            del group
+    table = pa.concat_tables(tables) if tables else RECORD_SCHEMA.empty_table()
+    del tables
+    return table if in_offset_order(table) else table.sort_by("offset")
 
 
 def row_groups_of(file: Path, file_index: int, metadata: pq.FileMetaData) -> Iterator[RowGroup]:
@@ -165,6 +172,23 @@ def _bounds(stats: pq.Statistics | None) -> tuple[float, float]:
 def of_partition(table: pa.Table, partition: int) -> pa.ChunkedArray:
     """The mask of ``table``'s rows of ``partition``."""
     return pc.equal(table["partition"], pa.scalar(partition, pa.int32()))
+
+
+def kept(table: pa.Table, keep: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``table.filter(keep)``, the same table when every row is kept: a filter copies every column, keys and
+    values included, also when it drops nothing (250,000 rows of 100-byte values: 6.3 ms)."""
+    if keep.null_count == 0 and pc.all(keep).as_py():
+        return table
+    return table.filter(keep)
+
+
+def in_offset_order(table: pa.Table) -> bool:
+    """Whether ``table``'s offsets rise from row to row (a sort would copy every row to leave them as they are);
+    a bitmap of its rows, no copy of them."""
+    offsets = table["offset"]
+    if len(offsets) < 2:
+        return True
+    return bool(pc.all(pc.greater(offsets[1:], offsets[:-1])).as_py())
 
 
 def at_or_after(table: pa.Table, partition: int, start: int) -> pa.ChunkedArray:
