@@ -372,6 +372,21 @@ class BacklogMonitor:
         self.rows.update(topic, self._row(topic))
         return backlog
 
+    def measure_seen(self, topic: str, topic_id: str | None, offsets: dict[int, PartitionOffsets],
+                     asked: float) -> Backlog | None:
+        """As ``measure_now``, from what a run was just told of the topic's log (its id and ``offsets``, asked at
+        ``asked``) with the configs last seen, without asking the broker; None (nothing kept) when the topic was
+        never seen. A view asked later than ``asked`` (a pass's) is kept as it is."""
+        known = self.topics.get(topic)
+        if known is None:
+            return None
+        if known.refreshed_at <= asked:
+            known = self._keep(topic, (topic_id, offsets, known.configs), asked)
+        backlog = self.meter.measure_many({topic: (self.meter.ledger(topic), known)})[topic]
+        self.record_backlog(backlog)
+        self.rows.update(topic, self._row(topic))
+        return backlog
+
     def _note_missing(self, broker_topics: set[str], store_topics: set[str]) -> None:
         store = self._store
         missing = set()

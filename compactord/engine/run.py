@@ -35,7 +35,7 @@ from compactord.kafka.identity import LogNow
 from compactord.ledger.reads import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
-from compactord.task_report import counting_requests
+from compactord.task_report import LogSeen, counting_requests
 
 __all__ = ["CompactionRun"]
 
@@ -207,7 +207,9 @@ class CompactionRun:
         broker = self.factory.broker
         at = {p: f.offset for p, f in previous.fingerprints.items()} \
             if previous is not None and not self.ctx.rebuild and previous.fingerprints else {}
+        asked = time.time()  # the answer is as old as the request
         offsets, found, topic_id = broker.offsets_and_identity(self.topic, at)
+        self.ctx.stats.log_seen = LogSeen(topic_id, offsets, asked)  # kept by the daemon at the run's end
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
     def _start_early(self, channel: RunChannel, cancel_hook: Callable[[], None]) -> EarlyStart | None:
