@@ -305,9 +305,13 @@ class CompactionRun:
             early = None
         stop = threading.Event()
         share = (budget, len(plan.ranges), cores)
-        poller = threading.Thread(target=self._poll_progress, args=(plan, channel, stop, share), daemon=True)
+        # A read in the driver has no throttled share to hand over, and its progress is read when asked (the
+        # progress source): no thread follows it.
+        poller = None if in_driver and tasks is not None else \
+            threading.Thread(target=self._poll_progress, args=(plan, channel, stop, share), daemon=True)
         self.ctx.set_progress_source(lambda: self._follow(plan, channel.progress()))
-        poller.start()
+        if poller is not None:
+            poller.start()
         try:
             if not (in_driver and tasks is not None):
                 self.ctx.take_slot()  # a Spark job holds a slot
@@ -329,7 +333,8 @@ class CompactionRun:
         finally:
             self.ctx.set_progress_source(None)
             stop.set()
-            poller.join()
+            if poller is not None:
+                poller.join()
         return channel.progress()
 
     def _cores(self) -> int:
