@@ -16,8 +16,9 @@ of its own, ``sparkMaster=local[2]``, the monitor triggering nothing) and, once 
    as many again after ``--more`` more records were produced to those topics (an incremental run): each one's
    wall time from the trigger's request to its ``finished_at``; their p50 and p90.
 2. every other topic's first compaction triggered at once (the triggers sent from 8 threads): the time from the
-   first trigger to the last ``finished_at``, and the rate; then ``--more`` more records to every topic and
-   every topic's incremental compaction triggered at once, the same figures.
+   first trigger to the last ``finished_at``, the rate, and the daemon process's CPU time per run meanwhile
+   (``/proc``: its threads', the status polls' included; not Spark's JVM); then ``--more`` more records to every
+   topic and every topic's incremental compaction triggered at once, the same figures.
 
 The sources run one after the other on the same broker and topics (the same records); ``--rounds`` > 1
 alternates them. It prints a table. Targets (see #40): a small compaction's p50 <= 0.1 s, 1,000 topics due
@@ -148,8 +149,16 @@ def single(client: httpx.Client, topic: str) -> float:
     raise SystemExit(f"compaction of {topic} did not end in 300 s")
 
 
-def burst(base: str, topics: list[str]) -> tuple[float, int]:
-    """Trigger every topic's compaction at once; (seconds from the first trigger to the last end, topics)."""
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU seconds so far (user and system, its threads; not its children's, so not Spark's JVM)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def burst(base: str, topics: list[str], pid: int) -> tuple[float, int, float]:
+    """Trigger every topic's compaction at once; (seconds from the first trigger to the last end, topics, the
+    daemon's CPU seconds meanwhile, its status requests' included)."""
+    cpu = cpu_seconds(pid)
     clients = [httpx.Client(base_url=base, timeout=120) for _ in range(TRIGGER_THREADS)]
     try:
         with ThreadPoolExecutor(TRIGGER_THREADS) as pool:
@@ -168,7 +177,7 @@ def burst(base: str, topics: list[str]) -> tuple[float, int]:
                 time.sleep(0.2)
         if left:
             raise SystemExit(f"{len(left)} compactions did not end within an hour")
-        return last - first, len(topics)
+        return last - first, len(topics), cpu_seconds(pid) - cpu
     finally:
         for c in clients:
             c.close()
@@ -243,17 +252,18 @@ def main(argv: list[str] | None = None) -> int:
                     full = [single(client, t) for t in singles]
                     produce(broker.bootstrap, singles, args.more, args.keys, args.partitions, produced)
                     incremental = [single(client, t) for t in singles]
-                    seconds, count = burst(base, rest)
+                    full_burst = burst(base, rest, pid)
                     produce(broker.bootstrap, rest, args.more, args.keys, args.partitions, produced)
                     out = work / f"profile-{round_}-{n}-{label}.txt" if args.profile else None
                     with profiled(pid, out, args.profile):
-                        inc_seconds, inc_count = burst(base, rest)
+                        inc_burst = burst(base, rest, pid)
                 produced += args.more  # every topic got as many
                 for kind, values in (("single full", full), ("single incremental", incremental)):
                     rows.append((label, kind, (f"p50 {statistics.median(values) * 1000:.0f} ms, "
                                                f"p90 {pct(values, 90) * 1000:.0f} ms ({len(values)} runs)")))
-                for kind, (s, c) in (("at once, full", (seconds, count)), ("at once, incremental", (inc_seconds, inc_count))):
-                    rows.append((label, kind, f"{c} in {s:.1f} s ({c / s:.1f} a second)"))
+                for kind, (s, c, cpu) in (("at once, full", full_burst), ("at once, incremental", inc_burst)):
+                    rows.append((label, kind, (f"{c} in {s:.1f} s ({c / s:.1f} a second; daemon CPU "
+                                              f"{cpu * 1000 / c:.0f} ms a run)")))
                 print("\n".join(f"{a:<20} {b:<22} {c}" for a, b, c in rows[-4:]), flush=True)
         print()
         print(f"{'source':<20} {'runs':<22} figures")
