@@ -5,7 +5,7 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/small_runs.py                       # 300 topics of 300 records, 1 partition
     .venv/bin/python bench/small_runs.py --topics 1000
     .venv/bin/python bench/small_runs.py --source /tmp/base --source .   # two checkouts side by side
-    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst
+    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst (or cpu, gil)
 
 It starts the bundled broker, creates ``--topics`` topics of ``--records`` records each (``--partitions``
 partitions, 100-byte values over ``--keys`` keys, 2% tombstones), then for each ``--source`` (a checkout whose
@@ -186,11 +186,12 @@ def burst(base: str, topics: list[str], pid: int) -> tuple[float, int, float]:
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None, mode: str) -> Iterator[None]:
     """Sample the daemon ``pid`` with py-spy while the block runs (``--profile``: its raw output to ``out``;
-    ``wall``: idle threads included, ``cpu``: only threads on a core); nothing when ``out`` is None."""
+    ``wall``: idle threads included, ``cpu``: only threads on a core, ``gil``: only the thread holding the GIL,
+    whose Python work the process does one at a time); nothing when ``out`` is None."""
     if out is None:
         yield
         return
-    idle = ["--idle"] if mode == "wall" else []
+    idle = {"wall": ["--idle"], "gil": ["--gil"]}.get(mode, [])
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", *idle, "--threads", "--nonblocking",
                             "--format", "raw", "-r", "50", "-o", str(out), "-p", str(pid)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -222,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a daemon config key")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
-    ap.add_argument("--profile", choices=("wall", "cpu"),
+    ap.add_argument("--profile", choices=("wall", "cpu", "gil"),
                     help="sample each daemon with py-spy during the incremental burst (the venv's py-spy; wall: "
-                         "idle threads included; the raw profiles in the work directory, which is then kept)")
+                         "idle threads included; gil: the GIL's holder only; the raw profiles in the work "
+                         "directory, which is then kept)")
     args = ap.parse_args(argv)
     if args.topics <= args.singles or min(args.records, args.keys, args.partitions, args.singles) < 1:
         ap.error("need --topics > --singles >= 1 and positive --records, --keys, --partitions")
