@@ -148,7 +148,7 @@ class BacklogMonitor:
 
     def _tell_configs(self, topic: str, configs: TopicConfigs) -> None:
         """One line when the broker does not describe the topic's cleanup configs, once per topic (each monitor
-        pass and each compaction's end ask again), and one again when its answer changes."""
+        pass asks again), and one again when its answer changes."""
         with self._configs_lock:
             told = self._configs_told.pop(topic, None)
             self._configs_told[topic] = configs

@@ -23,6 +23,7 @@ from compactord.errors import Fenced, LedgerRetired
 from compactord.interfaces import ServiceContext
 from compactord.ledger.reads import LedgerHandle
 from compactord.model import Position
+from tests.support.timeouts import STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 from tests.unit.ledger.test_store import make_ledger, rows
 
@@ -210,13 +211,19 @@ def test_the_sweep_thread_calls_in_time_order_past_a_failure_and_ends_when_none_
         called.append("fails")
         raise RuntimeError("a sweep's own error")
 
+    asked = threading.Event()
     now = time.time()
-    sweeps.at(now + 0.3, lambda: called.append("b"))
-    sweeps.at(now, fails)
-    sweeps.at(now + 0.3, lambda: called.append("c"))  # as late as b, asked after it
-    sweeps.at(now - 5, lambda: called.append("a"))
-    wait_for(lambda: len(called) == 4, 30, "every call made")
-    assert called == ["a", "fails", "b", "c"] and sweeps.pending() == 0
-    wait_for(lambda: "test-sweeps" not in {t.name for t in threading.enumerate()}, 30, "the sweep thread ended")
+    sweeps.at(now - 10, lambda: called.append("first" if asked.wait(STOP_TIMEOUT_S) else "not asked in time"))
+    try:  # the thread holds in the first call while the others are asked for, out of their order
+        sweeps.at(now + 0.3, lambda: called.append("b"))
+        sweeps.at(now, fails)
+        sweeps.at(now + 0.3, lambda: called.append("c"))  # as late as b, asked after it
+        sweeps.at(now - 5, lambda: called.append("a"))
+    finally:
+        asked.set()
+    wait_for(lambda: len(called) == 5, STOP_TIMEOUT_S, "every call made")
+    assert called == ["first", "a", "fails", "b", "c"] and sweeps.pending() == 0
+    wait_for(lambda: "test-sweeps" not in {t.name for t in threading.enumerate()}, STOP_TIMEOUT_S,
+             "the sweep thread ended")
     sweeps.at(time.time(), lambda: called.append("d"))  # a thread again for the next
-    wait_for(lambda: called[-1] == "d", 30, "the next call made")
+    wait_for(lambda: called[-1] == "d", STOP_TIMEOUT_S, "the next call made")
