@@ -5,7 +5,7 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/small_runs.py                       # 300 topics of 300 records, 1 partition
     .venv/bin/python bench/small_runs.py --topics 1000
     .venv/bin/python bench/small_runs.py --source /tmp/base --source .   # two checkouts side by side
-    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst
+    .venv/bin/python bench/small_runs.py --profile wall                  # py-spy over the incremental burst (or cpu, gil)
 
 It starts the bundled broker, creates ``--topics`` topics of ``--records`` records each (``--partitions``
 partitions, 100-byte values over ``--keys`` keys, 2% tombstones), then for each ``--source`` (a checkout whose
@@ -16,8 +16,9 @@ of its own, ``sparkMaster=local[2]``, the monitor triggering nothing) and, once 
    as many again after ``--more`` more records were produced to those topics (an incremental run): each one's
    wall time from the trigger's request to its ``finished_at``; their p50 and p90.
 2. every other topic's first compaction triggered at once (the triggers sent from 8 threads): the time from the
-   first trigger to the last ``finished_at``, and the rate; then ``--more`` more records to every topic and
-   every topic's incremental compaction triggered at once, the same figures.
+   first trigger to the last ``finished_at``, the rate, and the daemon process's CPU time per run meanwhile
+   (``/proc``: its threads', the status polls' included; not Spark's JVM); then ``--more`` more records to every
+   topic and every topic's incremental compaction triggered at once, the same figures.
 
 The sources run one after the other on the same broker and topics (the same records); ``--rounds`` > 1
 alternates them. It prints a table. Targets (see #40): a small compaction's p50 <= 0.1 s, 1,000 topics due
@@ -148,8 +149,16 @@ def single(client: httpx.Client, topic: str) -> float:
     raise SystemExit(f"compaction of {topic} did not end in 300 s")
 
 
-def burst(base: str, topics: list[str]) -> tuple[float, int]:
-    """Trigger every topic's compaction at once; (seconds from the first trigger to the last end, topics)."""
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU seconds so far (user and system, its threads; not its children's, so not Spark's JVM)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def burst(base: str, topics: list[str], pid: int) -> tuple[float, int, float]:
+    """Trigger every topic's compaction at once; (seconds from the first trigger to the last end, topics, the
+    daemon's CPU seconds meanwhile, its status requests' included)."""
+    cpu = cpu_seconds(pid)
     clients = [httpx.Client(base_url=base, timeout=120) for _ in range(TRIGGER_THREADS)]
     try:
         with ThreadPoolExecutor(TRIGGER_THREADS) as pool:
@@ -168,7 +177,7 @@ def burst(base: str, topics: list[str]) -> tuple[float, int]:
                 time.sleep(0.2)
         if left:
             raise SystemExit(f"{len(left)} compactions did not end within an hour")
-        return last - first, len(topics)
+        return last - first, len(topics), cpu_seconds(pid) - cpu
     finally:
         for c in clients:
             c.close()
@@ -177,11 +186,12 @@ def burst(base: str, topics: list[str]) -> tuple[float, int]:
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None, mode: str) -> Iterator[None]:
     """Sample the daemon ``pid`` with py-spy while the block runs (``--profile``: its raw output to ``out``;
-    ``wall``: idle threads included, ``cpu``: only threads on a core); nothing when ``out`` is None."""
+    ``wall``: idle threads included, ``cpu``: only threads on a core, ``gil``: only the thread holding the GIL,
+    whose Python work the process does one at a time); nothing when ``out`` is None."""
     if out is None:
         yield
         return
-    idle = ["--idle"] if mode == "wall" else []
+    idle = {"wall": ["--idle"], "gil": ["--gil"]}.get(mode, [])
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", *idle, "--threads", "--nonblocking",
                             "--format", "raw", "-r", "50", "-o", str(out), "-p", str(pid)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -213,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a daemon config key")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, ledgers)")
-    ap.add_argument("--profile", choices=("wall", "cpu"),
+    ap.add_argument("--profile", choices=("wall", "cpu", "gil"),
                     help="sample each daemon with py-spy during the incremental burst (the venv's py-spy; wall: "
-                         "idle threads included; the raw profiles in the work directory, which is then kept)")
+                         "idle threads included; gil: the GIL's holder only; the raw profiles in the work "
+                         "directory, which is then kept)")
     args = ap.parse_args(argv)
     if args.topics <= args.singles or min(args.records, args.keys, args.partitions, args.singles) < 1:
         ap.error("need --topics > --singles >= 1 and positive --records, --keys, --partitions")
@@ -243,17 +254,18 @@ def main(argv: list[str] | None = None) -> int:
                     full = [single(client, t) for t in singles]
                     produce(broker.bootstrap, singles, args.more, args.keys, args.partitions, produced)
                     incremental = [single(client, t) for t in singles]
-                    seconds, count = burst(base, rest)
+                    full_burst = burst(base, rest, pid)
                     produce(broker.bootstrap, rest, args.more, args.keys, args.partitions, produced)
                     out = work / f"profile-{round_}-{n}-{label}.txt" if args.profile else None
                     with profiled(pid, out, args.profile):
-                        inc_seconds, inc_count = burst(base, rest)
+                        inc_burst = burst(base, rest, pid)
                 produced += args.more  # every topic got as many
                 for kind, values in (("single full", full), ("single incremental", incremental)):
                     rows.append((label, kind, (f"p50 {statistics.median(values) * 1000:.0f} ms, "
                                                f"p90 {pct(values, 90) * 1000:.0f} ms ({len(values)} runs)")))
-                for kind, (s, c) in (("at once, full", (seconds, count)), ("at once, incremental", (inc_seconds, inc_count))):
-                    rows.append((label, kind, f"{c} in {s:.1f} s ({c / s:.1f} a second)"))
+                for kind, (s, c, cpu) in (("at once, full", full_burst), ("at once, incremental", inc_burst)):
+                    rows.append((label, kind, (f"{c} in {s:.1f} s ({c / s:.1f} a second; daemon CPU "
+                                              f"{cpu * 1000 / c:.0f} ms a run)")))
                 print("\n".join(f"{a:<20} {b:<22} {c}" for a, b, c in rows[-4:]), flush=True)
         print()
         print(f"{'source':<20} {'runs':<22} figures")

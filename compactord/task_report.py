@@ -10,8 +10,13 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["REASON_KINDS", "Progress", "Reason", "RequestCounts", "TaskStats", "count_request", "counting_requests"]
+if TYPE_CHECKING:
+    from compactord.model import PartitionOffsets
+
+__all__ = ["REASON_KINDS", "LogSeen", "Progress", "Reason", "RequestCounts", "TaskStats", "count_request",
+           "counting_requests"]
 
 
 #: Why a task runs (``Reason.kind``): a fixed set, so that it can label a metric.
@@ -110,6 +115,17 @@ def count_request(op: str) -> None:
         counts.add(op)
 
 
+@dataclass(frozen=True, slots=True)
+class LogSeen:
+    """What the broker told a run of its topic's log when the run fixed its offsets: the topic id, each
+    partition's offsets, and when it was asked (UTC seconds, before the answer). The daemon keeps it as the
+    topic's broker view at the run's end instead of asking the broker again."""
+
+    topic_id: str | None
+    offsets: Mapping[int, PartitionOffsets]
+    asked_at: float
+
+
 @dataclass(slots=True)
 class TaskStats:
     """What a task's run did (for metrics, the status and the monitor's size estimate).
@@ -138,6 +154,7 @@ class TaskStats:
     # The requests the run made to an object store's root, by operation: the driver's, and those the reading
     # tasks report (a local root's are not counted).
     storage_requests: RequestCounts = field(default_factory=RequestCounts)
+    log_seen: LogSeen | None = None  # the broker's answer the run was planned on (None: not planned)
 
     @property
     def task_cpu_ratio(self) -> float | None:

@@ -333,13 +333,36 @@ class Daemon:
         self.metrics.task_ended(ctx)
         if ctx.state.value == "Succeed":
             self.runs.succeeded(ctx)
-        threading.Thread(target=self._refresh_after_task, args=(ctx.topic,), name="refresh", daemon=True).start()
+            if self._keep_run_view(ctx):  # on the run's thread: no request, nothing to wait for
+                return
+        threading.Thread(target=self._refresh_after_task, args=(ctx,), name="refresh", daemon=True).start()
 
-    def _refresh_after_task(self, topic: str) -> None:
+    def _keep_run_view(self, ctx: CompactionTaskCtx) -> bool:
+        """What the run was told of its topic's log (``TaskStats.log_seen``: its id and offsets) kept as the
+        topic's broker view, and the backlog metrics and the listing's row measured from it: the broker is not
+        asked again right after the run asked. False when there is none to keep (the run was not planned, or
+        the monitor never saw the topic, so its configs are unknown)."""
+        seen = ctx.stats.log_seen
+        if seen is None:
+            return False
+        try:
+            return self.monitor.measure_seen(ctx.topic, seen.topic_id, dict(seen.offsets), seen.asked_at) \
+                is not None
+        except CompactordError as exc:  # the ledger or the history cannot be read: the next pass measures
+            log.debug("backlog of topic %s not measured after its run: %s", ctx.topic, exc)
+            return True
+
+    def _refresh_after_task(self, ctx: CompactionTaskCtx) -> None:
         # What reads check against (log starts, topic id) is fresh when a run has just looked; and the
         # backlog metrics and the listing's row are the ones after the run, not before it.
-        if self.monitor.refresh_quietly(topic) is not None:
-            self.backlogs.measure(topic, for_listing=False)
+        if self._keep_run_view(ctx):
+            return
+        known = self.monitor.refresh_quietly(ctx.topic)
+        if known is not None:
+            try:
+                self.monitor.measure_seen(ctx.topic, known.topic_id, known.offsets, known.refreshed_at)
+            except CompactordError as exc:
+                log.debug("backlog of topic %s not measured after its run: %s", ctx.topic, exc)
 
     def _quarantined_count(self) -> int:
         # A scrape asks the store only while it answers: /metrics stays served, with the last count.

@@ -139,8 +139,9 @@ class _FileState:
 
 
 class RunHistory:
-    """The run histories of ``objects`` (a root's store), where ``layout.history_prefix`` puts them. Thread-safe;
-    one writer process (the root's lock holder)."""
+    """The run histories of ``objects`` (a root's store), where ``layout.history_prefix`` puts them. Thread-safe,
+    each topic's runs recorded one at a time and beside other topics'; one writer process (the root's lock
+    holder)."""
 
     def __init__(self, objects: ObjectStore, max_runs: int, max_age_days: float,
                  clock: Callable[[], float] = time.time, ready: Callable[[str], object] = layout.topic_prefix) -> None:
@@ -154,10 +155,22 @@ class RunHistory:
         self.max_age_s = max_age_days * DAY_S
         self._clock = clock
         self._ready = ready
-        self._lock = threading.Lock()
+        # One lock a topic: a run's record (a put and its fsyncs, and every _PENDING_MAX runs the file written
+        # whole) waits only for the runs of its own topic, never for every topic's.
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self._files: dict[str, _FileState] = {}
         # The newest run of each topic asked for: status and listing requests read it, not the file.
         self._last: dict[str, RunRecord | None] = {}
+
+    def _lock(self, topic: str) -> threading.Lock:
+        """The topic's lock (kept while the process runs: a lock dropped while a thread waits on it would let
+        another thread take a second one)."""
+        with self._locks_lock:
+            lock = self._locks.get(topic)
+            if lock is None:
+                lock = self._locks[topic] = threading.Lock()
+            return lock
 
     def key(self, topic: str) -> str:
         """The key of the topic's compacted file.
@@ -176,7 +189,7 @@ class RunHistory:
             object goes): that topic's alone.
         """
         topic = record.topic
-        with self._lock:
+        with self._lock(topic):
             state = self._state(topic)
             stored = replace(record, seq=state.last_seq + 1)
             self.objects.put(layout.run_key(topic, stored.seq), _line(stored))
@@ -197,7 +210,7 @@ class RunHistory:
     def delete(self, topic: str) -> None:
         """Remove the topic's history (durably; missing is fine)."""
         prefix = layout.history_prefix(topic)
-        with self._lock:
+        with self._lock(topic):
             self._files.pop(topic, None)
             self._last.pop(topic, None)
             self.objects.delete_prefix(prefix)
@@ -267,14 +280,14 @@ class RunHistory:
         """The topic's runs within the bounds, newest first."""
         self.key(topic)
         self._ready(topic)
-        with self._lock:
+        with self._lock(topic):
             return list(reversed(self._bounded(self._read(topic)[0])))
 
     def last(self, topic: str) -> RunRecord | None:
         """The topic's newest run within the bounds (read from the file once, then kept in memory)."""
         self.key(topic)
         self._ready(topic)
-        with self._lock:
+        with self._lock(topic):
             if topic not in self._last:
                 runs = self._bounded(self._read(topic)[0])
                 self._last[topic] = runs[-1] if runs else None

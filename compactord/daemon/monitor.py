@@ -152,7 +152,7 @@ class BacklogMonitor:
 
     def _tell_configs(self, topic: str, configs: TopicConfigs) -> None:
         """One line when the broker does not describe the topic's cleanup configs, once per topic (each monitor
-        pass and each compaction's end ask again), and one again when its answer changes."""
+        pass asks again), and one again when its answer changes."""
         with self._configs_lock:
             told = self._configs_told.pop(topic, None)
             self._configs_told[topic] = configs
@@ -376,6 +376,21 @@ class BacklogMonitor:
     def measure_now(self, topic: str) -> Backlog:
         """Refresh and measure ``topic`` now, and keep both (a task's end): the listing shows them at once."""
         backlog = self.measure(topic)
+        self.record_backlog(backlog)
+        self.rows.update(topic, self._row(topic))
+        return backlog
+
+    def measure_seen(self, topic: str, topic_id: str | None, offsets: dict[int, PartitionOffsets],
+                     asked: float) -> Backlog | None:
+        """As ``measure_now``, from what a run was just told of the topic's log (its id and ``offsets``, asked at
+        ``asked``) with the configs last seen, without asking the broker; None (nothing kept) when the topic was
+        never seen. A view asked later than ``asked`` (a pass's) is kept as it is."""
+        known = self.topics.get(topic)
+        if known is None:
+            return None
+        if known.refreshed_at <= asked:
+            known = self._keep(topic, (topic_id, offsets, known.configs), asked)
+        backlog = self.meter.measure_many({topic: (self.meter.ledger(topic), known)})[topic]
         self.record_backlog(backlog)
         self.rows.update(topic, self._row(topic))
         return backlog

@@ -35,7 +35,7 @@ from compactord.kafka.identity import LogNow
 from compactord.ledger.reads import LedgerHandle
 from compactord.model import LedgerManifest, PartitionOffsets
 from compactord.task import CompactionTaskCtx, Progress, TaskState
-from compactord.task_report import counting_requests
+from compactord.task_report import LogSeen, counting_requests
 
 __all__ = ["CompactionRun"]
 
@@ -207,7 +207,9 @@ class CompactionRun:
         broker = self.factory.broker
         at = {p: f.offset for p, f in previous.fingerprints.items()} \
             if previous is not None and not self.ctx.rebuild and previous.fingerprints else {}
+        asked = time.time()  # the answer is as old as the request
         offsets, found, topic_id = broker.offsets_and_identity(self.topic, at)
+        self.ctx.stats.log_seen = LogSeen(topic_id, offsets, asked)  # kept by the daemon at the run's end
         return offsets, (LogNow(topic_id, found) if at else LogNow(topic_id))
 
     def _start_early(self, channel: RunChannel, cancel_hook: Callable[[], None]) -> EarlyStart | None:
@@ -303,9 +305,13 @@ class CompactionRun:
             early = None
         stop = threading.Event()
         share = (budget, len(plan.ranges), cores)
-        poller = threading.Thread(target=self._poll_progress, args=(plan, channel, stop, share), daemon=True)
+        # A read in the driver has no throttled share to hand over, and its progress is read when asked (the
+        # progress source): no thread follows it.
+        poller = None if in_driver and tasks is not None else \
+            threading.Thread(target=self._poll_progress, args=(plan, channel, stop, share), daemon=True)
         self.ctx.set_progress_source(lambda: self._follow(plan, channel.progress()))
-        poller.start()
+        if poller is not None:
+            poller.start()
         try:
             if not (in_driver and tasks is not None):
                 self.ctx.take_slot()  # a Spark job holds a slot
@@ -327,7 +333,8 @@ class CompactionRun:
         finally:
             self.ctx.set_progress_source(None)
             stop.set()
-            poller.join()
+            if poller is not None:
+                poller.join()
         return channel.progress()
 
     def _cores(self) -> int:

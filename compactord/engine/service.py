@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from compactord.engine.run import CompactionRun
 from compactord.engine.seams import EngineResources
+from compactord.engine.sweeps import SWEEPS
 from compactord.errors import (
     CompactionAlreadyRunning,
     CompactordError,
@@ -52,8 +53,7 @@ class SparkTopicCompactionService(TopicCompactionService):
         # Ledgers a switch replaced that a pinned read opened, readable by id until the ``until`` the pointer's
         # retired list gives them (the list, not this, says which are readable: it outlives a restart).
         self._retired: dict[int, tuple[LedgerHandle, Callable[[], None]]] = {}
-        self._sweep: threading.Timer | None = None
-        self._sweep_at = 0.0
+        self._sweep_at: float | None = None  # when this topic's sweep is due (``sweeps.SWEEPS``); None: not asked
         self._closed = False  # closed with its factory: no sweep is armed again
 
     # -- the current ledger ---------------------------------------------------------------------
@@ -187,41 +187,34 @@ class SparkTopicCompactionService(TopicCompactionService):
         return delete
 
     def _arm_sweep(self, at: float) -> None:
-        """Sweep at ``at`` (UTC seconds), unless a sweep is due before then."""
+        """Sweep at ``at`` (UTC seconds), unless a sweep is due before then; on the process's one sweep thread
+        (``sweeps.SWEEPS``), never a thread of the topic's own."""
         with self._lock:
-            if self._closed:
+            if self._closed or (self._sweep_at is not None and self._sweep_at <= at):
                 return
-            if self._sweep is not None and self._sweep.is_alive() and self._sweep_at <= at:
-                return
-            if self._sweep is not None:
-                self._sweep.cancel()
             self._sweep_at = at
-            self._sweep = threading.Timer(max(0.0, at - time.time()), self._run_sweep)
-            self._sweep.daemon = True
-            self._sweep.start()
+        SWEEPS.at(at, lambda: self._run_sweep(at))
 
-    def _run_sweep(self) -> None:
+    def _run_sweep(self, at: float) -> None:
         with self._lock:
-            # This timer is due: forget it, so that the sweep arms the next one for the ledgers it leaves (a
-            # timer is alive while its function runs, and would otherwise stand for one due before theirs).
-            if self._sweep is threading.current_thread():
-                self._sweep = None
-            if self._closed:
+            # Only the sweep last asked for runs (one asked for earlier since, or the service closed, stands
+            # instead); forgotten first, so that the sweep asks for the next one for the ledgers it leaves.
+            if self._closed or self._sweep_at != at:
                 return
+            self._sweep_at = None
         try:
             self.sweep_retired()
         except CompactordError as exc:  # the root unreachable for a while, say: tried again a little later
             log.warning("retired ledgers of topic %s not swept (tried again in %gs): %s", self.topic,
                         _SWEEP_ERROR_RETRY_S, exc)
             self._arm_sweep(time.time() + _SWEEP_ERROR_RETRY_S)
-        except Exception:  # a timer thread has no caller: the next switch, read or start sweeps again
+        except Exception:  # the sweep thread has no caller: the next switch, read or start sweeps again
             log.exception("sweeping the retired ledgers of topic %s failed", self.topic)
 
     def _expire_all(self) -> None:
         with self._lock:
             retired, self._retired = self._retired, {}
-            if self._sweep is not None:
-                self._sweep.cancel()
+            self._sweep_at = None  # a sweep asked for finds it was not the last asked for, and does nothing
         for handle, _ in retired.values():
             handle.retire(lambda: None)  # the files go with the topic, or at the next sweep or start-up
 

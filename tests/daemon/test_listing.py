@@ -36,7 +36,15 @@ def topics(kafka: Any) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def daemon(launch: Any, s3_server: Any, topics: dict[str, int]) -> DaemonProcess:
+def compacted_once(kafka: Any) -> str:
+    """A topic of the first pass that one test compacts (by hand: the monitor triggers nothing)."""
+    topic = kafka.topic(prefix="lstc")
+    kafka.produce(topic, [(f"k{i}", f"v{i}") for i in range(BIG)])
+    return topic
+
+
+@pytest.fixture(scope="module")
+def daemon(launch: Any, s3_server: Any, topics: dict[str, int], compacted_once: str) -> DaemonProcess:
     prefix = f"listing-{uuid.uuid4().hex[:12]}"
     started: DaemonProcess = launch("listing", root=f"s3://{BUCKET}/{prefix}",
                                     brokerServiceCompactionMonitorIntervalInSeconds="3600",
@@ -114,6 +122,35 @@ def test_the_listing_filters_by_prefix_and_state(daemon: DaemonProcess, topics: 
     assert refused.status_code == 422 and "running, failed, behind" in refused.json()["message"], refused.text
     assert daemon.http.get("/v1/topics", params={"limit": 0}).status_code == 422
     assert daemon.http.get("/v1/topics", params={"limit": 1001}).status_code == 422
+
+
+def broker_ops(daemon: DaemonProcess) -> dict[str, float]:
+    return {labels["op"]: v for name, labels, v in metric_samples(daemon) if name == "compactord_broker_requests_total"}
+
+
+def test_a_run_s_row_is_measured_from_the_run_s_own_answer(daemon: DaemonProcess, compacted_once: str) -> None:
+    """At a run's end its topic's row shows the backlog after it (none) from what the run's planning was told of
+    the log (its id and offsets) and the configs the pass saw: the broker is not asked again (no DescribeConfigs,
+    no metadata request or ListOffsets beside the trigger's and the run's own)."""
+    def row() -> dict[str, Any]:
+        body = daemon.http.get("/v1/topics", params={"prefix": compacted_once}).json()
+        [found] = body["topics"]
+        return found  # type: ignore[no-any-return]
+
+    before = row()
+    assert before["backlog"]["records"] == BIG and before["last_compaction"]["status"] == "NOT_RUN", before
+    ops_before = broker_ops(daemon)
+    response = daemon.http.put(f"/v1/topics/{compacted_once}/compaction")
+    assert response.status_code == 202, response.text
+    wait_for(lambda: (r := row())["last_compaction"] is not None and r["last_compaction"]["status"] == "SUCCESS"
+             and r["backlog"]["records"] == 0, TASK_TIMEOUT_S, f"topic {compacted_once}'s row after its run", daemon)
+    after = row()
+    assert after["backlog"]["measured_at"] > before["backlog"]["measured_at"], (before, after)
+    ops_after = broker_ops(daemon)
+    made = {op: ops_after.get(op, 0) - ops_before.get(op, 0) for op in set(ops_before) | set(ops_after)}
+    assert made.get("describe_configs", 0) == 0, made
+    # The trigger's check that the topic exists, and the run's planning: one metadata request each.
+    assert made.get("metadata", 0) <= 2 and made.get("list_offsets", 0) <= 1, made
 
 
 WATCHED = 8  # topics of the daemon whose monitor passes every second, each compacted once by its first passes

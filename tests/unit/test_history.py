@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -12,8 +13,11 @@ import pytest
 
 from compactord.daemon.history import RunHistory, RunRecord, UnrecordedRuns
 from compactord.errors import InvalidArgument, InvalidTopicName, ObjectConflict, StorageUnavailable
+from compactord.ledger import layout
 from compactord.storage import LocalStore
 from compactord.task import CompactionTaskCtx, Reason, TaskState
+from tests.support.timeouts import STOP_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 S = TaskState
 
@@ -245,3 +249,38 @@ def test_a_topic_whose_history_objects_are_unusable_fails_alone_and_never_as_the
     waiting.record(store.append)
     assert len(waiting) == 0 and len(store.runs("prices")) == 1
     assert "topic coll: run" in caplog.text and "not recorded in the run history" in caplog.text
+
+
+class HeldStore(LocalStore):
+    """A real folder whose writes of one topic's history wait until the test lets them go (a slow disk there)."""
+
+    def __init__(self, root: Path, held: str) -> None:
+        super().__init__(root)
+        self.prefix = layout.history_prefix(held)
+        self.writing = threading.Event()
+        self.go = threading.Event()
+
+    def put(self, key: str, data: bytes) -> str:
+        if key.startswith(self.prefix):
+            self.writing.set()
+            self.go.wait()  # the test sets it, also when it fails
+        return super().put(key, data)
+
+
+def test_a_topic_s_run_is_recorded_while_another_topic_s_record_is_being_written(
+        tmp_path: Path, clock: Clock) -> None:
+    objects = HeldStore(tmp_path, "orders")
+    runs_of = RunHistory(objects, 1000, 30, clock=clock)
+    held = threading.Thread(target=runs_of.append, args=(ended("orders"),), daemon=True)
+    held.start()
+    try:
+        assert objects.writing.wait(STOP_TIMEOUT_S), "the orders run's record was not written"
+        other = threading.Thread(target=runs_of.append, args=(ended("prices"),), daemon=True)
+        other.start()
+        wait_for(lambda: not other.is_alive(), STOP_TIMEOUT_S, "the prices run recorded while the orders write is held")
+        assert [r.topic for r in runs_of.runs("prices")] == ["prices"]
+        assert held.is_alive()  # the orders write still waits
+    finally:
+        objects.go.set()
+        held.join(STOP_TIMEOUT_S)
+    assert [r.seq for r in runs_of.runs("orders")] == [1]

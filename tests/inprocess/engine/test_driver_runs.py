@@ -3,6 +3,7 @@ through a Spark job: the same ledger, row for row; a cancel or a failure in it k
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -143,3 +144,21 @@ def test_a_run_planned_out_of_its_slot_that_is_not_small_takes_a_slot_for_its_sp
     assert last.result(TASK_TIMEOUT_S) is TaskState.SUCCEED and last.stats.in_driver
     assert last.worker_done.wait(TASK_TIMEOUT_S)
     assert registry.running_count() == 0 and registry.pending_count() == 0
+
+
+def test_a_run_in_the_driver_starts_no_progress_thread(kafka, make_factory, monkeypatch):
+    """A small run read in the driver has no thread of its own following its progress: its count is read when
+    asked (a status) and once at its end."""
+    topic = kafka.topic(partitions=1)
+    kafka.produce(topic, [(f"k{i % 20}", f"v{i}") for i in range(100)])
+    service = make_factory().new_topic_compaction_service(topic)
+    followers: list[str] = []
+
+    def read(spec: dict[str, Any]) -> None:
+        followers.extend(t.name for t in threading.enumerate() if "_poll_progress" in t.name)
+        kafka_source.run_writing_tasks_in_driver(spec)
+
+    monkeypatch.setattr(run, "run_writing_tasks_in_driver", read)
+    ctx = compact(service)
+    assert ctx.stats.in_driver and followers == []
+    assert ctx.progress.records_read == 100 and ctx.stats.records_kept == 20

@@ -1,12 +1,14 @@
 """Reads pinned to a retired ledger (``ledger_id=``) through the topic's service: served until the ``until``
 the pointer's retired list gives, also by a new service on the same root after a restart; a 410
 ``ledger_retired`` (never a 500) past it or once its files are gone; the sweep deletes it, each retired ledger
-at its own ``until`` when several switches fall within one grace period."""
+at its own ``until`` when several switches fall within one grace period; the sweeps of every topic wait
+on one thread (``engine/sweeps.py``)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,10 +18,12 @@ import pytest
 from compactord.config import Settings
 from compactord.engine.factory import SparkCompactionServiceFactory
 from compactord.engine.service import SparkTopicCompactionService
+from compactord.engine.sweeps import SweepScheduler
 from compactord.errors import Fenced, LedgerRetired
 from compactord.interfaces import ServiceContext
 from compactord.ledger.reads import LedgerHandle
 from compactord.model import Position
+from tests.support.timeouts import STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 from tests.unit.ledger.test_store import make_ledger, rows
 
@@ -172,3 +176,54 @@ def test_a_sweep_due_while_a_task_of_the_topic_runs_is_tried_again_after_it(root
         assert factory.store.pointer("t").retired == ()
     finally:
         factory.close()
+
+
+def test_the_sweeps_of_many_topics_share_one_thread(root: Path) -> None:
+    """Each of many topics has a ledger waiting for its sweep (due in ten minutes): they wait on the process's one
+    sweep thread, not a thread each; a sweep due sooner, asked for since, still runs at its time."""
+    topics = 30
+    factory = open_factory(root)
+    try:
+        store = factory.store
+        before = set(threading.enumerate())
+        for i in range(topics):
+            service = factory.new_topic_compaction_service(f"t{i}")
+            switch(service, make_ledger(store, f"t{i}"))
+            switch(service, make_ledger(store, f"t{i}"))
+        assert all(store.pointer(f"t{i}").retired for i in range(topics))
+        started = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+        assert len(started) <= 1, started
+        service = factory.new_topic_compaction_service("t0")
+        [retired] = store.pointer("t0").retired
+        expire(service)
+        assert len(values(service, None)) == 10  # a read finds the until past: the sweep is due now
+        wait_for(lambda: not store.ledger_path("t0", retired.id).exists(), 60, "t0's retired ledger swept at once")
+        assert store.pointer("t1").retired  # the others wait for their time
+    finally:
+        factory.close()
+
+
+def test_the_sweep_thread_calls_in_time_order_past_a_failure_and_ends_when_none_is_left() -> None:
+    sweeps = SweepScheduler("test-sweeps")
+    called: list[str] = []
+
+    def fails() -> None:
+        called.append("fails")
+        raise RuntimeError("a sweep's own error")
+
+    asked = threading.Event()
+    now = time.time()
+    sweeps.at(now - 10, lambda: called.append("first" if asked.wait(STOP_TIMEOUT_S) else "not asked in time"))
+    try:  # the thread holds in the first call while the others are asked for, out of their order
+        sweeps.at(now + 0.3, lambda: called.append("b"))
+        sweeps.at(now, fails)
+        sweeps.at(now + 0.3, lambda: called.append("c"))  # as late as b, asked after it
+        sweeps.at(now - 5, lambda: called.append("a"))
+    finally:
+        asked.set()
+    wait_for(lambda: len(called) == 5, STOP_TIMEOUT_S, "every call made")
+    assert called == ["first", "a", "fails", "b", "c"] and sweeps.pending() == 0
+    wait_for(lambda: "test-sweeps" not in {t.name for t in threading.enumerate()}, STOP_TIMEOUT_S,
+             "the sweep thread ended")
+    sweeps.at(time.time(), lambda: called.append("d"))  # a thread again for the next
+    wait_for(lambda: called[-1] == "d", STOP_TIMEOUT_S, "the next call made")
