@@ -247,6 +247,7 @@ class Run(_Body):
     skipped: bool
     error: str | None
     error_type: str | None
+    member: str | None = Field(description="in a cluster: the advertised URL of the member that ran it")
 
 
 class History(_Body):

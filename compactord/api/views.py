@@ -370,6 +370,7 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "skipped": run.skipped,
         "error": task_error(run.error_type, run.error),
         "error_type": run.error_type,
+        "member": run.member,
     }
 
 

@@ -147,7 +147,8 @@ class Daemon:
                                     on_lost=lambda parts: self._cluster().lost(parts))
         self.store = _open_store(settings, self.metrics, membership)
         self.history = RunHistory(self.store.objects, settings.compaction_history_max_runs,
-                                  settings.compaction_history_max_age_days, ready=self.store.ready)
+                                  settings.compaction_history_max_age_days, ready=self.store.ready,
+                                  member=self.member_url or None)
         self.admin: BrokerMetadata = broker or KafkaAdmin(settings, observer=self.metrics.broker_request)
         self._broker_probe: BrokerMetadata = broker or KafkaAdmin(settings)
         # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
@@ -235,7 +236,8 @@ class Daemon:
     def _take_topic(self, topic: str) -> int:
         """Take the topic as its new owner: its epoch raised, what an earlier owner left removed, its policies
         and last success read again (``LedgerStore.take``, then the recovery hook)."""
-        self.policies.forget(topic)  # an earlier owner may have changed them
+        self.policies.forget(topic)  # an earlier owner may have changed them, and recorded runs
+        self.history.forget(topic)
         return self.store.take(topic)
 
     def _stop_topic_for_handover(self, topic: str) -> None:

@@ -33,7 +33,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from compactord.errors import CompactordError, InvalidArgument, ObjectNotFound, StorageUnavailable
+from compactord.errors import (
+    CompactordError,
+    InvalidArgument,
+    ObjectConflict,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageUnavailable,
+)
 from compactord.ledger import layout
 from compactord.storage import ObjectStore
 from compactord.task import CompactionTaskCtx, TaskState
@@ -45,6 +52,7 @@ log = logging.getLogger(__name__)
 # Runs recorded as objects of their own before they are compacted into the topic's file: what a read of the
 # history gets one by one (a list and a small get each), and how often the file is written whole.
 _PENDING_MAX = 32
+_SEQ_ATTEMPTS = 5  # run numbers tried before a record is given up as unrecordable (each lost to another writer)
 _TEXT_MAX = 2000  # an error or a reason detail longer than this is cut (a line stays small)
 DAY_S = 86400.0
 
@@ -82,6 +90,7 @@ class RunRecord:
     spilled_bytes: int = 0  # what its reading tasks wrote to local disk (a record from before: 0)
     task_cpu_ratio: float | None = None  # its reading tasks' CPU seconds per wall second (TaskStats)
     storage_requests: dict[str, int] = field(default_factory=dict)  # by operation (TaskStats; before: {})
+    member: str | None = None  # in a cluster: the advertised URL of the member that ran it
 
     @classmethod
     def of_task(cls, ctx: CompactionTaskCtx, final: TaskState) -> RunRecord:
@@ -140,17 +149,21 @@ class _FileState:
 
 class RunHistory:
     """The run histories of ``objects`` (a root's store), where ``layout.history_prefix`` puts them. Thread-safe,
-    each topic's runs recorded one at a time and beside other topics'; one writer process (the root's lock
-    holder)."""
+    each topic's runs recorded one at a time and beside other topics'. A run's object is created, never
+    overwritten: on a root a cluster shares, a topic's previous owner may record a late run while its new owner
+    records its own, and the one that finds its ``seq`` taken reads the history again and takes the next."""
 
     def __init__(self, objects: ObjectStore, max_runs: int, max_age_days: float,
-                 clock: Callable[[], float] = time.time, ready: Callable[[str], object] = layout.topic_prefix) -> None:
+                 clock: Callable[[], float] = time.time, ready: Callable[[str], object] = layout.topic_prefix,
+                 member: str | None = None) -> None:
         """``ready``: called with a topic before its history is read (``LedgerStore.ready``: the topic is
         recovered first, so that the history of a topic whose deletion a restart interrupted is not served);
-        by default, the name's check alone."""
+        by default, the name's check alone. ``member``: in a cluster, this member's advertised URL, which each
+        run it records names."""
         if max_runs < 1 or max_age_days <= 0:
             raise ValueError(f"max_runs must be >= 1 and max_age_days positive, got: {max_runs}, {max_age_days}")
         self.objects = objects
+        self.member = member
         self.max_runs = max_runs
         self.max_age_s = max_age_days * DAY_S
         self._clock = clock
@@ -190,9 +203,22 @@ class RunHistory:
         """
         topic = record.topic
         with self._lock(topic):
-            state = self._state(topic)
-            stored = replace(record, seq=state.last_seq + 1)
-            self.objects.put(layout.run_key(topic, stored.seq), _line(stored))
+            for _ in range(_SEQ_ATTEMPTS):
+                state = self._state(topic)
+                stored = replace(record, seq=state.last_seq + 1, member=self.member or record.member)
+                key = layout.run_key(topic, stored.seq)
+                try:
+                    self.objects.put_if_absent(key, _line(stored))
+                    break
+                except PreconditionFailed:  # another member recorded a run of the topic: read its history again
+                    self._files.pop(topic, None)
+                if self._state(topic).last_seq < stored.seq:  # what holds that number is no run
+                    raise ObjectConflict(f"topic {topic!r}: {self.objects.location(key)} is in the way of its run "
+                                         "history's next run, and is not a run; move it away", key=key)
+            else:
+                raise StorageUnavailable(
+                    f"topic {topic!r}: run {record.task_id} not recorded: each of {_SEQ_ATTEMPTS} run numbers tried "
+                    f"was taken by another writer of {self.objects.location(layout.history_prefix(topic))}")
             state.count += 1
             state.pending += 1
             state.last_seq = stored.seq
@@ -206,6 +232,13 @@ class RunHistory:
                     log.error("topic %s: run history %s not compacted (its %d runs are kept as objects of their "
                               "own): %s", topic, self.objects.location(self.key(topic)), state.pending, exc)
         return stored
+
+    def forget(self, topic: str) -> None:
+        """Read the topic's history again at its next use (a cluster's member that takes the topic: its previous
+        owner recorded runs since)."""
+        with self._lock(topic):
+            self._files.pop(topic, None)
+            self._last.pop(topic, None)
 
     def delete(self, topic: str) -> None:
         """Remove the topic's history (durably; missing is fine)."""

@@ -260,11 +260,11 @@ class HeldStore(LocalStore):
         self.writing = threading.Event()
         self.go = threading.Event()
 
-    def put(self, key: str, data: bytes) -> str:
+    def put_if_absent(self, key: str, data: bytes) -> str:
         if key.startswith(self.prefix):
             self.writing.set()
             self.go.wait()  # the test sets it, also when it fails
-        return super().put(key, data)
+        return super().put_if_absent(key, data)
 
 
 def test_a_topic_s_run_is_recorded_while_another_topic_s_record_is_being_written(
@@ -284,3 +284,20 @@ def test_a_topic_s_run_is_recorded_while_another_topic_s_record_is_being_written
         objects.go.set()
         held.join(STOP_TIMEOUT_S)
     assert [r.seq for r in runs_of.runs("orders")] == [1]
+
+
+def test_two_writers_of_one_topic_s_history_never_overwrite_a_run_and_each_run_names_its_member(
+        tmp_path: Path, clock: Clock) -> None:
+    # Two cluster members on one root: the topic's previous owner records a late run while its new owner,
+    # which read the history before, records its own; neither run is lost, each has a number of its own.
+    store = LocalStore(tmp_path)
+    old = RunHistory(store, 1000, 30, clock=clock, member="http://a:8642")
+    new = RunHistory(store, 1000, 30, clock=clock, member="http://b:8642")
+    first = old.append(ended())  # the old owner knows of its run 1
+    mine = new.append(ended())  # the new owner reads the history: its run is 2
+    late = old.append(ended())  # the old owner's late run finds 2 taken, reads again: 3
+    assert (first.seq, mine.seq, late.seq) == (1, 2, 3)
+    runs = RunHistory(store, 1000, 30, clock=clock).runs("orders")  # newest first
+    assert [(r.seq, r.member) for r in runs] == [(3, "http://a:8642"), (2, "http://b:8642"), (1, "http://a:8642")]
+    # A single daemon's runs name no member.
+    assert RunHistory(store, 1000, 30, clock=clock).append(ended()).member is None
