@@ -8,7 +8,12 @@ from __future__ import annotations
 import struct
 
 import pytest
-from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse, DescribeGroupsRequest, DescribeGroupsResponse
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+)
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
