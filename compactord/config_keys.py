@@ -25,6 +25,7 @@ from compactord.config_values import (
     http_url,
     int_range,
     ledger_root,
+    listener_list,
     regex,
     spark_master,
     text,
@@ -46,6 +47,7 @@ GROUPS = {
     "spark": "Spark: the engine that does the compaction",
     "scheduler": "Scheduler: when topics are compacted (the backlog monitor)",
     "http": "HTTP: the API",
+    "listener": "Kafka listener: the compacted view for any Kafka client, read-only",
     "cluster": "Cluster: several daemons sharing one ledger root, one owner per topic",
     "logging": "Logging",
 }
@@ -273,6 +275,17 @@ class Settings:
         "/metrics has series per topic (backlog, ledger, runs: docs/operations.md) while at most this many topics "
         "are matched by compactionTopicsPattern or have a folder under the root (as of the backlog monitor's last "
         "pass); past it only the totals are exported (0 = never per topic).")
+    # Kafka listener
+    kafka_listeners: str = _key("kafkaListeners", listener_list, "", "listener",
+        "Empty: no listener. PLAINTEXT://host:port: serve each compacted topic over Kafka's protocol there, read "
+        "only: a fetch at or below the topic's horizon from its ledger (original offsets), past it relayed to the "
+        "broker (docs/design.md#the-kafka-listener). SASL and TLS forms are refused (not supported yet); a "
+        "non-loopback host needs httpAuthToken or httpAllowUnauthenticated=true, as httpBindAddress does.")
+    kafka_advertised_listeners: str = _key("kafkaAdvertisedListeners", listener_list, "", "listener",
+        "The addresses Metadata answers (one for each of kafkaListeners, in order): what clients connect to. Empty: "
+        "kafkaListeners (with the port bound for port 0).")
+    kafka_max_connections: int = _key("kafkaMaxConnections", int_range(1, 100000), "1000", "listener",
+        "Open connections to the Kafka listener; one more is closed at once.")
     # Cluster
     cluster_name: str = _key("clusterName", cluster_name, "", "cluster",
         "Empty: one daemon owns the root. Set: the daemons with this name and these brokers form one cluster, "

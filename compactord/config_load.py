@@ -27,7 +27,7 @@ from compactord.config_keys import (
     PULSAR_EVENT_TIME_FACTORY,
     Settings,
 )
-from compactord.config_values import is_loopback, s3_location
+from compactord.config_values import is_loopback, listener_addresses, s3_location
 from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
@@ -79,6 +79,34 @@ def _check_http(values: dict[str, Any]) -> None:
                           "that the read token does not allow would be open)")
     if read_token and read_token == token:
         raise ConfigError("httpReadToken", "<the value of httpAuthToken>", "must differ from httpAuthToken")
+
+
+def _check_listener(values: dict[str, Any]) -> None:
+    """The Kafka listener is open by accident as the API would be: refused on a non-loopback host without a token;
+    and it relays to the broker over PLAINTEXT only."""
+    listeners = listener_addresses(values["kafka_listeners"])
+    if not listeners:
+        return
+    opened = [host for _, host, _ in listeners if not _loopback_host(host)]
+    if opened and not values["http_auth_token"] and not values["http_allow_unauthenticated"]:
+        raise ConfigError("kafkaListeners", values["kafka_listeners"], "a non-loopback address needs httpAuthToken, "
+                          "or httpAllowUnauthenticated=true to serve the compacted view open on purpose (the "
+                          "listener takes no credentials yet)")
+    if values["kafka_security_protocol"] != "PLAINTEXT":
+        raise ConfigError("kafkaListeners", values["kafka_listeners"], "empty while kafkaSecurityProtocol is "
+                          f"{values['kafka_security_protocol']}: the listener relays to the broker over PLAINTEXT "
+                          "only (not supported yet)")
+    advertised = values["kafka_advertised_listeners"]
+    if advertised and len(listener_addresses(advertised)) != len(listeners):
+        raise ConfigError("kafkaAdvertisedListeners", advertised,
+                          f"one address for each of kafkaListeners ({len(listeners)}), or empty")
+
+
+def _loopback_host(host: str) -> bool:
+    try:
+        return host == "localhost" or is_loopback(host)
+    except ValueError:  # a host name: not known to be loopback
+        return False
 
 
 def _check_s3(values: dict[str, Any]) -> None:
@@ -168,6 +196,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
             raise ConfigError(from_env[key.name], exc.value, exc.message.partition(" is invalid: ")[2]) from None
     _resolve_factory_alias(values, explicit)
     _check_http(values)
+    _check_listener(values)
     _check_s3(values)
     _check_cluster(values)
     values["spark_conf"] = spark_conf

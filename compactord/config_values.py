@@ -31,6 +31,8 @@ __all__ = [
     "int_range",
     "is_loopback",
     "ledger_root",
+    "listener_addresses",
+    "listener_list",
     "regex",
     "s3_location",
     "spark_master",
@@ -313,3 +315,33 @@ def _http_url(raw: str) -> str:
 
 http_url = Parser("an http:// or https:// URL (scheme, host, optional port and path; no query, user or "
                   "fragment), e.g. https://compactord-0.compactord:8642", _http_url)
+
+
+# A Kafka listener's address: SCHEME://host:port, the host a name, an IPv4 address, [IPv6] or empty (every address).
+_LISTENER = re.compile(r"([A-Z_]+)://([A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+_LISTENER_SCHEMES = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
+
+
+def listener_addresses(raw: str) -> list[tuple[str, str, int]]:
+    """``kafkaListeners`` (or ``kafkaAdvertisedListeners``) as (scheme, host, port): host "" for every address,
+    an IPv6 address without its brackets.
+
+    :raises Rejected: an address is not SCHEME://host:port, or its scheme is not PLAINTEXT."""
+    found = []
+    for address in (a.strip() for a in raw.split(",") if a.strip()):
+        match = _LISTENER.fullmatch(address)
+        if match is None or not 0 <= int(match[3]) <= 65535 or match[1] not in _LISTENER_SCHEMES:
+            raise Rejected(f"{address!r} is not SCHEME://host:port")
+        if match[1] != "PLAINTEXT":
+            raise Rejected(f"{match[1]} is not supported yet")
+        found.append((match[1], match[2].strip("[]"), int(match[3])))
+    return found
+
+
+def _kafka_listeners(raw: str) -> str:
+    listener_addresses(raw)
+    return ",".join(a.strip() for a in raw.split(",") if a.strip())
+
+
+listener_list = Parser("PLAINTEXT://host:port[,PLAINTEXT://host:port...] (host empty for every address; port 0 "
+                         "to 65535), or empty", _kafka_listeners)

@@ -32,6 +32,7 @@ from compactord.errors import (
     MalformedRequest,
     ServerBusy,
 )
+from compactord.listener import KafkaListener
 
 __all__ = ["EXIT_CONFIG", "EXIT_IOERR", "EXIT_SPARK_DIED", "ThreadedServer", "refuse_start", "serve"]
 
@@ -181,6 +182,11 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         # during reads and make the read API's slow tail (docs/performance.md).
         gc.freeze()
         daemon.on_warm = gc.freeze
+        try:  # the Kafka listener (kafkaListeners) serves reads from now on, as the API does
+            listener = KafkaListener(daemon).start() if settings.kafka_listeners else None
+        except CompactordError as exc:
+            daemon.shutdown()
+            return refuse_start(exc)
         daemon.start()
         scheme = "https" if settings.http_tls_cert_file else "http"
         log.info("compactord API on %s://%s:%d (ledgers in %s)", scheme, settings.http_bind_address,
@@ -188,6 +194,8 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
         try:
             server.run()
         finally:
+            if listener is not None:
+                listener.stop()
             daemon.shutdown()
         watchdog = daemon.watchdog
         if isinstance(watchdog.fatal_cause, ConfigError):  # a spark.* value the JVM refused: it would again

@@ -1,0 +1,13 @@
+"""A read-only Kafka-protocol listener (see #42): each compacted topic served to any Kafka client as its ledger up
+to the horizon, with the topic's own offsets, then as the live log, relayed from the broker.
+
+``protocol`` decodes and encodes frames (kafka-python's protocol classes), ``batches`` turns ledger entries into
+record batches, ``view`` reads the daemon's topics and ledgers, ``relay`` reaches the real broker, ``handlers``
+answers Metadata, ListOffsets and Fetch, ``server`` runs the TCP servers in a thread of their own.
+"""
+
+from __future__ import annotations
+
+from compactord.listener.server import KafkaListener
+
+__all__ = ["KafkaListener"]

@@ -1,0 +1,213 @@
+"""The answers to the requests the listener serves: Metadata (the listener as every partition's leader),
+ListOffsets (earliest from the ledger, the rest from the broker) and Fetch (at or below the horizon from the
+ledger, past it relayed to the partition's leader). Each handler takes a decoded request and gives its encoded
+answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kafka.protocol.api_key import ApiKey
+
+from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
+from compactord.listener.protocol import ERRORS, Request, encode_response, item
+from compactord.listener.relay import BrokerRelay, Leg, TopicPartition
+from compactord.listener.view import LedgerAnswer, TopicView
+
+__all__ = ["CLUSTER_ID", "NODE_ID", "Handlers", "Session"]
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+NODE_ID = 0
+CLUSTER_ID = "compactord"
+# A fetch's answer holds at most this many bytes of records, whatever the client asks (at least one record).
+MAX_FETCH_BYTES = 64 * 1024 * 1024
+# How long the broker's latest offsets, the high watermark of an answer from a ledger, are kept.
+LATEST_TTL_S = 1.0
+_EARLIEST, _LATEST = -2, -1
+
+
+@dataclass
+class Session:
+    """One connection's state: the address it reached the listener at, and the ledger each topic is pinned to
+    until the client reads past the horizon (a switch mid-read never mixes two ledgers)."""
+
+    host: str
+    port: int
+    pins: dict[str, int] = field(default_factory=dict)
+
+
+class Handlers:
+    def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor) -> None:
+        self._view = view
+        self._relay = relay
+        self._executor = executor
+        self._latest: dict[tuple[TopicPartition, int], tuple[float, int]] = {}
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def answer(self, request: Request, session: Session) -> bytes:
+        served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets, ApiKey.Fetch: self.fetch}
+        return await served[ApiKey(request.api_key)](request, session)
+
+    # -- Metadata ---------------------------------------------------------------------------------
+
+    async def metadata(self, request: Request, session: Session) -> bytes:
+        body, rc = request.body, request.response_class
+        wanted: list[str] | None = None if body.topics is None else [t.name for t in body.topics]
+        if request.version == 0 and not wanted:  # v0: an empty list asks for every topic
+            wanted = None
+        errors: dict[str, int] = {}
+        names: list[str] = wanted or []
+        if wanted is None:
+            try:
+                names = await self._call(self._view.topics)
+            except BrokerUnavailable:
+                names = []
+        topics = []
+        for name in names:
+            partitions: list[int] = []
+            try:
+                partitions = await self._call(self._view.partitions, name)
+            except TopicNotFound:
+                errors[name] = ERRORS["UNKNOWN_TOPIC_OR_PARTITION"]
+            except BrokerUnavailable:
+                errors[name] = ERRORS["LEADER_NOT_AVAILABLE"]
+            topics.append(item(rc, "topics", error_code=errors.get(name, 0), name=name, is_internal=False,
+                               partitions=[
+                item(rc, "topics.partitions", error_code=0, partition_index=p, leader_id=NODE_ID, leader_epoch=-1,
+                     replica_nodes=[NODE_ID], isr_nodes=[NODE_ID], offline_replicas=[]) for p in partitions]))
+        response = rc(throttle_time_ms=0, brokers=[item(rc, "brokers", node_id=NODE_ID, host=session.host,
+                                                        port=session.port, rack=None)],
+                      cluster_id=CLUSTER_ID, controller_id=NODE_ID, topics=topics)
+        return encode_response(request, response)
+
+    # -- ListOffsets ------------------------------------------------------------------------------
+
+    async def list_offsets(self, request: Request, session: Session) -> bytes:
+        body, rc = request.body, request.response_class
+        wanted = {(t.name, p.partition_index): p.timestamp for t in body.topics for p in t.partitions}
+        admitted = {tp: ts for tp, ts in wanted.items() if self._view.admits(tp[0])}
+        answers = await self._relay.list_offsets(admitted, body.isolation_level or 0) if admitted else {}
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for p in topic.partitions:
+                tp = (topic.name, p.partition_index)
+                answer = answers.get(tp)
+                if answer is None:
+                    error, timestamp, offset = ERRORS["UNKNOWN_TOPIC_OR_PARTITION"], -1, -1
+                else:
+                    error, timestamp, offset = answer.error_code, answer.timestamp, answer.offset
+                if error == 0 and p.timestamp == _EARLIEST:
+                    first = await self._call(self._view.first_offset, *tp)
+                    offset = first if first is not None else offset
+                partitions.append(item(rc, "topics.partitions", partition_index=p.partition_index, error_code=error,
+                                       timestamp=timestamp, offset=offset, leader_epoch=-1))
+            topics.append(item(rc, "topics", name=topic.name, partitions=partitions))
+        return encode_response(request, rc(throttle_time_ms=0, topics=topics))
+
+    # -- Fetch ------------------------------------------------------------------------------------
+
+    async def fetch(self, request: Request, session: Session) -> bytes:
+        body, rc = request.body, request.response_class
+        budget = max(1, min(body.max_bytes, MAX_FETCH_BYTES))
+        isolation = body.isolation_level or 0
+        served: dict[TopicPartition, LedgerAnswer] = {}
+        unknown: set[TopicPartition] = set()
+        failed: set[TopicPartition] = set()
+        legs: dict[TopicPartition, Leg] = {}
+        for topic in body.topics:
+            if not self._view.admits(topic.topic):
+                unknown.update((topic.topic, p.partition) for p in topic.partitions)
+                continue
+            for p in topic.partitions:
+                tp = (topic.topic, p.partition)
+                answer = None
+                if budget > 0:
+                    try:
+                        answer = await self._call(self._view.read, topic.topic, p.partition, p.fetch_offset,
+                                                  min(p.partition_max_bytes, budget), session.pins.get(topic.topic))
+                    except CompactordError as exc:  # the store down, a ledger that fails its check: retried
+                        log.warning("Kafka listener: partition %d of %s not read: %s", p.partition, topic.topic, exc)
+                        failed.add(tp)
+                        continue
+                if answer is None:
+                    legs[tp] = Leg(p.fetch_offset, p.partition_max_bytes)
+                    continue
+                served[tp] = answer
+                session.pins[topic.topic] = answer.ledger_id
+                budget -= len(answer.records)
+            if all((topic.topic, p.partition) in legs for p in topic.partitions):
+                session.pins.pop(topic.topic, None)  # past the horizon everywhere: the next read takes the current
+        latest = await self._latest_offsets(list(served), isolation) if served else {}
+        relayed = {}
+        if legs:
+            relayed = await self._relay.fetch(legs, max_wait_ms=0 if served else body.max_wait_ms,
+                                              min_bytes=0 if served else body.min_bytes,
+                                              max_bytes=max(1, budget), isolation_level=isolation)
+        responses = []
+        for topic in body.topics:
+            partitions = []
+            for p in topic.partitions:
+                tp = (topic.topic, p.partition)
+                if tp in served:
+                    partitions.append(self._from_ledger(rc, p.partition, served[tp], latest.get(tp), isolation))
+                elif tp in relayed:
+                    partitions.append(_relayed(rc, relayed[tp]))
+                else:
+                    error = "UNKNOWN_TOPIC_OR_PARTITION" if tp in unknown \
+                        else "KAFKA_STORAGE_ERROR" if tp in failed else "LEADER_NOT_AVAILABLE"
+                    partitions.append(item(rc, "responses.partitions", partition_index=p.partition,
+                                           error_code=ERRORS[error], high_watermark=-1, last_stable_offset=-1,
+                                           log_start_offset=-1, aborted_transactions=None,
+                                           preferred_read_replica=-1, records=None))
+            responses.append(item(rc, "responses", topic=topic.topic, partitions=partitions))
+        response = rc(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
+        return encode_response(request, response)
+
+    @staticmethod
+    def _from_ledger(rc: Any, partition: int, answer: LedgerAnswer, latest: int | None, isolation: int) -> Any:
+        # The high watermark is the broker's (a consumer's lag and end of partition are the log's); at least the
+        # offset after the horizon, which the ledger's answer carries the consumer to.
+        end = max(latest if latest is not None else -1, answer.horizon + 1)
+        return item(rc, "responses.partitions", partition_index=partition, error_code=0, high_watermark=end,
+                    last_stable_offset=end, log_start_offset=answer.log_start,
+                    aborted_transactions=[] if isolation else None, preferred_read_replica=-1,
+                    records=answer.records)
+
+    async def _latest_offsets(self, tps: list[TopicPartition], isolation: int) -> dict[TopicPartition, int]:
+        """The broker's latest offsets of ``tps`` (kept ``LATEST_TTL_S``); a partition the broker did not answer
+        for is left out."""
+        now = time.monotonic()
+        found = {tp: kept[1] for tp in tps if (kept := self._latest.get((tp, isolation))) and now - kept[0] < LATEST_TTL_S}
+        missing = [tp for tp in tps if tp not in found]
+        if missing:
+            answers = await self._relay.list_offsets(dict.fromkeys(missing, _LATEST), isolation)
+            for tp, answer in answers.items():
+                if answer.error_code == 0:
+                    found[tp] = answer.offset
+                    self._latest[(tp, isolation)] = (now, answer.offset)
+        return found
+
+
+def _relayed(rc: Any, answer: Any) -> Any:
+    """The broker's answer for a partition, in the client's version: its record batches as they are."""
+    aborted = answer.aborted_transactions
+    if aborted is not None:
+        aborted = [item(rc, "responses.partitions.aborted_transactions", producer_id=a.producer_id,
+                        first_offset=a.first_offset) for a in aborted]
+    return item(rc, "responses.partitions", partition_index=answer.partition_index, error_code=answer.error_code,
+                high_watermark=answer.high_watermark, last_stable_offset=answer.last_stable_offset,
+                log_start_offset=answer.log_start_offset, aborted_transactions=aborted,
+                preferred_read_replica=-1, records=answer.records)

@@ -1,0 +1,197 @@
+"""The listener's TCP servers: one asyncio event loop in a thread of its own, a server per address of
+``kafkaListeners``, each connection's requests answered in order (as a broker answers them). Bounds: at most
+``kafkaMaxConnections`` connections (one more is closed at once), a request frame of at most
+``MAX_REQUEST_BYTES``; a frame that is larger, or that does not decode, closes its own connection only, with
+one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+
+from compactord.config_values import listener_addresses
+from compactord.errors import ConfigError
+from compactord.listener.handlers import Handlers, Session
+from compactord.listener.protocol import (
+    REFUSED,
+    SERVED,
+    MalformedFrame,
+    Request,
+    api_versions,
+    decode_request,
+    refusal,
+    unsupported,
+)
+from compactord.listener.relay import BrokerRelay
+from compactord.listener.view import ListenerHost, TopicView
+
+__all__ = ["MAX_REQUEST_BYTES", "KafkaListener"]
+
+log = logging.getLogger(__name__)
+
+# The largest request frame read: a Fetch of thousands of partitions is far below it; a produce the listener
+# refuses anyway may be above it, and closes its connection.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+_SIZE = struct.Struct(">i")
+_START_TIMEOUT_S = 30.0
+
+
+class _Failed(Exception):
+    """A request whose handler failed: the connection it came on is closed."""
+
+
+class KafkaListener:
+    """Serves the compacted view over Kafka's protocol while started; ``start`` binds every address (a bind that
+    fails raises, naming the address), ``stop`` closes the servers and their connections."""
+
+    def __init__(self, host: ListenerHost) -> None:
+        settings = host.settings
+        self._binds = listener_addresses(settings.kafka_listeners)
+        advertised = listener_addresses(settings.kafka_advertised_listeners) \
+            if settings.kafka_advertised_listeners else self._binds
+        if len(advertised) != len(self._binds):
+            raise ConfigError("kafkaAdvertisedListeners", settings.kafka_advertised_listeners,
+                              f"one address for each of kafkaListeners ({len(self._binds)})")
+        self._advertised = advertised
+        self._max_connections = settings.kafka_max_connections
+        self._connections = 0
+        self._refusing = False
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kafka-listener")
+        self._relay = BrokerRelay(settings.kafka_bootstrap_servers, settings.kafka_client_id,
+                                  settings.kafka_request_timeout_ms / 1000)
+        self._handlers = Handlers(TopicView(host), self._relay, self._executor)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._servers: list[asyncio.Server] = []
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.ports: list[int] = []
+
+    def start(self) -> KafkaListener:
+        """:raises ConfigError: an address of kafkaListeners cannot be bound (in use, not this host's)."""
+        started: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="kafka-listener", daemon=True)
+        self._thread.start()
+        try:
+            started.result(_START_TIMEOUT_S)
+        except OSError as exc:
+            self.stop()
+            raise ConfigError("kafkaListeners", ",".join(f"PLAINTEXT://{h}:{p}" for _, h, p in self._binds),
+                              f"addresses this host can listen on ({exc.strerror or exc})") from exc
+        for (_, host, port), bound in zip(self._advertised, self.ports, strict=True):
+            log.info("Kafka listener on %s:%d (read-only; advertised as %s:%d)", host or "0.0.0.0", bound, host,
+                     port or bound)
+        return self
+
+    def _run(self, started: Future[None]) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._bind())
+        except OSError as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(None)
+        self._loop.run_forever()
+
+    async def _bind(self) -> None:
+        for index, (_, host, port) in enumerate(self._binds):
+            server = await asyncio.start_server(functools.partial(self._connection, index=index), host or None,
+                                                port, reuse_address=True)
+            self._servers.append(server)
+            self.ports.append(server.sockets[0].getsockname()[1])
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(_START_TIMEOUT_S)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(_START_TIMEOUT_S)
+        self._thread = None
+        if not self._loop.is_running():
+            self._loop.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for writer in list(self._writers):
+            writer.close()
+        self._relay.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one connection ---------------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        peer = writer.get_extra_info("peername")
+        if self._connections >= self._max_connections:
+            if not self._refusing:  # once until the count falls below the bound again
+                log.warning("Kafka listener: kafkaMaxConnections=%d connections are open; refusing more",
+                            self._max_connections)
+                self._refusing = True
+            writer.close()
+            return
+        self._connections += 1
+        self._writers.add(writer)
+        _, host, port = self._advertised[index]
+        session = Session(host or "127.0.0.1", port or self.ports[index])
+        try:
+            while True:
+                frame = await self._frame(reader, peer)
+                if frame is None:
+                    return
+                answer = await self._answer(decode_request(frame), session)
+                writer.write(answer)
+                await writer.drain()
+        except MalformedFrame as exc:
+            log.warning("Kafka listener: connection from %s closed: %s", peer, exc)
+        except _Failed:
+            pass  # logged with its traceback
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        finally:
+            self._connections -= 1
+            if self._connections < self._max_connections:
+                self._refusing = False
+            self._writers.discard(writer)
+            writer.close()
+
+    @staticmethod
+    async def _frame(reader: asyncio.StreamReader, peer: Any) -> bytes | None:
+        """The next request frame; None at the end of the stream.
+
+        :raises MalformedFrame: its size is not positive or above ``MAX_REQUEST_BYTES``."""
+        head = await reader.read(_SIZE.size)
+        if not head:
+            return None
+        if len(head) < _SIZE.size:
+            head += await reader.readexactly(_SIZE.size - len(head))
+        (size,) = _SIZE.unpack(head)
+        if not 0 < size <= MAX_REQUEST_BYTES:
+            raise MalformedFrame(f"a frame of {size} bytes (at most {MAX_REQUEST_BYTES})")
+        return await reader.readexactly(size)
+
+    async def _answer(self, request: Request, session: Session) -> bytes:
+        key = request.api_key
+        if key == ApiKey.ApiVersions:
+            return api_versions(request)
+        if request.body is None:  # an API or a version the listener does not serve
+            return unsupported(request)
+        if key in REFUSED:
+            return refusal(request)
+        assert key in SERVED
+        try:
+            return await self._handlers.answer(request, session)
+        except Exception as exc:  # a defect: its traceback, and the connection closed (the client connects again)
+            log.exception("Kafka listener: %s v%d failed", request.api_name, request.version)
+            raise _Failed from exc

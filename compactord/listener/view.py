@@ -1,0 +1,160 @@
+"""What the listener asks of the daemon, in the daemon's own terms: the topics it compacts (those on the broker
+that ``compactionTopicsPattern`` admits), their partitions, and pages of each topic's current (or pinned)
+ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_page``,
+above the partition's log start). Every method blocks (broker requests, ledger reads): the listener calls them
+in its executor, never on its event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from compactord.errors import BrokerUnavailable, LedgerRetired, NotCompacted, TopicNotFound
+from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
+from compactord.model import Position
+
+if TYPE_CHECKING:
+    from compactord.config import Settings
+    from compactord.interfaces import BrokerMetadata, TopicCompactionService
+
+__all__ = ["LedgerAnswer", "ListenerHost", "TopicView"]
+
+# How long the broker's topic list and a topic's partitions are kept: a Metadata request every few seconds per
+# client asks the broker at most this often.
+TOPICS_TTL_S = 5.0
+# Entries read per page: the page's bytes bound it first, for all but tiny records.
+PAGE_ENTRIES = 10_000
+
+
+class _Registry(Protocol):
+    def existing_service(self, topic: str) -> TopicCompactionService | None: ...
+
+
+class _Monitor(Protocol):
+    def watches(self, topic: str) -> bool: ...
+
+    def log_starts(self, topic: str) -> dict[int, int]: ...
+
+
+class ListenerHost(Protocol):
+    """The parts of the daemon the listener reads (``compactord.daemon.core.Daemon`` has them)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def admin(self) -> BrokerMetadata: ...
+
+    @property
+    def registry(self) -> _Registry: ...
+
+    @property
+    def monitor(self) -> _Monitor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerAnswer:
+    """A partition's part of a fetch served from a ledger: ``records`` (record batches) hold the entries from the
+    fetch offset on and, once the ledger has nothing more, an empty batch up to the horizon."""
+
+    ledger_id: int
+    horizon: int
+    records: bytes
+    log_start: int
+
+
+class TopicView:
+    def __init__(self, host: ListenerHost) -> None:
+        self._host = host
+        self._lock = threading.Lock()
+        self._topics: tuple[float, list[str]] | None = None
+        self._partitions: dict[str, tuple[float, list[int]]] = {}
+
+    def topics(self) -> list[str]:
+        """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old).
+
+        :raises BrokerUnavailable: the broker did not answer and no earlier answer is kept."""
+        with self._lock:
+            kept = self._topics
+        if kept is not None and time.monotonic() - kept[0] < TOPICS_TTL_S:
+            return kept[1]
+        try:
+            found = [t for t in self._host.admin.list_topics() if self._host.monitor.watches(t)]
+        except BrokerUnavailable:
+            if kept is None:
+                raise
+            return kept[1]
+        with self._lock:
+            self._topics = (time.monotonic(), found)
+        return found
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partitions, if the daemon compacts it.
+
+        :raises TopicNotFound: not on the broker, or not admitted by compactionTopicsPattern.
+        :raises BrokerUnavailable: the broker did not answer and no earlier answer is kept."""
+        if not self._host.monitor.watches(topic):
+            raise TopicNotFound(topic)
+        with self._lock:
+            kept = self._partitions.get(topic)
+        if kept is not None and time.monotonic() - kept[0] < TOPICS_TTL_S:
+            return kept[1]
+        try:
+            found = self._host.admin.partitions(topic)
+        except BrokerUnavailable:
+            if kept is None:
+                raise
+            return kept[1]
+        with self._lock:
+            self._partitions[topic] = (time.monotonic(), found)
+        return found
+
+    def admits(self, topic: str) -> bool:
+        return self._host.monitor.watches(topic)
+
+    def first_offset(self, topic: str, partition: int) -> int | None:
+        """The first offset the topic's current ledger holds for ``partition`` at or above its log start; None
+        without a ledger, or with no entry there."""
+        service = self._host.registry.existing_service(topic)
+        if service is None:
+            return None
+        start = self._host.monitor.log_starts(topic).get(partition, 0)
+        try:
+            page = service.read_compacted_page(Position(partition, start), 1)
+        except NotCompacted:
+            return None
+        if partition not in page.ledger.horizon or not page.entries:
+            return None
+        return page.entries[0].offset
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, pin: int | None) -> LedgerAnswer | None:
+        """The part of a fetch at ``offset`` that the ledger serves: from the pinned ledger (``pin``; the current
+        one once the pinned one is retired, or without a pin), None where the ledger does not serve it (no
+        ledger, the partition not in it, ``offset`` or the partition's log start past its horizon): the broker
+        does."""
+        service = self._host.registry.existing_service(topic)
+        if service is None:
+            return None
+        try:
+            manifest = service.ledger_info(pin)
+        except LedgerRetired:
+            manifest = service.ledger_info(None)
+        if manifest is None or partition not in manifest.horizon or offset > manifest.horizon[partition]:
+            return None
+        horizon = manifest.horizon[partition]
+        log_start = self._host.monitor.log_starts(topic).get(partition, 0)
+        start = max(offset, log_start)
+        if start > horizon:  # retention passed the horizon: what is left is the live log's
+            return None
+        page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=manifest.ledger_id,
+                                           max_bytes=max(1, max_bytes))
+        entries = [e for e in page.entries if e.offset <= horizon]
+        records = entries_batches(entries)
+        if not page.truncated and len(page.entries) < PAGE_ENTRIES:
+            after = entries[-1].offset + 1 if entries else start
+            if after <= horizon:
+                records += empty_batch(after, min(horizon, after + MAX_DELTA))
+        return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)

@@ -1,0 +1,51 @@
+"""Ledger entries encoded as record batches by ``listener/batches.py``, decoded back with kafka-python's reader
+(``MemoryRecords``): original offsets with their gaps, keys, values, tombstones, headers and timestamps; an empty
+batch that carries a reader to the horizon."""
+
+from __future__ import annotations
+
+from kafka.record.memory_records import MemoryRecords
+
+from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
+from compactord.model import Entry
+
+
+def _decoded(data: bytes) -> list[tuple[int, int, int, list[tuple[int, bytes | None, bytes | None, int, list]]]]:
+    """Each batch as (base offset, last offset, crc valid, its records as (offset, key, value, timestamp, headers))."""
+    batches = []
+    records = MemoryRecords(data)
+    while records.has_next():
+        batch = records.next_batch()
+        batches.append((batch.base_offset, batch.last_offset, batch.validate_crc(),
+                        [(r.offset, r.key, r.value, r.timestamp, list(r.headers)) for r in batch]))
+    return batches
+
+
+def test_entries_keep_their_offsets_keys_values_tombstones_headers_and_timestamps() -> None:
+    entries = [Entry(0, 3, b"a", b"1", timestamp=1000, headers=(("h", b"x"), ("n", None))),
+               Entry(0, 17, b"b", None, timestamp=900),  # a tombstone, older than the record before it
+               Entry(0, 40, b"c", b"", timestamp=5000)]
+
+    batches = _decoded(entries_batches(entries))
+
+    assert batches == [(3, 40, True, [(3, b"a", b"1", 1000, [("h", b"x"), ("n", None)]),
+                                      (17, b"b", None, 900, []), (40, b"c", b"", 5000, [])])]
+
+
+def test_offsets_further_apart_than_an_int32_delta_go_into_another_batch() -> None:
+    entries = [Entry(0, 5, b"a", b"1", timestamp=1), Entry(0, 5 + MAX_DELTA + 1, b"b", b"2", timestamp=2)]
+
+    batches = _decoded(entries_batches(entries))
+
+    assert [(base, last, [r[0] for r in recs]) for base, last, _, recs in batches] == [
+        (5, 5, [5]), (5 + MAX_DELTA + 1, 5 + MAX_DELTA + 1, [5 + MAX_DELTA + 1])]
+
+
+def test_no_entries_make_no_batch() -> None:
+    assert entries_batches([]) == b""
+
+
+def test_an_empty_batch_spans_to_the_horizon() -> None:
+    batches = _decoded(entries_batches([Entry(0, 2, b"k", b"v", timestamp=1)]) + empty_batch(3, 99))
+
+    assert batches == [(2, 2, True, [(2, b"k", b"v", 1, [])]), (3, 99, True, [])]
