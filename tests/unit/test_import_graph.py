@@ -143,7 +143,7 @@ LAYERS: dict[str, int] = {
     # the stores, the broker (the bundled one too), the cluster's membership and the daemon's HTTP client
     **dict.fromkeys(("storage", "ledger", "kafka", "cluster", "embedded", "client"), 1),
     # one run, and the readers of its ledgers
-    **dict.fromkeys(("engine", "compacted_reader"), 2),
+    **dict.fromkeys(("engine", "compacted_reader", "iceberg"), 2),
     "daemon": 3,
     "api": 4,
     # the process: uvicorn serving the API, signals, exit codes
