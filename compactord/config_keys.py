@@ -23,6 +23,8 @@ from compactord.config_values import (
     float_range,
     host_list,
     http_url,
+    iceberg_catalog_uri,
+    iceberg_namespace,
     int_range,
     ledger_root,
     listener_list,
@@ -49,6 +51,7 @@ GROUPS = {
     "http": "HTTP: the API",
     "listener": "Kafka listener: the compacted view for any Kafka client, read-only",
     "cluster": "Cluster: several daemons sharing one ledger root, one owner per topic",
+    "iceberg": "Iceberg: the compacted view published as an Apache Iceberg table (the [iceberg] extra)",
     "logging": "Logging",
 }
 
@@ -306,6 +309,17 @@ class Settings:
     cluster_tls_ca_file: str = _key("clusterTlsCaFile", text, "", "cluster",
         "CA bundle (PEM) to verify the other members' HTTPS certificates; empty = the system's. A file that "
         "cannot be read refuses the start.")
+    # Iceberg
+    iceberg_catalog_uri: str = _key("icebergCatalogUri", iceberg_catalog_uri, "", "iceberg",
+        "Empty: off. Set: after each switch, the topic's new ledger is committed as one snapshot of the Iceberg "
+        "table (icebergNamespace, TOPIC) of this SQL catalog, referencing the ledger's part files in place (a "
+        "local ledger root only). A SQLite file serves one daemon. Never shown in logs or /v1/info (file:/path "
+        "reads it from a file).", secret=True)
+    iceberg_namespace: str = _key("icebergNamespace", iceberg_namespace, "compactord", "iceberg",
+        "The catalog namespace of the topics' tables; a topic's table is named as the topic, exactly.")
+    iceberg_snapshots_retained: int = _key("icebergSnapshotsRetained", int_range(1, 10_000), "5", "iceberg",
+        "Snapshots of this many ledgers stay in each table (older ones are expired; time travel to a ledger "
+        "reads its files, which exist for compactionRetiredLedgerGraceSeconds after its replacement).")
     # Logging
     log_format: str = _key("logFormat", choice("text", "json"), "text", "logging",
         "text or json (one object a line).")

@@ -28,6 +28,8 @@ __all__ = [
     "float_range",
     "host_list",
     "http_url",
+    "iceberg_catalog_uri",
+    "iceberg_namespace",
     "int_range",
     "is_loopback",
     "ledger_root",
@@ -345,3 +347,42 @@ def _kafka_listeners(raw: str) -> str:
 
 listener_list = Parser("PLAINTEXT://host:port[,PLAINTEXT://host:port...] (host empty for every address; port 0 "
                          "to 65535), or empty", _kafka_listeners)
+
+
+class _SecretParser(Parser[T]):
+    """A parser whose errors never show the value (a catalog URI may hold a database password)."""
+
+    def __call__(self, key: str, raw: str) -> T:
+        try:
+            return self.convert(raw)
+        except Rejected as exc:
+            problem = f"{exc.what}: expected" if exc.what else "expected"
+            raise ConfigError(key, "<not shown>", f"{problem} {self.allowed}") from None
+
+
+_SQL_CATALOG = re.compile(r"(sqlite|postgresql)(\+[a-z0-9_]+)?://.+")
+
+
+def _iceberg_catalog_uri(raw: str) -> str:
+    value = raw.strip()
+    if value.startswith(("http://", "https://")):
+        raise Rejected("a REST catalog is not supported yet")
+    if not _SQL_CATALOG.fullmatch(value):
+        raise Rejected()
+    return value
+
+
+iceberg_catalog_uri = _SecretParser(
+    "a SQL catalog's SQLAlchemy URL: sqlite:////PATH/catalog.db (one daemon) or postgresql://USER:PASSWORD@HOST/DB "
+    "(file:/path reads it from a file), or empty (off)", _iceberg_catalog_uri)
+
+
+def _iceberg_namespace(raw: str) -> str:
+    value = raw.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}", value):
+        raise Rejected()
+    return value
+
+
+iceberg_namespace = Parser("letters, digits, '_' and '-' (1 to 128, not starting with '-'): one level of the "
+                           "catalog's namespaces", _iceberg_namespace)

@@ -48,6 +48,7 @@ from compactord.errors import (
     PluginLoadError,
     StorageUnavailable,
 )
+from compactord.iceberg import open_publisher
 from compactord.interfaces import (
     BrokerMetadata,
     CompactionServiceFactory,
@@ -154,6 +155,8 @@ class Daemon:
         # The reads' identity checks have a client of their own: they never queue behind a monitor pass.
         self._identity_broker: BrokerMetadata = broker or KafkaAdmin(settings)
         try:
+            self.iceberg = open_publisher(settings, self.store,
+                                          lambda topic, lag: self.metrics.iceberg_lag.labels(topic).set(lag))
             self.factory = load_factory(settings)
             self.factory.initialize(ServiceContext(settings, spark=spark, store=self.store, broker=self.admin))
         except BaseException:
@@ -335,6 +338,8 @@ class Daemon:
         self.metrics.task_ended(ctx)
         if ctx.state.value == "Succeed":
             self.runs.succeeded(ctx)
+            if self.iceberg is not None:  # its table committed on the publisher's thread, never this one's
+                self.iceberg.switched(ctx.topic)
             if self._keep_run_view(ctx):  # on the run's thread: no request, nothing to wait for
                 return
         threading.Thread(target=self._refresh_after_task, args=(ctx,), name="refresh", daemon=True).start()

@@ -239,6 +239,9 @@ class Metrics:
             "compactord_task_cpu_ratio",
             "The topic's last compaction's reading tasks: CPU seconds per wall second, summed over the tasks "
             "(near 1: each had a core; far below: they waited for one, or for the broker)", ["topic"], registry=r)
+        self.iceberg_lag = _TopicGauge(
+            "compactord_iceberg_lag_ledgers", "Switches of the topic not yet committed to its Iceberg table "
+            "(icebergCatalogUri): 0 when the table's snapshot is the current ledger", ["topic"], registry=r)
         self.monitor_runs = Counter("compactord_monitor_runs", "Backlog monitor passes", ["result"], registry=r)
         self.broker_requests = Counter(
             "compactord_broker_requests", "Requests of the daemon's broker client (the monitor, the API's topic checks, "

@@ -44,7 +44,8 @@ def test_key_names_are_unique_and_not_spark_keys() -> None:
 
 @pytest.mark.parametrize("key", KEYS, ids=lambda key: key.name)
 def test_each_key_has_a_group_and_a_doc(key: config.Key) -> None:
-    groups = ("broker", "storage", "compaction", "spark", "scheduler", "http", "listener", "cluster", "logging")
+    groups = ("broker", "storage", "compaction", "spark", "scheduler", "http", "listener", "cluster", "iceberg",
+              "logging")
     assert key.group in groups
     assert key.doc.strip()
 

@@ -142,8 +142,9 @@ LAYERS: dict[str, int] = {
                      "event_time", "refs", "model", "task", "task_report", "interfaces"), 0),
     # the stores, the broker (the bundled one too), the cluster's membership and the daemon's HTTP client
     **dict.fromkeys(("storage", "ledger", "kafka", "cluster", "embedded", "client"), 1),
-    # one run, and the readers of its ledgers (the Kafka listener too, which the daemon's runner starts)
-    **dict.fromkeys(("engine", "compacted_reader", "listener"), 2),
+    # one run, and the readers of its ledgers (the Kafka listener too, which the daemon's runner starts; the Iceberg
+    # table's publisher)
+    **dict.fromkeys(("engine", "compacted_reader", "listener", "iceberg"), 2),
     "daemon": 3,
     "api": 4,
     # the process: uvicorn serving the API, signals, exit codes
