@@ -167,7 +167,8 @@ def _info(body: dict[str, Any]) -> None:
     broker = body.get("broker") or {}
     print(f"version       {_s(body.get('version'))}\n"
           f"broker        {_s(broker.get('bootstrap'))}{' (embedded)' if broker.get('embedded') else ''}\n"
-          f"ledger root   {_s(body.get('ledger_root'))}\nspark master  {_s(body.get('spark_master'))}")
+          f"ledger root   {_s(body.get('ledger_root'))}\nspark master  {_s(body.get('spark_master'))}\n"
+          f"kafka listener {_s(body.get('kafka_listeners'))}")
 
 
 def _cluster(body: dict[str, Any]) -> None:

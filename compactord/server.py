@@ -23,7 +23,7 @@ from compactord.api.views import error_response
 from compactord.config import Settings, start_warnings
 from compactord.daemon.core import Daemon
 from compactord.daemon.logs import configure_logging
-from compactord.embedded import EmbeddedBroker, free_port
+from compactord.embedded import EmbeddedBroker, free_port, port_is_free
 from compactord.errors import (
     CompactordError,
     ConfigError,
@@ -40,6 +40,8 @@ log = logging.getLogger("compactord")
 #: A bad config value: the same start would fail again, so the systemd unit does not restart (its
 #: ``RestartPreventExitStatus``).
 EXIT_CONFIG = 2
+#: The Kafka listener of ``run --embedded-broker`` (on loopback), when the port is free.
+EMBEDDED_LISTENER_PORT = 9094
 #: ``EX_IOERR``: the ledger root cannot be written at start; a disk not mounted yet may come back, so the
 #: unit restarts a few times (``StartLimitBurst``) before it gives up.
 EXIT_IOERR = 74
@@ -165,6 +167,9 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
             settings = settings.with_overrides(kafka_bootstrap_servers=broker.bootstrap)
             log.info("embedded broker at %s: produce there (bootstrap servers of any Kafka client); memory "
                      "storage: its topics vanish when it stops", broker.bootstrap)
+            if not settings.kafka_listeners:  # the trial reads its view with any Kafka client too, on loopback
+                port = EMBEDDED_LISTENER_PORT if port_is_free(EMBEDDED_LISTENER_PORT) else free_port()
+                settings = settings.with_overrides(kafka_listeners=f"PLAINTEXT://127.0.0.1:{port}")
         _warnings(settings)
         try:
             daemon = Daemon(settings)

@@ -143,6 +143,8 @@ class Info(_Body):
     broker: InfoBroker
     ledger_root: str
     spark_master: str
+    kafka_listeners: str | None = Field(description="the Kafka listener's advertised addresses (kafkaListeners; "
+                                                    "null: off): any Kafka client reads the compacted views there")
 
 
 class ClusterMember(_Body):

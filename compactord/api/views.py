@@ -135,7 +135,8 @@ def info_json(daemon: Daemon) -> dict[str, Any]:
     settings = daemon.settings
     return {"version": __version__,
             "broker": {"bootstrap": settings.kafka_bootstrap_servers, "embedded": daemon.embedded_broker},
-            "ledger_root": daemon.store.location, "spark_master": settings.spark_master}
+            "ledger_root": daemon.store.location, "spark_master": settings.spark_master,
+            "kafka_listeners": settings.kafka_advertised_listeners or settings.kafka_listeners or None}
 
 
 def cluster_json(daemon: Daemon) -> dict[str, Any]:

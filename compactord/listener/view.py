@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from compactord.errors import BrokerUnavailable, LedgerRetired, NotCompacted, TopicNotFound
+from compactord.errors import BrokerUnavailable, LedgerRetired, NotCompacted, StorageUnavailable, TopicNotFound
 from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
 from compactord.model import Position
 
@@ -33,8 +33,15 @@ class _Registry(Protocol):
     def existing_service(self, topic: str) -> TopicCompactionService | None: ...
 
 
+class _Store(Protocol):
+    def topics(self) -> list[str]: ...
+
+
 class _Monitor(Protocol):
     def watches(self, topic: str) -> bool: ...
+
+    @property
+    def ignored(self) -> frozenset[str]: ...
 
     def log_starts(self, topic: str) -> dict[int, int]: ...
 
@@ -53,6 +60,9 @@ class ListenerHost(Protocol):
 
     @property
     def monitor(self) -> _Monitor: ...
+
+    @property
+    def store(self) -> _Store: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,8 @@ class TopicView:
         self._partitions: dict[str, tuple[float, list[int]]] = {}
 
     def topics(self) -> list[str]:
-        """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old).
+        """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old): those
+        compactionTopicsPattern admits, and those with a ledger (compacted when asked), never an ignored one.
 
         :raises BrokerUnavailable: the broker did not answer and no earlier answer is kept."""
         with self._lock:
@@ -82,8 +93,9 @@ class TopicView:
         if kept is not None and time.monotonic() - kept[0] < TOPICS_TTL_S:
             return kept[1]
         try:
-            found = [t for t in self._host.admin.list_topics() if self._host.monitor.watches(t)]
-        except BrokerUnavailable:
+            on_root = set(self._host.store.topics()) - self._host.monitor.ignored
+            found = [t for t in self._host.admin.list_topics() if self._host.monitor.watches(t) or t in on_root]
+        except (BrokerUnavailable, StorageUnavailable):
             if kept is None:
                 raise
             return kept[1]

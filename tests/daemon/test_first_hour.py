@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from compactord import __version__
 from tests.conftest import Kafka
@@ -118,6 +119,9 @@ def test_info_names_the_embedded_broker_printed_at_start(daemon: DaemonProcess, 
     assert f"embedded broker at {bootstrap}: produce there" in daemon.log_text()
     table = ok(cli(daemon, "info"))
     assert f"broker        {bootstrap} (embedded)" in table and __version__ in table
+    # the trial's Kafka listener, on loopback: any Kafka client reads the compacted views there
+    assert re.fullmatch(r"PLAINTEXT://127\.0\.0\.1:\d+", info["kafka_listeners"]), info
+    assert f"kafka listener {info['kafka_listeners']}" in table
 
 
 def test_quick_start_demo_then_topics_status_read(daemon: DaemonProcess, info: dict[str, Any]) -> None:
@@ -137,6 +141,26 @@ def test_quick_start_demo_then_topics_status_read(daemon: DaemonProcess, info: d
     # a compaction takes the backlog to 0, and the listing says so right after it (not a monitor later)
     assert "status    SUCCESS" in ok(cli(daemon, "compact", DEMO, "--wait"))
     assert topic_row(daemon, DEMO)["backlog"] == "0"
+
+    # the same view through the trial's Kafka listener, with a Kafka client
+    listener = info["kafka_listeners"].removeprefix("PLAINTEXT://")
+    consumer = Consumer({"bootstrap.servers": listener, "group.id": "unused", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(DEMO, 0, 0)])
+        read: list[tuple[str, bool]] = []  # (key, live): a tombstone the ledger keeps comes too
+        while True:
+            message = consumer.poll(READY_TIMEOUT_S)
+            assert message is not None, "no end of partition through the listener"
+            if message.error() is not None:
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                break
+            read.append((message.key().decode(), message.value() is not None))
+    finally:
+        consumer.close()
+    view = [line.split() for line in ok(cli(daemon, "read", DEMO, "--partition", "0")).splitlines()[1:]]
+    assert {key for key, live in read if live} == {row[2] for row in view}
+    assert len(read) == len({key for key, _ in read})  # one record a symbol
 
 
 # -- 3. an honest topic list, one answer for unknown names ------------------------------------------
