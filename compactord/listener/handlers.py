@@ -1,6 +1,6 @@
 """The answers to the requests the listener serves: Metadata (the listener as every partition's leader),
-ListOffsets (earliest from the ledger, the rest from the broker) and Fetch (at or below the horizon from the
-ledger, past it relayed to the partition's leader). Each handler takes a decoded request and gives its encoded
+ListOffsets (earliest from the ledger, the rest from the broker), Fetch (at or below the horizon from the
+ledger, past it relayed to the partition's leader) and the consumer groups' requests (``groups``). Each handler takes a decoded request and gives its encoded
 answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
 """
 
@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 from kafka.protocol.api_key import ApiKey
 
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
-from compactord.listener.protocol import ERRORS, Request, encode_response, item
+from compactord.listener.groups import GroupLinks, GroupRelay
+from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
 from compactord.listener.relay import BrokerRelay, Leg, TopicPartition
 from compactord.listener.view import LedgerAnswer, TopicView
 
@@ -44,12 +45,17 @@ class Session:
     host: str
     port: int
     pins: dict[str, int] = field(default_factory=dict)
+    groups: GroupLinks = field(default_factory=GroupLinks)
+
+    def close(self) -> None:
+        self.groups.close()
 
 
 class Handlers:
     def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor) -> None:
         self._view = view
         self._relay = relay
+        self._groups = GroupRelay(relay)
         self._executor = executor
         self._latest: dict[tuple[TopicPartition, int], tuple[float, int]] = {}
 
@@ -57,6 +63,8 @@ class Handlers:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def answer(self, request: Request, session: Session) -> bytes:
+        if request.api_key in GROUPS:
+            return await self._groups.answer(request, session.groups, session.host, session.port)
         served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets, ApiKey.Fetch: self.fetch}
         return await served[ApiKey(request.api_key)](request, session)
 

@@ -164,6 +164,7 @@ class KafkaListener:
             if self._connections < self._max_connections:
                 self._refusing = False
             self._writers.discard(writer)
+            session.close()
             writer.close()
 
     @staticmethod
