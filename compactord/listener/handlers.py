@@ -20,7 +20,7 @@ from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.listener.groups import GroupLinks, GroupRelay
 from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
 from compactord.listener.relay import BrokerRelay, Leg, TopicPartition
-from compactord.listener.view import LedgerAnswer, TopicView
+from compactord.listener.view import LedgerAnswer, ListenerMetrics, TopicView
 
 __all__ = ["CLUSTER_ID", "NODE_ID", "Handlers", "Session"]
 
@@ -52,8 +52,9 @@ class Session:
 
 
 class Handlers:
-    def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor) -> None:
+    def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor, metrics: ListenerMetrics) -> None:
         self._view = view
+        self._metrics = metrics
         self._relay = relay
         self._groups = GroupRelay(relay)
         self._executor = executor
@@ -65,7 +66,10 @@ class Handlers:
     async def answer(self, request: Request, session: Session) -> bytes:
         if request.api_key in GROUPS:
             return await self._groups.answer(request, session.groups, session.host, session.port)
-        served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets, ApiKey.Fetch: self.fetch}
+        if request.api_key == ApiKey.Fetch:
+            with self._metrics.listener_fetch_seconds.time():
+                return await self.fetch(request, session)
+        served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets}
         return await served[ApiKey(request.api_key)](request, session)
 
     # -- Metadata ---------------------------------------------------------------------------------
@@ -164,6 +168,8 @@ class Handlers:
             relayed = await self._relay.fetch(legs, max_wait_ms=0 if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
                                               max_bytes=max(1, budget), isolation_level=isolation)
+        self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a in served.values()))
+        self._metrics.listener_bytes.labels(source="relay").inc(sum(len(a.records or b"") for a in relayed.values()))
         responses = []
         for topic in body.topics:
             partitions = []

@@ -24,7 +24,7 @@ from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_key import ApiKey
 
 __all__ = ["ERRORS", "GROUPS", "READ_ONLY", "REFUSED", "SERVED", "MalformedFrame", "Request", "api_versions",
-           "decode_request", "encode_response", "item", "refusal", "unsupported"]
+           "decode_request", "encode_response", "item", "refusal", "refusal_error", "unsupported"]
 
 # The protocol's error codes the listener answers (Kafka's ``Errors``).
 ERRORS = {"NONE": 0, "OFFSET_OUT_OF_RANGE": 1, "UNKNOWN_TOPIC_OR_PARTITION": 3, "LEADER_NOT_AVAILABLE": 5,
@@ -228,10 +228,15 @@ _REFUSAL_ERRORS = {ApiKey.Produce: "TOPIC_AUTHORIZATION_FAILED", ApiKey.DeleteRe
                    ApiKey.InitProducerId: "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
 
 
+def refusal_error(request: Request) -> str:
+    """The name of the error a write (``REFUSED``) is refused with."""
+    return _REFUSAL_ERRORS.get(ApiKey(request.api_key), "POLICY_VIOLATION")
+
+
 def refusal(request: Request) -> bytes:
     """The answer to a write (``REFUSED``): every topic, partition or resource it names refused."""
     key = ApiKey(request.api_key)
-    error = ERRORS[_REFUSAL_ERRORS.get(key, "POLICY_VIOLATION")]
+    error = ERRORS[refusal_error(request)]
     return encode_response(request, _REFUSALS[key](request.response_class, request.body, error, READ_ONLY))
 
 

@@ -3,7 +3,7 @@ broker: librdkafka (confluent-kafka) reads a compacted topic from offset 0 throu
 view record for record (as GET /compacted pages it), then, in the same read, the records produced after the
 compaction, relayed from the broker; a consumer group reads the view and commits its offsets on the broker; a
 produce through the listener is refused and the topic unchanged; a topic the daemon does not compact is unknown;
-a malformed or oversized frame closes its own connection only.
+a malformed or oversized frame closes its own connection only; /metrics counts what the listener served.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.timeouts import TASK_TIMEOUT_S
 
-from .conftest import Launcher
+from .conftest import Launcher, metric
 
 PREFIX = "lsn"
 PATTERN = f"{PREFIX}-[0-9]+-[0-9a-f]{{6}}"
@@ -152,6 +152,25 @@ def test_a_consumer_group_reads_the_view_and_commits_its_offsets_on_the_broker(d
         assert _poll_to_end(second) == [(10, b"k9", b"after")]
     finally:
         second.close()
+
+
+def test_the_listener_s_metrics_count_a_read_from_the_ledger_and_the_broker(daemon: DaemonProcess, kafka: Any,
+                                                                          consumer: Consumer) -> None:
+    topic = kafka.topic(prefix=PREFIX)
+    kafka.produce(topic, [("a", "1"), ("a", "2")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("b", "3")])
+    before = {source: metric(daemon, "compactord_listener_bytes_total", source=source) or 0.0
+              for source in ("ledger", "relay")}
+    fetches = metric(daemon, "compactord_listener_requests_total", api="Fetch", error="NONE") or 0.0
+
+    assert _read_to_end(consumer, topic) == [(1, b"a", b"2"), (2, b"b", b"3")]
+
+    for source in ("ledger", "relay"):
+        assert (metric(daemon, "compactord_listener_bytes_total", source=source) or 0.0) > before[source], source
+    assert (metric(daemon, "compactord_listener_requests_total", api="Fetch", error="NONE") or 0.0) > fetches
+    assert (metric(daemon, "compactord_listener_fetch_seconds_count") or 0.0) > 0
+    assert (metric(daemon, "compactord_listener_connections") or 0.0) >= 1  # the consumer's, still open
 
 
 def test_a_produce_through_the_listener_is_refused_and_the_topic_unchanged(daemon: DaemonProcess, kafka: Any,
