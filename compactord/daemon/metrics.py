@@ -220,6 +220,16 @@ class Metrics:
                                     "Topics with a ledger that the broker no longer lists", registry=r)
         self.topic_missing = _TopicGauge("compactord_topic_missing_on_broker", "1 if the broker no longer lists the topic",
                                    ["topic"], registry=r)
+        self.listener_connections = Gauge("compactord_listener_connections",
+                                          "Open connections to the Kafka listener (kafkaListeners)", registry=r)
+        self.listener_requests = Counter(
+            "compactord_listener_requests", "Requests the Kafka listener answered, by API and the protocol's error "
+            "the answer gives the request as a whole (NONE when served)", ["api", "error"], registry=r)
+        self.listener_bytes = Counter("compactord_listener_bytes", "Record bytes the Kafka listener answered "
+                                      "fetches with, from ledgers or relayed from the broker", ["source"], registry=r)
+        self.listener_fetch_seconds = Histogram("compactord_listener_fetch_seconds",
+                                                "Time the Kafka listener took to answer a Fetch",
+                                                buckets=_REQUEST_BUCKETS, registry=r)
         self.max_compaction_delay = Gauge(
             "compactord_max_compaction_delay_seconds",
             "Largest age of an uncompacted record (the oldest after the horizon) over the monitored topics, at "

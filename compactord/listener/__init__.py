@@ -3,7 +3,8 @@ to the horizon, with the topic's own offsets, then as the live log, relayed from
 
 ``protocol`` decodes and encodes frames (kafka-python's protocol classes), ``batches`` turns ledger entries into
 record batches, ``view`` reads the daemon's topics and ledgers, ``relay`` reaches the real broker, ``handlers``
-answers Metadata, ListOffsets and Fetch, ``server`` runs the TCP servers in a thread of their own.
+answers Metadata, ListOffsets and Fetch, ``groups`` relays the consumer groups' requests to their coordinator,
+``server`` runs the TCP servers in a thread of their own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The answers to the requests the listener serves: Metadata (the listener as every partition's leader),
-ListOffsets (earliest from the ledger, the rest from the broker) and Fetch (at or below the horizon from the
-ledger, past it relayed to the partition's leader). Each handler takes a decoded request and gives its encoded
+ListOffsets (earliest from the ledger, the rest from the broker), Fetch (at or below the horizon from the
+ledger, past it relayed to the partition's leader) and the consumer groups' requests (``groups``). Each handler takes a decoded request and gives its encoded
 answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
 """
 
@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 from kafka.protocol.api_key import ApiKey
 
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
-from compactord.listener.protocol import ERRORS, Request, encode_response, item
+from compactord.listener.groups import GroupLinks, GroupRelay
+from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
 from compactord.listener.relay import BrokerRelay, Leg, TopicPartition
-from compactord.listener.view import LedgerAnswer, TopicView
+from compactord.listener.view import LedgerAnswer, ListenerMetrics, TopicView
 
 __all__ = ["CLUSTER_ID", "NODE_ID", "Handlers", "Session"]
 
@@ -44,12 +45,18 @@ class Session:
     host: str
     port: int
     pins: dict[str, int] = field(default_factory=dict)
+    groups: GroupLinks = field(default_factory=GroupLinks)
+
+    def close(self) -> None:
+        self.groups.close()
 
 
 class Handlers:
-    def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor) -> None:
+    def __init__(self, view: TopicView, relay: BrokerRelay, executor: Executor, metrics: ListenerMetrics) -> None:
         self._view = view
+        self._metrics = metrics
         self._relay = relay
+        self._groups = GroupRelay(relay)
         self._executor = executor
         self._latest: dict[tuple[TopicPartition, int], tuple[float, int]] = {}
 
@@ -57,7 +64,12 @@ class Handlers:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def answer(self, request: Request, session: Session) -> bytes:
-        served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets, ApiKey.Fetch: self.fetch}
+        if request.api_key in GROUPS:
+            return await self._groups.answer(request, session.groups, session.host, session.port)
+        if request.api_key == ApiKey.Fetch:
+            with self._metrics.listener_fetch_seconds.time():
+                return await self.fetch(request, session)
+        served = {ApiKey.Metadata: self.metadata, ApiKey.ListOffsets: self.list_offsets}
         return await served[ApiKey(request.api_key)](request, session)
 
     # -- Metadata ---------------------------------------------------------------------------------
@@ -156,6 +168,8 @@ class Handlers:
             relayed = await self._relay.fetch(legs, max_wait_ms=0 if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
                                               max_bytes=max(1, budget), isolation_level=isolation)
+        self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a in served.values()))
+        self._metrics.listener_bytes.labels(source="relay").inc(sum(len(a.records or b"") for a in relayed.values()))
         responses = []
         for topic in body.topics:
             partitions = []

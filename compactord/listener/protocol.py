@@ -23,12 +23,12 @@ import kafka.protocol.producer as producer_api
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_key import ApiKey
 
-__all__ = ["ERRORS", "READ_ONLY", "REFUSED", "SERVED", "MalformedFrame", "Request", "api_versions",
-           "decode_request", "encode_response", "item", "refusal", "unsupported"]
+__all__ = ["ERRORS", "GROUPS", "READ_ONLY", "REFUSED", "SERVED", "MalformedFrame", "Request", "api_versions",
+           "decode_request", "encode_response", "item", "refusal", "refusal_error", "unsupported"]
 
 # The protocol's error codes the listener answers (Kafka's ``Errors``).
 ERRORS = {"NONE": 0, "OFFSET_OUT_OF_RANGE": 1, "UNKNOWN_TOPIC_OR_PARTITION": 3, "LEADER_NOT_AVAILABLE": 5,
-          "NOT_LEADER_OR_FOLLOWER": 6, "UNSUPPORTED_VERSION": 35, "TOPIC_AUTHORIZATION_FAILED": 29,
+          "NOT_LEADER_OR_FOLLOWER": 6, "COORDINATOR_NOT_AVAILABLE": 15, "UNSUPPORTED_VERSION": 35, "TOPIC_AUTHORIZATION_FAILED": 29,
           "CLUSTER_AUTHORIZATION_FAILED": 31, "POLICY_VIOLATION": 44, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
           "KAFKA_STORAGE_ERROR": 56,
           "UNKNOWN_SERVER_ERROR": -1}
@@ -43,6 +43,21 @@ SERVED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ListOffsets: (1, 7),
     ApiKey.Fetch: (4, 12),
 }
+# The consumer groups' APIs, served (``listener/groups.py``): the versions current clients negotiate that Kafka 4
+# and the test broker both answer. OffsetFetch stops at v7: v8 asks for several groups in one request, which may
+# have several coordinators.
+GROUPS: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.FindCoordinator: (0, 6),
+    ApiKey.JoinGroup: (2, 9),
+    ApiKey.SyncGroup: (0, 5),
+    ApiKey.Heartbeat: (0, 4),
+    ApiKey.LeaveGroup: (0, 5),
+    ApiKey.OffsetCommit: (2, 9),
+    ApiKey.OffsetFetch: (1, 7),
+    ApiKey.DescribeGroups: (0, 5),
+    ApiKey.ListGroups: (0, 5),
+}
+SERVED.update(GROUPS)
 # Advertised, and always refused (``refusal``): the writes a client may try.
 REFUSED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.Produce: (3, 9),
@@ -81,6 +96,7 @@ class Request:
     correlation_id: int
     client_id: str | None
     body: Any
+    frame: bytes = b""  # as it came, without its size prefix: what a relayed request sends on
 
     @property
     def api_name(self) -> str:
@@ -122,7 +138,7 @@ def decode_request(frame: bytes) -> Request:
         body = request_class.decode(frame[data.tell():], version=version)
     except Exception as exc:
         raise MalformedFrame(f"{ApiKey(api_key).name} v{version} does not decode: {exc!r}") from exc
-    return Request(api_key, version, correlation_id, header.client_id, body)
+    return Request(api_key, version, correlation_id, header.client_id, body, frame)
 
 
 def encode_response(request: Request, response: Any) -> bytes:
@@ -212,10 +228,15 @@ _REFUSAL_ERRORS = {ApiKey.Produce: "TOPIC_AUTHORIZATION_FAILED", ApiKey.DeleteRe
                    ApiKey.InitProducerId: "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
 
 
+def refusal_error(request: Request) -> str:
+    """The name of the error a write (``REFUSED``) is refused with."""
+    return _REFUSAL_ERRORS.get(ApiKey(request.api_key), "POLICY_VIOLATION")
+
+
 def refusal(request: Request) -> bytes:
     """The answer to a write (``REFUSED``): every topic, partition or resource it names refused."""
     key = ApiKey(request.api_key)
-    error = ERRORS[_REFUSAL_ERRORS.get(key, "POLICY_VIOLATION")]
+    error = ERRORS[refusal_error(request)]
     return encode_response(request, _REFUSALS[key](request.response_class, request.body, error, READ_ONLY))
 
 

@@ -21,20 +21,27 @@ from typing import Any
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
+from kafka.protocol.metadata import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
 
 from compactord.errors import BrokerUnavailable
 from compactord.listener.protocol import ERRORS, item
 
-__all__ = ["BrokerRelay", "Leg", "TopicPartition"]
+__all__ = ["BrokerRelay", "Leg", "Link", "TopicPartition"]
 
 log = logging.getLogger(__name__)
 
 LEADERS_TTL_S = 30.0
 # The versions asked of the broker (the highest below these that it supports): Fetch by topic name with the
-# aborted transactions, ListOffsets with leader epochs, Metadata with leader epochs.
-_WANTED = {ApiKey.Fetch: 12, ApiKey.ListOffsets: 7, ApiKey.Metadata: 9}
-_MIN = {ApiKey.Fetch: 4, ApiKey.ListOffsets: 1, ApiKey.Metadata: 1}
+# aborted transactions, ListOffsets with leader epochs, Metadata with leader epochs, FindCoordinator of one key.
+_WANTED = {ApiKey.Fetch: 12, ApiKey.ListOffsets: 7, ApiKey.Metadata: 9, ApiKey.FindCoordinator: 3}
+_MIN = {ApiKey.Fetch: 4, ApiKey.ListOffsets: 1, ApiKey.Metadata: 1, ApiKey.FindCoordinator: 0}
 _SIZE = struct.Struct(">i")
 _MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
@@ -49,8 +56,9 @@ class Leg:
     max_bytes: int
 
 
-class _Link:
-    """One connection to one broker node, with requests pipelined."""
+class Link:
+    """One connection to one broker node, with requests pipelined (or, for a consumer group's requests, which the
+    coordinator may hold for a rebalance, one client connection's requests in the order it sent them)."""
 
     def __init__(self, host: str, port: int, client_id: str, timeout_s: float) -> None:
         self.host, self.port = host, port
@@ -84,6 +92,23 @@ class _Link:
         """Send ``message`` at the version of ``key`` the broker and the listener both speak; its response.
 
         :raises BrokerUnavailable: the broker did not answer, or speaks no version the listener does."""
+        await self._open()
+        return await self._send(message, response_class, self.version(key))
+
+    async def relay(self, frame: bytes, timeout_s: float) -> bytes:
+        """A client's request frame (its size prefix taken off) sent as it is, under a correlation id of this
+        connection; the broker's answer as it is, with the client's correlation id put back.
+
+        :raises BrokerUnavailable: the broker did not answer within ``timeout_s``."""
+        await self._open()
+        own = self._next_correlation()
+        future = self._enqueue(None, 0)
+        assert self._writer is not None
+        self._writer.write(_SIZE.pack(len(frame)) + frame[:4] + _SIZE.pack(own) + frame[8:])
+        answer: bytes = await self._wait(future, timeout_s)
+        return _SIZE.pack(len(answer)) + frame[4:8] + answer[4:]
+
+    async def _open(self) -> None:
         if self._writer is None or self._writer.is_closing():
             async with self._lock:
                 if self._writer is None or self._writer.is_closing():
@@ -93,20 +118,31 @@ class _Link:
                         self.close()
                         raise BrokerUnavailable(f"the broker at {self.host}:{self.port} is unreachable: "
                                                 f"{exc!r}") from exc
-        return await self._send(message, response_class, self.version(key))
+
+    def _next_correlation(self) -> int:
+        self._correlation = (self._correlation + 1) % 2**31
+        return self._correlation
+
+    def _enqueue(self, response_class: Any, version: int) -> asyncio.Future[Any]:
+        """The future of the next answer; ``response_class`` None: the answer's frame as it is."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((future, response_class, version))
+        return future
 
     async def _send(self, message: Any, response_class: Any, version: int) -> Any:
         writer = self._writer
         assert writer is not None
-        self._correlation = (self._correlation + 1) % 2**31
-        message.with_header(correlation_id=self._correlation, client_id=self._client_id)
+        message.with_header(correlation_id=self._next_correlation(), client_id=self._client_id)
         frame = message.encode(version=version, header=True, framed=True)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append((future, response_class, version))
+        future = self._enqueue(response_class, version)
         writer.write(frame)
+        return await self._wait(future, self._timeout_s)
+
+    async def _wait(self, future: asyncio.Future[Any], timeout_s: float) -> Any:
+        assert self._writer is not None
         try:
-            await writer.drain()
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
+            await self._writer.drain()
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except (TimeoutError, OSError) as exc:
             self.close()
             raise BrokerUnavailable(f"the broker at {self.host}:{self.port} did not answer: {exc!r}") from exc
@@ -120,7 +156,8 @@ class _Link:
                 frame = await reader.readexactly(size)
                 future, response_class, version = self._pending.popleft()
                 if not future.done():
-                    future.set_result(response_class.decode(frame, version=version, header=True))
+                    future.set_result(frame if response_class is None
+                                      else response_class.decode(frame, version=version, header=True))
         except (OSError, asyncio.IncompleteReadError, IndexError, ValueError) as exc:
             self._fail(ConnectionError(f"the connection to {self.host}:{self.port} ended: {exc!r}"))
         finally:
@@ -148,20 +185,50 @@ class BrokerRelay:
         self._bootstrap = [(h, int(p)) for h, _, p in (s.rpartition(":") for s in bootstrap.split(","))]
         self._client_id = client_id
         self._timeout_s = timeout_s
-        self._links: dict[tuple[str, int], _Link] = {}
+        self._links: dict[tuple[str, int], Link] = {}
         self._nodes: dict[int, tuple[str, int]] = {}
         self._leaders: dict[TopicPartition, int] = {}
         self._leaders_at = 0.0
+        self._coordinators: dict[str, tuple[str, int]] = {}
 
-    def _link(self, address: tuple[str, int]) -> _Link:
+    def _link(self, address: tuple[str, int]) -> Link:
         if address not in self._links:
-            self._links[address] = _Link(*address, self._client_id, self._timeout_s)
+            self._links[address] = Link(*address, self._client_id, self._timeout_s)
         return self._links[address]
 
     def close(self) -> None:
         for link in self._links.values():
             link.close()
         self._links.clear()
+
+    def new_link(self, address: tuple[str, int]) -> Link:
+        """A connection of its own to ``address``, for its caller to close."""
+        return Link(*address, self._client_id, self._timeout_s)
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    async def coordinator(self, group: str) -> tuple[str, int]:
+        """The address of ``group``'s coordinator, as the broker last named it (``forget_coordinator`` to ask
+        again).
+
+        :raises BrokerUnavailable: no broker answered, or none is the group's coordinator now."""
+        if group not in self._coordinators:
+            answer = await self._any(FindCoordinatorRequest(key=group, key_type=0), FindCoordinatorResponse,
+                                     ApiKey.FindCoordinator)
+            if answer.error_code != 0:
+                raise BrokerUnavailable(f"the broker names no coordinator of group {group!r} "
+                                        f"(error {answer.error_code})")
+            self._coordinators[group] = (answer.host, answer.port)
+        return self._coordinators[group]
+
+    def any_node(self) -> tuple[str, int]:
+        """The address of a broker node (one the broker named, else the first bootstrap server)."""
+        return next(iter(self._nodes.values()), self._bootstrap[0])
+
+    def forget_coordinator(self, group: str) -> None:
+        self._coordinators.pop(group, None)
 
     async def _any(self, message: Any, response_class: Any, key: ApiKey) -> Any:
         """``message`` sent to a known node, else to each bootstrap server in turn."""

@@ -28,6 +28,7 @@ from compactord.listener.protocol import (
     api_versions,
     decode_request,
     refusal,
+    refusal_error,
     unsupported,
 )
 from compactord.listener.relay import BrokerRelay
@@ -67,7 +68,8 @@ class KafkaListener:
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kafka-listener")
         self._relay = BrokerRelay(settings.kafka_bootstrap_servers, settings.kafka_client_id,
                                   settings.kafka_request_timeout_ms / 1000)
-        self._handlers = Handlers(TopicView(host), self._relay, self._executor)
+        self._metrics = host.metrics
+        self._handlers = Handlers(TopicView(host), self._relay, self._executor, host.metrics)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.Server] = []
@@ -142,6 +144,7 @@ class KafkaListener:
             writer.close()
             return
         self._connections += 1
+        self._metrics.listener_connections.inc()
         self._writers.add(writer)
         _, host, port = self._advertised[index]
         session = Session(host or "127.0.0.1", port or self.ports[index])
@@ -161,9 +164,11 @@ class KafkaListener:
             pass  # the client went away
         finally:
             self._connections -= 1
+            self._metrics.listener_connections.dec()
             if self._connections < self._max_connections:
                 self._refusing = False
             self._writers.discard(writer)
+            session.close()
             writer.close()
 
     @staticmethod
@@ -183,15 +188,22 @@ class KafkaListener:
 
     async def _answer(self, request: Request, session: Session) -> bytes:
         key = request.api_key
-        if key == ApiKey.ApiVersions:
-            return api_versions(request)
-        if request.body is None:  # an API or a version the listener does not serve
-            return unsupported(request)
-        if key in REFUSED:
-            return refusal(request)
-        assert key in SERVED
+        error = "NONE"
         try:
-            return await self._handlers.answer(request, session)
-        except Exception as exc:  # a defect: its traceback, and the connection closed (the client connects again)
-            log.exception("Kafka listener: %s v%d failed", request.api_name, request.version)
-            raise _Failed from exc
+            if key == ApiKey.ApiVersions:
+                return api_versions(request)
+            if request.body is None:  # an API or a version the listener does not serve
+                error = "UNSUPPORTED_VERSION"
+                return unsupported(request)
+            if key in REFUSED:
+                error = refusal_error(request)
+                return refusal(request)
+            assert key in SERVED
+            try:
+                return await self._handlers.answer(request, session)
+            except Exception as exc:  # a defect: its traceback, and the connection closed (the client reconnects)
+                error = "UNKNOWN_SERVER_ERROR"
+                log.exception("Kafka listener: %s v%d failed", request.api_name, request.version)
+                raise _Failed from exc
+        finally:
+            self._metrics.listener_requests.labels(api=request.api_name, error=error).inc()

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from prometheus_client import Counter, Gauge, Histogram
+
 from compactord.errors import BrokerUnavailable, LedgerRetired, NotCompacted, StorageUnavailable, TopicNotFound
 from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
 from compactord.model import Position
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.interfaces import BrokerMetadata, TopicCompactionService
 
-__all__ = ["LedgerAnswer", "ListenerHost", "TopicView"]
+__all__ = ["LedgerAnswer", "ListenerHost", "ListenerMetrics", "TopicView"]
 
 # How long the broker's topic list and a topic's partitions are kept: a Metadata request every few seconds per
 # client asks the broker at most this often.
@@ -46,6 +48,15 @@ class _Monitor(Protocol):
     def log_starts(self, topic: str) -> dict[int, int]: ...
 
 
+class ListenerMetrics(Protocol):
+    """The daemon's metrics the listener keeps (``compactord.daemon.metrics.Metrics`` has them)."""
+
+    listener_connections: Gauge
+    listener_requests: Counter
+    listener_bytes: Counter
+    listener_fetch_seconds: Histogram
+
+
 class ListenerHost(Protocol):
     """The parts of the daemon the listener reads (``compactord.daemon.core.Daemon`` has them)."""
 
@@ -63,6 +74,9 @@ class ListenerHost(Protocol):
 
     @property
     def store(self) -> _Store: ...
+
+    @property
+    def metrics(self) -> ListenerMetrics: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The Kafka listener (kafkaListeners) read by clients no one here wrote, against the real daemon and the test
 broker: librdkafka (confluent-kafka) reads a compacted topic from offset 0 through the listener, the compacted
 view record for record (as GET /compacted pages it), then, in the same read, the records produced after the
-compaction, relayed from the broker; a produce through the listener is refused and the topic unchanged; a topic
-the daemon does not compact is unknown; a malformed or oversized frame closes its own connection only.
+compaction, relayed from the broker; a consumer group reads the view and commits its offsets on the broker; a
+produce through the listener is refused and the topic unchanged; a topic the daemon does not compact is unknown;
+a malformed or oversized frame closes its own connection only; /metrics counts what the listener served.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, compact
 from tests.support.timeouts import TASK_TIMEOUT_S
 
-from .conftest import Launcher
+from .conftest import Launcher, metric
 
 PREFIX = "lsn"
 PATTERN = f"{PREFIX}-[0-9]+-[0-9a-f]{{6}}"
@@ -100,6 +101,76 @@ def test_a_consumer_reads_the_compacted_view_then_the_live_log_in_one_read(daemo
 
     assert read[:len(view)] == view
     assert read[len(view):] == [(23, b"k0", b"after-0"), (24, b"k9", b"after-1")]
+
+
+def _group_consumer(daemon: DaemonProcess, group: str) -> Consumer:
+    return Consumer({"bootstrap.servers": _bootstrap(daemon), "group.id": group, "enable.auto.commit": False,
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                     "topic.metadata.refresh.interval.ms": 1000})
+
+
+def _poll_to_end(consumer: Consumer) -> list[tuple[int, bytes | None, bytes | None]]:
+    """What a subscribed consumer reads until the end of its one partition."""
+    read: list[tuple[int, bytes | None, bytes | None]] = []
+    for _ in range(int(TASK_TIMEOUT_S)):  # each poll waits up to a second
+        message = consumer.poll(1.0)
+        if message is None:
+            continue
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return read
+            raise KafkaException(error)
+        read.append((message.offset(), message.key(), message.value()))
+    raise AssertionError(f"no end of partition reached within {TASK_TIMEOUT_S} s; read {read}")
+
+
+def test_a_consumer_group_reads_the_view_and_commits_its_offsets_on_the_broker(daemon: DaemonProcess,
+                                                                              kafka: Any) -> None:
+    topic = kafka.topic(prefix=PREFIX)
+    kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(10)])
+    compact(daemon, topic)
+    view = _model(daemon, topic)
+    group = f"{topic}-group"
+    first = _group_consumer(daemon, group)
+    try:
+        first.subscribe([topic])
+        read = _poll_to_end(first)
+        first.commit(asynchronous=False)
+    finally:
+        first.close()  # leaves the group (LeaveGroup, relayed)
+
+    assert read == view
+    committed = kafka.admin.list_group_offsets(group)[group]  # the broker's own, not the listener's
+    assert {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()} == {(topic, 0): view[-1][0] + 1}
+
+    # The group's next member starts where the first committed (OffsetFetch, relayed): at the live record.
+    kafka.produce(topic, [("k9", "after")])
+    second = _group_consumer(daemon, group)
+    try:
+        second.subscribe([topic])
+        assert _poll_to_end(second) == [(10, b"k9", b"after")]
+    finally:
+        second.close()
+
+
+def test_the_listener_s_metrics_count_a_read_from_the_ledger_and_the_broker(daemon: DaemonProcess, kafka: Any,
+                                                                          consumer: Consumer) -> None:
+    topic = kafka.topic(prefix=PREFIX)
+    kafka.produce(topic, [("a", "1"), ("a", "2")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("b", "3")])
+    before = {source: metric(daemon, "compactord_listener_bytes_total", source=source) or 0.0
+              for source in ("ledger", "relay")}
+    fetches = metric(daemon, "compactord_listener_requests_total", api="Fetch", error="NONE") or 0.0
+
+    assert _read_to_end(consumer, topic) == [(1, b"a", b"2"), (2, b"b", b"3")]
+
+    for source in ("ledger", "relay"):
+        assert (metric(daemon, "compactord_listener_bytes_total", source=source) or 0.0) > before[source], source
+    assert (metric(daemon, "compactord_listener_requests_total", api="Fetch", error="NONE") or 0.0) > fetches
+    assert (metric(daemon, "compactord_listener_fetch_seconds_count") or 0.0) > 0
+    assert (metric(daemon, "compactord_listener_connections") or 0.0) >= 1  # the consumer's, still open
 
 
 def test_a_produce_through_the_listener_is_refused_and_the_topic_unchanged(daemon: DaemonProcess, kafka: Any,

@@ -11,8 +11,8 @@ import pytest
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
-    DescribeGroupsRequest,
-    DescribeGroupsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
 )
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
@@ -85,12 +85,13 @@ def test_a_topic_creation_is_a_policy_violation() -> None:
 
 
 def test_a_request_not_served_is_answered_unsupported() -> None:
-    request = decode_request(_frame(DescribeGroupsRequest(groups=["g"], include_authorized_operations=False), 5))
+    request = decode_request(_frame(DescribeConfigsRequest(resources=[], include_synonyms=False,
+                                                           include_documentation=False), 4))
     assert request.body is None  # not decoded: only answered
 
-    answer = DescribeGroupsResponse.decode(unsupported(request), version=5, header=True, framed=True)
+    answer = DescribeConfigsResponse.decode(unsupported(request), version=4, header=True, framed=True)
 
-    assert answer.header.correlation_id == 42 and answer.groups == []
+    assert answer.header.correlation_id == 42 and answer.results == []
 
 
 def test_an_unknown_api_gets_its_correlation_id_and_unsupported_version() -> None:
