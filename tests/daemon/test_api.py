@@ -361,7 +361,7 @@ def test_read_limit_bounds_accepted(shared_daemon: DaemonProcess, read_topic: di
 
 def test_topics_and_tasks_listings(shared_daemon: DaemonProcess, read_topic: dict[str, Any]) -> None:
     topic = read_topic["topic"]
-    topics = {t["topic"]: t for t in shared_daemon.http.get("/v1/topics").json()["topics"]}
+    topics = {t["topic"]: t for t in shared_daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
     entry = topics[topic]
     assert entry["on_broker"] is True and entry["unloaded"] is False and entry["current_task"] is None
     assert entry["last_compaction"]["status"] == "SUCCESS"

@@ -102,7 +102,7 @@ def test_a_restart_after_kill_9_completes_a_pending_deletion_and_keeps_every_top
     wait_for(lambda: not (root / topic).exists(), 60, "the pending deletion to complete", restarted)
     wait_for(lambda: metric(restarted, "compactord_quarantined_topics") == 1, 60, "the lost pointer's quarantine",
              restarted)
-    listed = {t["topic"]: t for t in restarted.http.get("/v1/topics").json()["topics"]}
+    listed = {t["topic"]: t for t in restarted.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
     assert listed[topic]["last_compaction"]["status"] == "NOT_RUN"  # still on the broker, nothing kept
     quarantine = root / "@compactord" / "quarantine"
     [found] = [stamp for lost in quarantine.iterdir() for stamp in lost.iterdir()]

@@ -129,7 +129,7 @@ def test_trigger_conflict_and_states(daemon: DaemonProcess, kafka: Any, prepared
         if current["state"] == "Running" and not listed_while_running:
             tasks = daemon.http.get("/v1/tasks", params={"topic": topic}).json()["tasks"]
             assert [(t["task_id"], t["status"]) for t in tasks] == [(task["task_id"], "RUNNING")]
-            listing = {t["topic"]: t for t in daemon.http.get("/v1/topics").json()["topics"]}
+            listing = {t["topic"]: t for t in daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
             assert listing[topic]["current_task"]["task_id"] == task["task_id"]
             listed_while_running = True
         if current["state"] == "Ending_with_switch_ledger" and refused_while_switching is None:
@@ -246,7 +246,7 @@ def test_unload_during_a_compaction(daemon: DaemonProcess, kafka: Any, prepared:
     assert view(daemon, topic) == before
     assert len(ledger_dirs(daemon.root, topic)) == 1
     assert len(task_ids(daemon, topic)) == 2
-    listing = {t["topic"]: t for t in daemon.http.get("/v1/topics").json()["topics"]}
+    listing = {t["topic"]: t for t in daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]}
     assert listing[topic]["unloaded"] is True
 
     # the monitor skips it, although its policy would fire

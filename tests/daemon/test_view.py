@@ -84,7 +84,7 @@ def test_a_topic_the_broker_compacts_itself_shows_its_configs_and_the_risk(share
     compact(daemon, topic)
 
     def listed() -> dict[str, Any] | None:
-        rows = daemon.http.get("/v1/topics").json()["topics"]
+        rows = daemon.http.get("/v1/topics", params={"limit": 1000}).json()["topics"]
         row = next((r for r in rows if r["topic"] == topic), None)
         return row if row is not None and row["broker"] is not None else None
 
