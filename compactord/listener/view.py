@@ -120,9 +120,9 @@ class TopicView:
     def partitions(self, topic: str) -> list[int]:
         """The topic's partitions, if the daemon compacts it.
 
-        :raises TopicNotFound: not on the broker, or not admitted by compactionTopicsPattern.
+        :raises TopicNotFound: not on the broker, or neither admitted by compactionTopicsPattern nor with a ledger.
         :raises BrokerUnavailable: the broker did not answer and no earlier answer is kept."""
-        if not self._host.monitor.watches(topic):
+        if not self.admits(topic):
             raise TopicNotFound(topic)
         with self._lock:
             kept = self._partitions.get(topic)
@@ -139,7 +139,13 @@ class TopicView:
         return found
 
     def admits(self, topic: str) -> bool:
-        return self._host.monitor.watches(topic)
+        """Whether the listener serves the topic: compactionTopicsPattern admits it, or it has a ledger."""
+        if self._host.monitor.watches(topic):
+            return True
+        try:
+            return topic in self.topics()
+        except (BrokerUnavailable, StorageUnavailable):
+            return False
 
     def first_offset(self, topic: str, partition: int) -> int | None:
         """The first offset the topic's current ledger holds for ``partition`` at or above its log start; None
