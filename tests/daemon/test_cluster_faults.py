@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from tests.conftest import Kafka
-from tests.daemon.conftest import Launcher, metric
+from tests.daemon.conftest import Launcher, metric, metric_samples
+from tests.deploy.test_packaging import CLUSTER_ONLY, names_used_in_deploy
 from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, settled, view
 from tests.support.daemon import DaemonProcess, compact, status, wait_state
 from tests.support.probes import GATE_ENV
@@ -97,6 +98,12 @@ def ledger_served(daemon: DaemonProcess, topic: str) -> int:
     assert answer.status_code == 200, answer.text
     ledger: int = answer.json()["ledger_id"]
     return ledger
+
+
+def test_the_cluster_s_metrics_named_under_deploy_are_served_by_a_member(members: list[DaemonProcess]) -> None:
+    served = {name for name, _, _ in metric_samples(members[0])}
+    assert names_used_in_deploy() >= CLUSTER_ONLY
+    assert served >= CLUSTER_ONLY, sorted(CLUSTER_ONLY - served)
 
 
 # -- the zombie ---------------------------------------------------------------------------------
