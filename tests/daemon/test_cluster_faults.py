@@ -34,6 +34,10 @@ from tests.support.waiting import wait_for
 # The members' monitors compact the topics kafka.topic(prefix="cf") makes, at their first new record.
 MONITORED = "cf-[0-9]+-[0-9a-f]{6}"
 TOPICS = 24
+# The default: a replaced ledger stays readable for 5 minutes. With 0 (the daemon tier's launcher default), a read
+# whose look-up of the current ledger's manifest (``TopicCompactionService.ledger_info``, not holding the ledger)
+# races its owner's next switch answers 500 ledger_corrupt, on a single daemon's local root as well.
+RETIRED_GRACE_S = 300
 NAMES = ("a", "b", "c")
 
 
@@ -54,7 +58,8 @@ def members(launch: Launcher, tmp_path_factory: pytest.TempPathFactory,
     daemons = []
     for name in NAMES:
         daemon = member(launch, root, name, pauses="", sparkMaster="local[1]", compactionTopicsPattern=MONITORED,
-                        compactionThresholdInMessages=1, brokerServiceCompactionMonitorIntervalInSeconds=1)
+                        compactionThresholdInMessages=1, brokerServiceCompactionMonitorIntervalInSeconds=1,
+                        compactionRetiredLedgerGraceSeconds=RETIRED_GRACE_S)
         daemon.env[GATE_ENV] = f"switch:{gates[name]}"
         daemons.append(daemon)
     try:
