@@ -12,9 +12,7 @@ replaced in ~11 s with a 6 s session; the waits below are bounded by ``REBALANCE
 from __future__ import annotations
 
 import uuid
-import zlib
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -22,60 +20,13 @@ from compactord.api import models
 from compactord.cluster import coordination_topic
 from tests.conftest import Kafka
 from tests.daemon.conftest import Launcher
+from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, settled, view
 from tests.support.daemon import DaemonProcess, wait_state
 from tests.support.s3_server import BUCKET
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, STOP_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-PARTITIONS = 8
 TOPICS = 8
-TOKEN = "cluster-shared-token"
-
-
-def partition_of(topic: str) -> int:
-    return zlib.crc32(topic.encode()) % PARTITIONS
-
-
-def cluster_of(daemon: DaemonProcess) -> dict[str, Any]:
-    answer = daemon.client().get("/v1/cluster")
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-def settled(daemons: list[DaemonProcess]) -> bool:
-    """Every member sees all of them, in one generation, and every coordination partition is held once."""
-    views = [cluster_of(d) for d in daemons]
-    if any(len(v["members"]) != len(daemons) or v["unowned_partitions"] != 0 for v in views):
-        return False
-    if len({v["generation"] for v in views}) != 1:
-        return False
-    held = [p for m in views[0]["members"] for p in m["partitions"]]
-    return sorted(held) == list(range(PARTITIONS))
-
-
-def owner_url(daemon: DaemonProcess, topic: str) -> str:
-    part = partition_of(topic)
-    [url] = [m["url"] for m in cluster_of(daemon)["members"] if part in m["partitions"]]
-    return url
-
-
-def by_url(daemons: list[DaemonProcess], url: str) -> DaemonProcess:
-    [daemon] = [d for d in daemons if d.url == url]
-    return daemon
-
-
-def view(daemon: DaemonProcess, topic: str) -> list[tuple[Any, ...]]:
-    answer = daemon.client().get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 1000, "encoding": "utf8"})
-    assert answer.status_code == 200, answer.text
-    return [(e["partition"], e["offset"], e["key"], e["value"]) for e in answer.json()["entries"]]
-
-
-class Root:
-    """Where the members' ledgers are: ``kind`` local or s3; ``conf``: the keys every daemon on it is given."""
-
-    def __init__(self, kind: str, location: Any, conf: dict[str, str]) -> None:
-        self.kind, self.location, self.conf = kind, location, conf
-        self.cluster = f"cl-{kind}-{uuid.uuid4().hex[:6]}"  # a group of its own for each root
 
 
 @pytest.fixture(scope="module", params=["local", "s3"])
@@ -84,16 +35,6 @@ def root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         return Root("local", tmp_path_factory.mktemp("cluster-root") / "ledgers", {})
     s3_server = request.getfixturevalue("s3_server")
     return Root("s3", f"s3://{BUCKET}/cluster-{uuid.uuid4().hex[:12]}", s3_server.daemon_conf())
-
-
-def member(launch: Launcher, root: Root, name: str) -> DaemonProcess:
-    daemon = launch.prepare(f"{root.kind}-{name}", root=root.location, token=TOKEN, clusterName=root.cluster,
-                            clusterCoordinationPartitions=PARTITIONS, clusterSessionTimeoutMs=6000,
-                            compactionDriverRunMaxRecords=100000, **root.conf)
-    # Each member is reached at its own port: the URL it advertises to the others.
-    with daemon.config.open("a") as conf:
-        conf.write(f"clusterAdvertisedUrl={daemon.url}\n")
-    return daemon
 
 
 @pytest.fixture(scope="module")
