@@ -35,6 +35,8 @@ T = TypeVar("T")
 # A read retries when a switch retires the ledger it found; more than one retry needs two switches
 # within one read, so this bound is never reached in practice.
 _READ_ATTEMPTS = 10
+# Reads of the current ledger's manifest, each after a switch deleted the ledger the pointer named when read.
+_SWITCHED_ATTEMPTS = 3
 # A sweep of retired ledgers waits while a task of the topic runs (the pointer is the task's base); it is tried
 # again this much later; one the root failed (unreachable, full) is tried again after the longer wait.
 _SWEEP_RETRY_S = 5.0
@@ -298,13 +300,21 @@ class SparkTopicCompactionService(TopicCompactionService):
         store = self.factory.store
         if ledger_id is not None:
             return self._handle_for(ledger_id).manifest
-        current = store.current_ledger_id(self.topic)
-        if current is None:
-            return None
-        with self._lock:  # the current ledger's, as loaded: no other process changes the root meanwhile
-            if store.sole_writer and self._handle is not None and self._handle_id == current:
-                return self._handle.manifest
-        return store.load_manifest(self.topic, current)
+        for attempt in range(1, _SWITCHED_ATTEMPTS + 1):
+            current = store.current_ledger_id(self.topic)
+            if current is None:
+                return None
+            with self._lock:  # the current ledger's, as loaded: no other process changes the root meanwhile
+                if store.sole_writer and self._handle is not None and self._handle_id == current:
+                    return self._handle.manifest
+            try:
+                return store.load_manifest(self.topic, current)
+            except LedgerCorrupt:
+                # A switch between the pointer's read and the manifest's (this process's, or the owner's in a
+                # cluster) may have deleted the replaced ledger: read the new one; the same one gone is corrupt.
+                if attempt == _SWITCHED_ATTEMPTS or store.current_ledger_id(self.topic) == current:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def get_last_compacted_position(self) -> Horizon | None:
         manifest = self.ledger_info()

@@ -297,3 +297,23 @@ def test_topic_recreated_with_fewer_records_forces_a_full_rebuild(kafka, make_fa
     # The offsets restarted: the horizon follows the new log (the one case where it goes down).
     assert service.get_last_compacted_position() == {0: 1, 1: 0}
     assert view(service, 2) == last_value_model(second)
+
+
+def test_the_current_ledger_is_found_though_a_switch_deleted_the_one_the_pointer_named_when_read(
+        kafka, make_factory, monkeypatch):
+    # A read asks which ledger is current, then loads its manifest; a switch in between (this daemon's, or the
+    # owner's in a cluster) deletes the replaced ledger once no read holds it. The read finds the new one.
+    topic = kafka.topic()
+    kafka.produce(topic, [("k", "v1")])
+    factory = make_factory()
+    service = factory.new_topic_compaction_service(topic)
+    first = compact(service).ledger_id
+    kafka.produce(topic, [("k", "v2")])
+    second = compact(service).ledger_id
+    assert first != second and len(ledger_dirs(factory.store.root, topic)) == 1  # the first ledger is gone
+    store = factory.store
+    pointed = iter([first])  # the pointer as read just before the switch
+    real = store.current_ledger_id
+    monkeypatch.setattr(store, "current_ledger_id", lambda t: next(pointed, None) or real(t))
+    monkeypatch.setattr(type(store), "sole_writer", property(lambda self: False))  # no ledger handle kept: read it
+    assert service.ledger_info().ledger_id == second
