@@ -43,6 +43,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from many_topics import make_topics  # noqa: E402
+
 from compactord.embedded import EmbeddedBroker, free_port  # noqa: E402
 from tests.support.cluster import cluster_of, partition_of, settled  # noqa: E402
 from tests.support.daemon import DaemonProcess, write_conf  # noqa: E402
@@ -50,24 +52,6 @@ from tests.support.daemon import DaemonProcess, write_conf  # noqa: E402
 PARTITIONS = 32  # clusterCoordinationPartitions' default
 TOKEN = "bench-cluster-token"
 TIMEOUT_S = 900.0
-
-
-def make_topics(bootstrap: str, count: int, records: int) -> list[str]:
-    from kafka import KafkaProducer
-    from kafka.admin import KafkaAdminClient, NewTopic
-
-    names = [f"bench-{i:05d}" for i in range(count)]
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    for start in range(0, count, 100):
-        admin.create_topics([NewTopic(n, 1, 1) for n in names[start:start + 100]])
-    admin.close()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    for name in names:
-        for i in range(records):
-            producer.send(name, key=f"k{i % 5}".encode(), value=b"v" * 100)
-    producer.flush()
-    producer.close()
-    return names
 
 
 def produce_one(bootstrap: str, topic: str) -> None:
@@ -203,7 +187,7 @@ def main() -> int:
         stack.callback(broker.stop)
         stack.callback(lambda: [d.stop() for d in daemons if d.process is not None])
         started = time.monotonic()
-        topics = make_topics(broker.bootstrap, args.topics, args.records)
+        topics = make_topics(broker.bootstrap, args.topics, args.records, prefix="bench", keys=5)
         print(f"{args.topics} topics of {args.records} records made in {time.monotonic() - started:.1f} s", flush=True)
         cluster = f"bench-{uuid.uuid4().hex[:6]}"
         daemons.extend(member(work, broker.bootstrap, cluster, f"m{n}") for n in range(args.daemons))

@@ -61,11 +61,12 @@ def wait_metric(client: httpx.Client, name: str, at_least: float, what: str, tim
         time.sleep(0.5)
 
 
-def make_topics(bootstrap: str, count: int, records: int) -> list[str]:
+def make_topics(bootstrap: str, count: int, records: int, prefix: str = "many", keys: int = 50) -> list[str]:
+    """``count`` topics of one partition named ``prefix-NNNNN``, each with ``records`` records of ``keys`` keys."""
     from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    names = [f"many-{i:05d}" for i in range(count)]
+    names = [f"{prefix}-{i:05d}" for i in range(count)]
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     for start in range(0, count, 100):
         admin.create_topics([NewTopic(n, 1, 1) for n in names[start:start + 100]])
@@ -73,7 +74,7 @@ def make_topics(bootstrap: str, count: int, records: int) -> list[str]:
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     for name in names:
         for i in range(records):
-            producer.send(name, key=f"k{i % 50}".encode(), value=b"v" * 100)
+            producer.send(name, key=f"k{i % keys}".encode(), value=b"v" * 100)
     producer.flush()
     producer.close()
     return names

@@ -20,7 +20,7 @@ from compactord.api import models
 from compactord.cluster import coordination_topic
 from tests.conftest import Kafka
 from tests.daemon.conftest import Launcher
-from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, settled, view
+from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, running, settled, view
 from tests.support.daemon import DaemonProcess, wait_state
 from tests.support.s3_server import BUCKET
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, STOP_TIMEOUT_S
@@ -39,17 +39,8 @@ def root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def members(launch: Launcher, root: Root) -> Iterator[list[DaemonProcess]]:
-    daemons = [member(launch, root, "a"), member(launch, root, "b")]
-    try:
-        for daemon in daemons:
-            daemon.start()
-        for daemon in daemons:
-            daemon.wait_ready()
-        wait_for(lambda: settled(daemons), timeout=REBALANCE_TIMEOUT_S, what="two members share the partitions")
+    with running([member(launch, root, "a"), member(launch, root, "b")]) as daemons:
         yield daemons
-    finally:
-        for daemon in daemons:
-            daemon.stop()
 
 
 @pytest.fixture(scope="module")

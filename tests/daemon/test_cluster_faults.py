@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import Kafka
 from tests.daemon.conftest import Launcher, metric, metric_samples
 from tests.deploy.test_packaging import CLUSTER_ONLY, names_used_in_deploy
-from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, settled, view
+from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, running, settled, view
 from tests.support.daemon import DaemonProcess, compact, status, wait_state
 from tests.support.probes import GATE_ENV
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, TASK_TIMEOUT_S
@@ -62,16 +62,8 @@ def members(launch: Launcher, tmp_path_factory: pytest.TempPathFactory,
                         compactionRetiredLedgerGraceSeconds=RETIRED_GRACE_S)
         daemon.env[GATE_ENV] = f"switch:{gates[name]}"
         daemons.append(daemon)
-    try:
-        for daemon in daemons:
-            daemon.start()
-        for daemon in daemons:
-            daemon.wait_ready()
-        wait_for(lambda: settled(daemons), timeout=REBALANCE_TIMEOUT_S, what="three members share the partitions")
+    with running(daemons):
         yield daemons
-    finally:
-        for daemon in daemons:
-            daemon.stop()
 
 
 @pytest.fixture(scope="module")

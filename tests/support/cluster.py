@@ -7,17 +7,21 @@ of them in one generation, and every coordination partition is held once.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 import zlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tests.support.daemon import DaemonProcess
+from tests.support.timeouts import REBALANCE_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
     from tests.daemon.conftest import Launcher
 
-__all__ = ["PARTITIONS", "TOKEN", "Root", "by_url", "cluster_of", "member", "owner_url", "partition_of", "settled",
-           "view"]
+__all__ = ["PARTITIONS", "TOKEN", "Root", "by_url", "cluster_of", "member", "owner_url", "partition_of", "running",
+           "settled", "view"]
 
 PARTITIONS = 8  # the clusterCoordinationPartitions of the tests' clusters
 TOKEN = "cluster-shared-token"  # every member's httpAuthToken: a forwarded request carries the caller's
@@ -82,3 +86,20 @@ def member(launch: Launcher, root: Root, name: str, *, pauses: str | None = None
     with daemon.config.open("a") as written:
         written.write(f"clusterAdvertisedUrl={daemon.url}\n")
     return daemon
+
+
+@contextlib.contextmanager
+def running(daemons: list[DaemonProcess], partitions: int = PARTITIONS) -> Iterator[list[DaemonProcess]]:
+    """Start the members, wait until each is ready and the group has settled; stop them all at the end (also
+    when a test fails)."""
+    try:
+        for daemon in daemons:
+            daemon.start()
+        for daemon in daemons:
+            daemon.wait_ready()
+        wait_for(lambda: settled(daemons, partitions), timeout=REBALANCE_TIMEOUT_S,
+                 what=f"{len(daemons)} members share the partitions")
+        yield daemons
+    finally:
+        for daemon in daemons:
+            daemon.stop()
