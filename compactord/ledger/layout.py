@@ -103,8 +103,10 @@ def legacy_seq_key() -> str:
     return f"{DAEMON_DIR}/ledger-seq"
 
 
-def write_probe_key() -> str:
-    return f"{DAEMON_DIR}/write-probe"
+def write_probe_key(writer: str = "") -> str:
+    """The object a daemon writes and deletes at its start to find out that the root can be written: one of its
+    own (``writer``), since the members of a cluster open one root at once and would delete each other's."""
+    return f"{DAEMON_DIR}/write-probe" + (f"-{writer}" if writer else "")
 
 
 def store_probe_key() -> str:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Self
 
@@ -94,7 +96,7 @@ class LedgerStore:
             with self._unwritable("cannot be written"):
                 # A root on a read-only or full file system takes the lock (it exists already) and
                 # fails only at the first ledger: find out now, before anything is served.
-                probe = layout.write_probe_key()
+                probe = layout.write_probe_key(f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
                 self.objects.put(probe, b"compactord checks that the ledger root can be written\n")
                 self.objects.delete(probe)
                 daemon_dir = self.objects.local_path(DAEMON_DIR)
