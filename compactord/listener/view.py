@@ -142,9 +142,11 @@ class TopicView:
         """Whether the listener serves the topic: compactionTopicsPattern admits it, or it has a ledger."""
         if self._host.monitor.watches(topic):
             return True
+        if topic in self._host.monitor.ignored:
+            return False
         try:
-            return topic in self.topics()
-        except (BrokerUnavailable, StorageUnavailable):
+            return topic in self._host.store.topics()
+        except StorageUnavailable:
             return False
 
     def first_offset(self, topic: str, partition: int) -> int | None:
