@@ -34,10 +34,10 @@ from tests.support.waiting import wait_for
 # The members' monitors compact the topics kafka.topic(prefix="cf") makes, at their first new record.
 MONITORED = "cf-[0-9]+-[0-9a-f]{6}"
 TOPICS = 24
-# The default: a replaced ledger stays readable for 5 minutes. With 0 (the daemon tier's launcher default), a read
-# whose look-up of the current ledger's manifest (``TopicCompactionService.ledger_info``, not holding the ledger)
-# races its owner's next switch answers 500 ledger_corrupt, on a single daemon's local root as well.
-RETIRED_GRACE_S = 300
+# No grace: a replaced ledger is deleted as soon as no read holds it, so that a read racing its owner's next switch
+# (its look-up of the current ledger's manifest, ``TopicCompactionService.ledger_info``) finds it gone and must
+# read the new one, never answer 500.
+RETIRED_GRACE_S = 0
 NAMES = ("a", "b", "c")
 
 

@@ -92,4 +92,6 @@ def test_a_topic_the_broker_compacts_itself_shows_its_configs_and_the_risk(share
     assert row["broker"]["configs"]["cleanup_policy"] == "compact"
     assert row["broker"]["configs"]["compacted_by_broker"] is True
     assert any("first-value" in w and "broker compacts" in w for w in row["warnings"])
-    assert metric(daemon, "compactord_topic_broker_compacted", topic=topic) == 1.0
+    # its series exist once a pass sees it with a ledger (the monitor passes every second here)
+    wait_for(lambda: metric(daemon, "compactord_topic_broker_compacted", topic=topic) == 1.0, 30,
+             f"{topic}'s compactord_topic_broker_compacted series", daemon)
