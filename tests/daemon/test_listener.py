@@ -71,18 +71,7 @@ def consumer(daemon: DaemonProcess) -> Iterator[Consumer]:
 def _read_to_end(consumer: Consumer, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record from offset 0 to the end of partition 0 (librdkafka's end-of-partition event)."""
     consumer.assign([TopicPartition(topic, 0, 0)])
-    read: list[tuple[int, bytes | None, bytes | None]] = []
-    for _ in range(int(TASK_TIMEOUT_S)):  # each poll waits up to a second
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return read
-            raise KafkaException(error)
-        read.append((message.offset(), message.key(), message.value()))
-    raise AssertionError(f"no end of partition reached within {TASK_TIMEOUT_S} s; read {read}")
+    return _poll_to_end(consumer)
 
 
 def test_a_consumer_reads_the_compacted_view_then_the_live_log_in_one_read(daemon: DaemonProcess, kafka: Any,
