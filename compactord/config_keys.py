@@ -28,6 +28,7 @@ from compactord.config_values import (
     int_range,
     ledger_root,
     listener_list,
+    pem_file,
     regex,
     spark_master,
     text,
@@ -280,13 +281,20 @@ class Settings:
         "pass); past it only the totals are exported (0 = never per topic).")
     # Kafka listener
     kafka_listeners: str = _key("kafkaListeners", listener_list, "", "listener",
-        "Empty: no listener. PLAINTEXT://host:port: serve each compacted topic over Kafka's protocol there, read "
+        "Empty: no listener. SCHEME://host:port[,...]: serve each compacted topic over Kafka's protocol there, read "
         "only: a fetch at or below the topic's horizon from its ledger (original offsets), past it relayed to the "
-        "broker (docs/design.md#the-kafka-listener). SASL and TLS forms are refused (not supported yet); a "
-        "non-loopback host needs httpAuthToken or httpAllowUnauthenticated=true, as httpBindAddress does.")
+        "broker (docs/design.md#the-kafka-listener). SASL_PLAINTEXT and SASL_SSL take SASL/PLAIN with the password "
+        "token:<httpAuthToken> or token:<httpReadToken> (any user name); SSL and SASL_SSL need kafkaTlsCertFile "
+        "and kafkaTlsKeyFile. With httpAuthToken set every listener must be SASL_PLAINTEXT or SASL_SSL; without "
+        "it SASL listeners are refused, and a non-loopback host needs httpAllowUnauthenticated=true, as "
+        "httpBindAddress does.")
     kafka_advertised_listeners: str = _key("kafkaAdvertisedListeners", listener_list, "", "listener",
-        "The addresses Metadata answers (one for each of kafkaListeners, in order): what clients connect to. Empty: "
-        "kafkaListeners (with the port bound for port 0).")
+        "The addresses Metadata answers (one for each of kafkaListeners, in order, with the same scheme): what "
+        "clients connect to. Empty: kafkaListeners (with the port bound for port 0).")
+    kafka_tls_cert_file: str = _key("kafkaTlsCertFile", pem_file, "", "listener",
+        "Certificate (PEM, the chain after it) of the SSL and SASL_SSL listeners; TLS 1.2 at least.")
+    kafka_tls_key_file: str = _key("kafkaTlsKeyFile", pem_file, "", "listener",
+        "Private key (PEM, not encrypted) of kafkaTlsCertFile; never logged.")
     kafka_max_connections: int = _key("kafkaMaxConnections", int_range(1, 100000), "1000", "listener",
         "Open connections to the Kafka listener; one more is closed at once.")
     # Cluster

@@ -27,7 +27,7 @@ from compactord.config_keys import (
     PULSAR_EVENT_TIME_FACTORY,
     Settings,
 )
-from compactord.config_values import is_loopback, listener_addresses, s3_location
+from compactord.config_values import is_loopback, listener_addresses, s3_location, tls_context
 from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
@@ -70,7 +70,7 @@ def _read_secret(key: str, raw: str) -> str:
 def _check_http(values: dict[str, Any]) -> None:
     """The rules between the HTTP keys: no API open by accident."""
     address, token, read_token = values["http_bind_address"], values["http_auth_token"], values["http_read_token"]
-    if not is_loopback(address) and not token and not values["http_allow_unauthenticated"]:
+    if _open_by_accident(address, values):
         raise ConfigError("httpBindAddress", address, "a non-loopback address needs httpAuthToken (anyone who "
                           "reaches the port could cancel, delete and rebuild), or httpAllowUnauthenticated=true "
                           "to serve the API open on purpose")
@@ -81,31 +81,69 @@ def _check_http(values: dict[str, Any]) -> None:
         raise ConfigError("httpReadToken", "<the value of httpAuthToken>", "must differ from httpAuthToken")
 
 
+def _open_by_accident(host: str, values: dict[str, Any]) -> bool:
+    """A server on ``host`` would be open to other machines without a token, and no one said that is on purpose:
+    the one rule of the HTTP API and the Kafka listener."""
+    return not _loopback_host(host) and not values["http_auth_token"] and not values["http_allow_unauthenticated"]
+
+
 def _check_listener(values: dict[str, Any]) -> None:
-    """The Kafka listener is open by accident as the API would be: refused on a non-loopback host without a token;
-    and it relays to the broker over PLAINTEXT only."""
-    listeners = listener_addresses(values["kafka_listeners"])
+    """The Kafka listener fails closed as the API does: with a token every listener takes SASL/PLAIN, without one
+    none can (no password to check) and a non-loopback one is refused unless on purpose; TLS has its files; and
+    it relays to the broker over PLAINTEXT only."""
+    raw = values["kafka_listeners"]
+    listeners = listener_addresses(raw)
     if not listeners:
         return
-    opened = [host for _, host, _ in listeners if not _loopback_host(host)]
-    if opened and not values["http_auth_token"] and not values["http_allow_unauthenticated"]:
-        raise ConfigError("kafkaListeners", values["kafka_listeners"], "a non-loopback address needs httpAuthToken, "
-                          "or httpAllowUnauthenticated=true to serve the compacted view open on purpose (the "
-                          "listener takes no credentials yet)")
+    for scheme, host, port in listeners:
+        shown = f"{scheme}://{host}:{port}"
+        sasl = scheme.startswith("SASL_")
+        if values["http_auth_token"] and not sasl:
+            raise ConfigError("kafkaListeners", raw, f"{shown} takes no password while httpAuthToken is set: use "
+                              f"SASL_PLAINTEXT:// or SASL_SSL:// (SASL/PLAIN, the password token:<httpAuthToken>)")
+        if not values["http_auth_token"] and sasl:
+            raise ConfigError("kafkaListeners", raw, f"{shown} needs httpAuthToken (its SASL/PLAIN password is "
+                              "token:<httpAuthToken>); without a token use PLAINTEXT:// or SSL://")
+        if _open_by_accident(host, values):
+            raise ConfigError("kafkaListeners", raw, f"{shown}: a non-loopback address needs httpAuthToken (and "
+                              "SASL_PLAINTEXT:// or SASL_SSL://), or httpAllowUnauthenticated=true to serve the "
+                              "compacted view open on purpose")
+    _check_listener_tls(values, [scheme for scheme, _, _ in listeners])
     if values["kafka_security_protocol"] != "PLAINTEXT":
-        raise ConfigError("kafkaListeners", values["kafka_listeners"], "empty while kafkaSecurityProtocol is "
+        raise ConfigError("kafkaListeners", raw, "empty while kafkaSecurityProtocol is "
                           f"{values['kafka_security_protocol']}: the listener relays to the broker over PLAINTEXT "
                           "only (not supported yet)")
     advertised = values["kafka_advertised_listeners"]
-    if advertised and len(listener_addresses(advertised)) != len(listeners):
+    if not advertised:
+        return
+    schemes = [scheme for scheme, _, _ in listener_addresses(advertised)]
+    if len(schemes) != len(listeners):
         raise ConfigError("kafkaAdvertisedListeners", advertised,
                           f"one address for each of kafkaListeners ({len(listeners)}), or empty")
+    for (scheme, host, port), told in zip(listeners, schemes, strict=True):
+        if told != scheme:
+            raise ConfigError("kafkaAdvertisedListeners", advertised, f"the scheme of each of kafkaListeners in "
+                              f"order: {told}:// is advertised for {scheme}://{host}:{port}")
+
+
+def _check_listener_tls(values: dict[str, Any], schemes: list[str]) -> None:
+    """SSL listeners have a certificate and its key, files this process can read that load together."""
+    if not any(scheme.endswith("SSL") for scheme in schemes):
+        return
+    for key, attr in (("kafkaTlsCertFile", "kafka_tls_cert_file"), ("kafkaTlsKeyFile", "kafka_tls_key_file")):
+        path = values[attr]
+        if not path:
+            raise ConfigError(key, path, "required by an SSL:// or SASL_SSL:// listener of kafkaListeners: set "
+                              "kafkaTlsCertFile and kafkaTlsKeyFile (PEM files)")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(key, path, "a readable PEM file: this file does not exist or cannot be read")
+    tls_context(values["kafka_tls_cert_file"], values["kafka_tls_key_file"])
 
 
 def _loopback_host(host: str) -> bool:
     try:
         return host == "localhost" or is_loopback(host)
-    except ValueError:  # a host name: not known to be loopback
+    except ValueError:  # a host name, or "" (every address): not known to be loopback
         return False
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -15,6 +16,7 @@ from compactord.errors import ConfigError
 from compactord.event_time import EVENT_TIME_SOURCES, validate_event_time_source
 
 __all__ = [
+    "LISTENER_SCHEMES",
     "Parser",
     "Rejected",
     "bind_address",
@@ -35,10 +37,12 @@ __all__ = [
     "ledger_root",
     "listener_addresses",
     "listener_list",
+    "pem_file",
     "regex",
     "s3_location",
     "spark_master",
     "text",
+    "tls_context",
 ]
 
 T = TypeVar("T")
@@ -321,21 +325,21 @@ http_url = Parser("an http:// or https:// URL (scheme, host, optional port and p
 
 # A Kafka listener's address: SCHEME://host:port, the host a name, an IPv4 address, [IPv6] or empty (every address).
 _LISTENER = re.compile(r"([A-Z_]+)://([A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
-_LISTENER_SCHEMES = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
+LISTENER_SCHEMES = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
 
 
 def listener_addresses(raw: str) -> list[tuple[str, str, int]]:
     """``kafkaListeners`` (or ``kafkaAdvertisedListeners``) as (scheme, host, port): host "" for every address,
     an IPv6 address without its brackets.
 
-    :raises Rejected: an address is not SCHEME://host:port, or its scheme is not PLAINTEXT."""
+    :raises Rejected: an address is not SCHEME://host:port with a scheme of ``LISTENER_SCHEMES``."""
     found = []
     for address in (a.strip() for a in raw.split(",") if a.strip()):
         match = _LISTENER.fullmatch(address)
-        if match is None or not 0 <= int(match[3]) <= 65535 or match[1] not in _LISTENER_SCHEMES:
+        if match is None or not 0 <= int(match[3]) <= 65535:
             raise Rejected(f"{address!r} is not SCHEME://host:port")
-        if match[1] != "PLAINTEXT":
-            raise Rejected(f"{match[1]} is not supported yet")
+        if match[1] not in LISTENER_SCHEMES:
+            raise Rejected(f"{address!r}: {match[1]} is not one of {', '.join(LISTENER_SCHEMES)}")
         found.append((match[1], match[2].strip("[]"), int(match[3])))
     return found
 
@@ -345,8 +349,40 @@ def _kafka_listeners(raw: str) -> str:
     return ",".join(a.strip() for a in raw.split(",") if a.strip())
 
 
-listener_list = Parser("PLAINTEXT://host:port[,PLAINTEXT://host:port...] (host empty for every address; port 0 "
-                         "to 65535), or empty", _kafka_listeners)
+listener_list = Parser("SCHEME://host:port[,SCHEME://host:port...], SCHEME one of PLAINTEXT, SASL_PLAINTEXT, SSL "
+                       "and SASL_SSL (host empty for every address; port 0 to 65535), or empty", _kafka_listeners)
+
+
+def _pem_file(raw: str) -> str:
+    path = raw.strip().removeprefix("file:")
+    if not path:
+        raise Rejected()
+    return path
+
+
+pem_file = Parser("the path of a PEM file, written /path or file:/path, or empty", _pem_file)
+
+
+def _no_password() -> bytes:
+    return b""  # an encrypted key fails to load, never prompts on a terminal
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The server context of the Kafka listener's SSL and SASL_SSL listeners (``kafkaTlsCertFile``,
+    ``kafkaTlsKeyFile``): TLS 1.2 at least, no client certificate asked.
+
+    :raises ConfigError: the certificate or its key do not load (the message names the files, never a key's
+        contents).
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file, password=_no_password)
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
+        raise ConfigError("kafkaTlsCertFile", cert_file, f"a PEM certificate whose private key is kafkaTlsKeyFile="
+                          f"{key_file} (PEM, not encrypted): they do not load together ({reason})") from None
+    return context
 
 
 class _SecretParser(Parser[T]):

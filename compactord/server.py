@@ -169,7 +169,9 @@ def serve(settings: Settings, embedded_broker: bool = False) -> int:
                      "storage: its topics vanish when it stops", broker.bootstrap)
             if not settings.kafka_listeners:  # the trial reads its view with any Kafka client too, on loopback
                 port = EMBEDDED_LISTENER_PORT if port_is_free(EMBEDDED_LISTENER_PORT) else free_port()
-                settings = settings.with_overrides(kafka_listeners=f"PLAINTEXT://127.0.0.1:{port}")
+                # With a token it takes the token as every listener must (SASL/PLAIN): fails closed as the API does.
+                scheme = "SASL_PLAINTEXT" if settings.http_auth_token else "PLAINTEXT"
+                settings = settings.with_overrides(kafka_listeners=f"{scheme}://127.0.0.1:{port}")
         _warnings(settings)
         try:
             daemon = Daemon(settings)

@@ -20,17 +20,19 @@ import kafka.protocol.admin as admin_api
 import kafka.protocol.consumer as consumer_api
 import kafka.protocol.metadata as metadata_api
 import kafka.protocol.producer as producer_api
+import kafka.protocol.sasl as sasl_api
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_key import ApiKey
 
-__all__ = ["ERRORS", "GROUPS", "READ_ONLY", "REFUSED", "SERVED", "MalformedFrame", "Request", "api_versions",
+__all__ = ["ERRORS", "GROUPS", "READ_ONLY", "REFUSED", "SASL", "SERVED", "MalformedFrame", "Request", "api_versions",
            "decode_request", "encode_response", "item", "refusal", "refusal_error", "unsupported"]
 
 # The protocol's error codes the listener answers (Kafka's ``Errors``).
 ERRORS = {"NONE": 0, "OFFSET_OUT_OF_RANGE": 1, "UNKNOWN_TOPIC_OR_PARTITION": 3, "LEADER_NOT_AVAILABLE": 5,
           "NOT_LEADER_OR_FOLLOWER": 6, "COORDINATOR_NOT_AVAILABLE": 15, "UNSUPPORTED_VERSION": 35, "TOPIC_AUTHORIZATION_FAILED": 29,
           "CLUSTER_AUTHORIZATION_FAILED": 31, "POLICY_VIOLATION": 44, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
-          "KAFKA_STORAGE_ERROR": 56,
+          "UNSUPPORTED_SASL_MECHANISM": 33, "ILLEGAL_SASL_STATE": 34, "KAFKA_STORAGE_ERROR": 56,
+          "SASL_AUTHENTICATION_FAILED": 58,
           "UNKNOWN_SERVER_ERROR": -1}
 READ_ONLY = "compactord's Kafka listener is read-only: it serves the compacted view and the live log, never a write"
 
@@ -58,6 +60,13 @@ GROUPS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ListGroups: (0, 5),
 }
 SERVED.update(GROUPS)
+# SASL/PLAIN's exchange (``listener/auth.py``), advertised on every listener as Kafka does; on a listener that takes
+# no password it is answered ILLEGAL_SASL_STATE.
+SASL: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.SaslHandshake: (0, 1),
+    ApiKey.SaslAuthenticate: (0, 2),
+}
+SERVED.update(SASL)
 # Advertised, and always refused (``refusal``): the writes a client may try.
 REFUSED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.Produce: (3, 9),
@@ -72,12 +81,12 @@ REFUSED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.InitProducerId: (0, 4),
 }
 
-# Every request and response class kafka-python has, by API key.
+# Every request and response class kafka-python has, by API key (SaslBytesRequest, v0's bare token, is no API).
 _CLASSES: dict[int, tuple[Any, Any]] = {}
-for _module in (admin_api, consumer_api, metadata_api, producer_api):
+for _module in (admin_api, consumer_api, metadata_api, producer_api, sasl_api):
     for _name in _module.__all__:
         _cls = getattr(_module, _name)
-        if _name.endswith("Request") and hasattr(_module, _name[:-7] + "Response"):
+        if _name.endswith("Request") and hasattr(_module, _name[:-7] + "Response") and hasattr(_cls, "API_KEY"):
             _CLASSES[_cls.API_KEY] = (_cls, getattr(_module, _name[:-7] + "Response"))
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id: the part of every request header

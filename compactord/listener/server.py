@@ -1,5 +1,6 @@
 """The listener's TCP servers: one asyncio event loop in a thread of its own, a server per address of
-``kafkaListeners``, each connection's requests answered in order (as a broker answers them). Bounds: at most
+``kafkaListeners`` (TLS on SSL and SASL_SSL ones), each connection's requests answered in order (as a broker
+answers them), on SASL listeners only once it authenticated (``auth``). Bounds: at most
 ``kafkaMaxConnections`` connections (one more is closed at once), a request frame of at most
 ``MAX_REQUEST_BYTES``; a frame that is larger, or that does not decode, closes its own connection only, with
 one log line.
@@ -17,11 +18,13 @@ from typing import Any
 
 from kafka.protocol.api_key import ApiKey
 
-from compactord.config_values import listener_addresses
+from compactord.config_values import listener_addresses, tls_context
 from compactord.errors import ConfigError
+from compactord.listener.auth import Authentication, Passwords
 from compactord.listener.handlers import Handlers, Session
 from compactord.listener.protocol import (
     REFUSED,
+    SASL,
     SERVED,
     MalformedFrame,
     Request,
@@ -62,6 +65,11 @@ class KafkaListener:
             raise ConfigError("kafkaAdvertisedListeners", settings.kafka_advertised_listeners,
                               f"one address for each of kafkaListeners ({len(self._binds)})")
         self._advertised = advertised
+        # The rules between the keys (config_load) hold: a token makes every listener SASL_*, and SSL ones have
+        # their files, which load.
+        self._passwords = Passwords((settings.http_auth_token, settings.http_read_token))
+        self._tls = tls_context(settings.kafka_tls_cert_file, settings.kafka_tls_key_file) \
+            if any(scheme.endswith("SSL") for scheme, _, _ in self._binds) else None
         self._max_connections = settings.kafka_max_connections
         self._connections = 0
         self._refusing = False
@@ -85,11 +93,11 @@ class KafkaListener:
             started.result(_START_TIMEOUT_S)
         except OSError as exc:
             self.stop()
-            raise ConfigError("kafkaListeners", ",".join(f"PLAINTEXT://{h}:{p}" for _, h, p in self._binds),
+            raise ConfigError("kafkaListeners", ",".join(f"{s}://{h}:{p}" for s, h, p in self._binds),
                               f"addresses this host can listen on ({exc.strerror or exc})") from exc
-        for (_, host, port), bound in zip(self._advertised, self.ports, strict=True):
-            log.info("Kafka listener on %s:%d (read-only; advertised as %s:%d)", host or "0.0.0.0", bound, host,
-                     port or bound)
+        for (scheme, host, port), (_, bind, _), bound in zip(self._advertised, self._binds, self.ports, strict=True):
+            log.info("Kafka listener on %s://%s:%d (read-only; advertised as %s:%d)", scheme, bind or "0.0.0.0",
+                     bound, host, port or bound)
         return self
 
     def _run(self, started: Future[None]) -> None:
@@ -103,9 +111,10 @@ class KafkaListener:
         self._loop.run_forever()
 
     async def _bind(self) -> None:
-        for index, (_, host, port) in enumerate(self._binds):
+        for index, (scheme, host, port) in enumerate(self._binds):
             server = await asyncio.start_server(functools.partial(self._connection, index=index), host or None,
-                                                port, reuse_address=True)
+                                                port, reuse_address=True,
+                                                ssl=self._tls if scheme.endswith("SSL") else None)
             self._servers.append(server)
             self.ports.append(server.sockets[0].getsockname()[1])
 
@@ -148,14 +157,18 @@ class KafkaListener:
         self._writers.add(writer)
         _, host, port = self._advertised[index]
         session = Session(host or "127.0.0.1", port or self.ports[index])
+        auth = Authentication(self._passwords if self._binds[index][0].startswith("SASL_") else None)
         try:
             while True:
                 frame = await self._frame(reader, peer)
                 if frame is None:
                     return
-                answer = await self._answer(decode_request(frame), session)
+                answer, closes = await self._exchange(frame, auth, session)
                 writer.write(answer)
                 await writer.drain()
+                if closes is not None:
+                    log.warning("Kafka listener: connection from %s closed: %s", peer, closes)
+                    return
         except MalformedFrame as exc:
             log.warning("Kafka listener: connection from %s closed: %s", peer, exc)
         except _Failed:
@@ -186,6 +199,26 @@ class KafkaListener:
             raise MalformedFrame(f"a frame of {size} bytes (at most {MAX_REQUEST_BYTES})")
         return await reader.readexactly(size)
 
+    async def _exchange(self, frame: bytes, auth: Authentication, session: Session) -> tuple[bytes, str | None]:
+        """The answer to a frame, and why the connection closes after it (None: it stays open)."""
+        if auth.expects_token:
+            outcome = auth.token(frame)
+            self._count("SaslAuthenticate", outcome.error)
+            return outcome.answer, outcome.closes
+        request = decode_request(frame)
+        refused = auth.refusal(request)
+        if refused is not None:
+            self._count(request.api_name, "ILLEGAL_SASL_STATE")
+            return b"", refused
+        if request.api_key in SASL and request.body is not None:
+            outcome = auth.answer(request)
+            self._count(request.api_name, outcome.error)
+            return outcome.answer, outcome.closes
+        return await self._answer(request, session), None
+
+    def _count(self, api: str, error: str) -> None:
+        self._metrics.listener_requests.labels(api=api, error=error).inc()
+
     async def _answer(self, request: Request, session: Session) -> bytes:
         key = request.api_key
         error = "NONE"
@@ -206,4 +239,4 @@ class KafkaListener:
                 log.exception("Kafka listener: %s v%d failed", request.api_name, request.version)
                 raise _Failed from exc
         finally:
-            self._metrics.listener_requests.labels(api=request.api_name, error=error).inc()
+            self._count(request.api_name, error)
