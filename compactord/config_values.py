@@ -355,12 +355,12 @@ listener_list = Parser("SCHEME://host:port[,SCHEME://host:port...], SCHEME one o
 
 def _pem_file(raw: str) -> str:
     path = raw.strip().removeprefix("file:")
-    if not path:
+    if not path or "://" in path:  # a URL names no file this process opens
         raise Rejected()
     return path
 
 
-pem_file = Parser("the path of a PEM file, written /path or file:/path, or empty", _pem_file)
+pem_file = Parser("the path of a local PEM file, written /path or file:/path, or empty", _pem_file)
 
 
 def _no_password() -> bytes:

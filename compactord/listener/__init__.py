@@ -4,7 +4,8 @@ to the horizon, with the topic's own offsets, then as the live log, relayed from
 ``protocol`` decodes and encodes frames (kafka-python's protocol classes), ``batches`` turns ledger entries into
 record batches, ``view`` reads the daemon's topics and ledgers, ``relay`` reaches the real broker, ``handlers``
 answers Metadata, ListOffsets and Fetch, ``groups`` relays the consumer groups' requests to their coordinator,
-``server`` runs the TCP servers in a thread of their own.
+``auth`` takes SASL/PLAIN on SASL listeners, ``server`` runs the TCP servers (TLS on SSL ones) in a thread of
+their own.
 """
 
 from __future__ import annotations
