@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["CATALOG_NAME", "ICEBERG_DIR", "file_io_properties", "opener", "warehouse_of"]
 
 CATALOG_NAME = "compactord"  # the name pyiceberg gives the catalog (a SQL catalog's rows carry it)
-ICEBERG_DIR = "iceberg"  # a SQL catalog's tables: <root>/@compactord/iceberg/<namespace>.db/<topic>/
+ICEBERG_DIR = "iceberg"  # a SQL catalog's tables: <root>/@compactord/iceberg/, a folder per namespace and table
 _NOT_SHOWN = "<not shown>"  # the catalog URI may hold a password
 _PYARROW_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
 
@@ -50,11 +50,11 @@ def file_io_properties(settings: Settings) -> dict[str, str]:
     if s3_location(settings.compacted_ledger_root) is None:
         return {}
     endpoint = settings.s3_endpoint.strip()
-    props = {"py-io-impl": _PYARROW_IO, "s3.region": settings.s3_region.strip()}
+    # pyiceberg's PyArrowFileIO addresses a bucket by its virtual host unless told: the root's style is said.
+    props = {"py-io-impl": _PYARROW_IO, "s3.region": settings.s3_region.strip(),
+             "s3.force-virtual-addressing": "false" if settings.s3_path_style else "true"}
     if endpoint:
         props["s3.endpoint"] = endpoint
-        # PyArrow addresses a bucket by path when an endpoint is set, unless told otherwise.
-        props["s3.force-virtual-addressing"] = "false" if settings.s3_path_style else "true"
     if settings.s3_access_key_id:
         props["s3.access-key-id"] = settings.s3_access_key_id
         props["s3.secret-access-key"] = settings.s3_secret_access_key
