@@ -320,9 +320,14 @@ class Settings:
     # Iceberg
     iceberg_catalog_uri: str = _key("icebergCatalogUri", iceberg_catalog_uri, "", "iceberg",
         "Empty: off. Set: after each switch, the topic's new ledger is committed as one snapshot of the Iceberg "
-        "table (icebergNamespace, TOPIC) of this SQL catalog, referencing the ledger's part files in place (a "
-        "local ledger root only). A SQLite file serves one daemon. Never shown in logs or /v1/info (file:/path "
-        "reads it from a file).", secret=True)
+        "table (icebergNamespace, TOPIC) of this catalog, referencing the ledger's part files in place (on an "
+        "s3:// root by s3:// URLs, read with the root's s3* settings). A SQL catalog keeps the tables' metadata "
+        "under the root's @compactord/iceberg/; a REST catalog chooses where. A SQLite file serves one daemon "
+        "(refused with clusterName): a cluster uses PostgreSQL or a REST catalog. Never shown in logs or "
+        "/v1/info (file:/path reads it from a file).", secret=True)
+    iceberg_catalog_token: str = _key("icebergCatalogToken", text, "", "iceberg",
+        "Bearer token sent to a REST catalog (icebergCatalogUri http:// or https://); empty: none. Never shown "
+        "in logs or /v1/info (file:/path reads it from a file).", secret=True)
     iceberg_namespace: str = _key("icebergNamespace", iceberg_namespace, "compactord", "iceberg",
         "The catalog namespace of the topics' tables; a topic's table is named as the topic, exactly.")
     iceberg_snapshots_retained: int = _key("icebergSnapshotsRetained", int_range(1, 10_000), "5", "iceberg",

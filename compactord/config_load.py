@@ -27,7 +27,7 @@ from compactord.config_keys import (
     PULSAR_EVENT_TIME_FACTORY,
     Settings,
 )
-from compactord.config_values import is_loopback, listener_addresses, s3_location, tls_context
+from compactord.config_values import iceberg_catalog_kind, is_loopback, listener_addresses, s3_location, tls_context
 from compactord.errors import ConfigError, ConfigFileError
 from compactord.properties import load_properties
 
@@ -174,6 +174,19 @@ def _check_cluster(values: dict[str, Any]) -> None:
                           "this file does not exist or cannot be read")
 
 
+def _check_iceberg(values: dict[str, Any]) -> None:
+    """The catalog's token goes to a REST catalog only, and a SQLite file serves one daemon: the members of a
+    cluster would each write their own copy of it (or lock one another out of a shared one)."""
+    uri = values["iceberg_catalog_uri"]
+    if values["iceberg_catalog_token"] and iceberg_catalog_kind(uri) != "rest":
+        raise ConfigError("icebergCatalogToken", _NOT_SHOWN, "is sent to a REST catalog only: set icebergCatalogUri "
+                          "to its http:// or https:// URL, or leave icebergCatalogToken empty")
+    if values["cluster_name"] and uri.startswith("sqlite"):
+        raise ConfigError("icebergCatalogUri", _NOT_SHOWN, f"a SQLite catalog cannot be shared by the members of "
+                          f"cluster {values['cluster_name']} (clusterName): use a PostgreSQL catalog "
+                          "(postgresql://USER:PASSWORD@HOST/DB) or a REST catalog (https://...)")
+
+
 def _resolve_factory_alias(values: dict[str, Any], explicit: set[str]) -> None:
     factory = values["compaction_service_factory_class_name"]
     if factory == PULSAR_DEFAULT_FACTORY:
@@ -237,6 +250,7 @@ def settings_from_properties(props: Mapping[str, str], env: Mapping[str, str] | 
     _check_listener(values)
     _check_s3(values)
     _check_cluster(values)
+    _check_iceberg(values)
     values["spark_conf"] = spark_conf
     return Settings(**values)
 

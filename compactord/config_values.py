@@ -30,6 +30,7 @@ __all__ = [
     "float_range",
     "host_list",
     "http_url",
+    "iceberg_catalog_kind",
     "iceberg_catalog_uri",
     "iceberg_namespace",
     "int_range",
@@ -399,18 +400,27 @@ class _SecretParser(Parser[T]):
 _SQL_CATALOG = re.compile(r"(sqlite|postgresql)(\+[a-z0-9_]+)?://.+")
 
 
+def iceberg_catalog_kind(uri: str) -> str:
+    """``sql`` or ``rest``: the kind of catalog a valid ``icebergCatalogUri`` names ("" when it is empty)."""
+    if not uri:
+        return ""
+    return "rest" if uri.startswith(("http://", "https://")) else "sql"
+
+
 def _iceberg_catalog_uri(raw: str) -> str:
     value = raw.strip()
     if value.startswith(("http://", "https://")):
-        raise Rejected("a REST catalog is not supported yet")
+        return _http_url(value)  # a REST catalog: its base URL (no user, query or fragment: the token is apart)
     if not _SQL_CATALOG.fullmatch(value):
-        raise Rejected()
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
+        raise Rejected(f"the scheme {scheme.group(1)}:// is not supported" if scheme else "")
     return value
 
 
 iceberg_catalog_uri = _SecretParser(
-    "a SQL catalog's SQLAlchemy URL: sqlite:////PATH/catalog.db (one daemon) or postgresql://USER:PASSWORD@HOST/DB "
-    "(file:/path reads it from a file), or empty (off)", _iceberg_catalog_uri)
+    "a SQL catalog's SQLAlchemy URL: sqlite:////PATH/catalog.db (one daemon) or postgresql://USER:PASSWORD@HOST/DB; "
+    "or a REST catalog's http:// or https:// URL (its token in icebergCatalogToken); file:/path reads it from a "
+    "file; empty: off", _iceberg_catalog_uri)
 
 
 def _iceberg_namespace(raw: str) -> str:

@@ -7,8 +7,9 @@ A commit that fails is logged in one line and leaves the topic's lag (``compacto
 switches not yet in its table) where it was; the next switch commits the newest ledger and brings the table
 level. Nothing here fails a compaction or holds a read.
 
-The ledger's part files are referenced where they are, so the root must be a local folder: an s3:// root is
-refused at start (its files would be referenced by s3:// paths and read with the root's credentials; not done).
+The ledger's part files are referenced where they are: by their absolute paths on a local root, by their
+``s3://`` URLs on an object store's root (``ObjectStore.uri``); the catalog and the FileIO that reads them are
+``catalogs.py``'s.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from compactord.config import Settings
-from compactord.errors import ConfigError
-from compactord.ledger.layout import DAEMON_DIR
+from compactord.iceberg.catalogs import opener
 from compactord.ledger.store import LedgerStore
 
 if TYPE_CHECKING:
@@ -30,29 +30,17 @@ __all__ = ["TablePublisher", "open_publisher"]
 
 log = logging.getLogger(__name__)
 
-ICEBERG_DIR = "iceberg"  # the tables' metadata: <root>/@compactord/iceberg/<namespace>.db/<topic>/
-_NOT_SHOWN = "<not shown>"  # the catalog URI may hold a password
-
 
 def open_publisher(settings: Settings, store: LedgerStore,
                    set_lag: Callable[[str, int], None]) -> TablePublisher | None:
     """The publisher ``icebergCatalogUri`` asks for (None: the key is empty, Iceberg is off).
 
-    :raises ConfigError: the root is not a local folder, or pyiceberg (the ``[iceberg]`` extra) is missing."""
+    :raises ConfigError: the URI names no catalog compactord opens, or pyiceberg (the ``[iceberg]`` extra) is
+        missing (``catalogs.opener``)."""
     if not settings.iceberg_catalog_uri:
         return None
-    root = store.objects.local_root
-    if root is None:
-        raise ConfigError("icebergCatalogUri", _NOT_SHOWN, "an Iceberg table needs a local compactedLedgerRoot: "
-                          "a ledger's files on an s3:// root are not published yet; leave icebergCatalogUri empty")
-    try:
-        from compactord.iceberg.table import open_catalog
-    except ImportError as exc:
-        raise ConfigError("icebergCatalogUri", _NOT_SHOWN, f"needs pyiceberg, the [iceberg] extra (pip install "
-                          f"'compactord[iceberg]'): {exc}") from None
-    warehouse = (root / DAEMON_DIR / ICEBERG_DIR).resolve().as_uri()
-    return TablePublisher(store, lambda: open_catalog(settings.iceberg_catalog_uri, warehouse),
-                          settings.iceberg_namespace, settings.iceberg_snapshots_retained, set_lag)
+    catalog = opener(settings, store.objects)
+    return TablePublisher(store, catalog, settings.iceberg_namespace, settings.iceberg_snapshots_retained, set_lag)
 
 
 class TablePublisher:
@@ -109,8 +97,8 @@ class TablePublisher:
             if ledger_id is None:
                 return True
             manifest = self._store.load_manifest(topic, ledger_id)
-            folder = self._store.ledger_path(topic, ledger_id)
-            paths = [str(folder / part["name"]) for part in manifest.files]
+            folder = self._store.ledger_key(topic, ledger_id)
+            paths = [self._store.objects.uri(f"{folder}/{part['name']}") for part in manifest.files]
             if self._catalog is None:
                 self._catalog = self._open_catalog()
             committed = commit_ledger(self._catalog, self._namespace, manifest, paths, self._retained)

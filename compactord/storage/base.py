@@ -182,6 +182,17 @@ class ObjectStore(ABC):
         root = self.local_root
         return None if root is None else root / check_key(key)
 
+    def uri(self, key: str) -> str:
+        """The object's address for a reader outside this store (pyiceberg's FileIO, a query engine): a local
+        root's file by its absolute path, an object store's object by its URL (``s3://bucket/prefix/key``).
+
+        :raises InvalidArgument: ``key`` is not a key, or the store's objects have no such address.
+        """
+        path = self.local_path(key)
+        if path is None:
+            raise InvalidArgument(f"the objects of {self.describe()} have no address outside it")
+        return str(path)
+
     def check(self, key_name: str = "compactedLedgerRoot") -> None:
         """Refuse a root the daemon cannot use, before anything is written (an object store: its bucket, its
         credentials, its endpoint, that it enforces conditional writes); a store with nothing to check returns.

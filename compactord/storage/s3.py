@@ -74,6 +74,9 @@ class S3Store(ObjectStore):
                 # storageReadRetrySeconds and storageWriteRetrySeconds: a task's writes give up as the driver's do
                 "budgets": {"read_budget": self.read_budget, "write_budget": self.write_budget}}
 
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
     def credentials(self) -> dict[str, str]:
         if not self.options.access_key_id:
             return {}  # none, or the AWS chain

@@ -3,13 +3,16 @@ flat manifests and metadata over many commits, a delayed commit skipped, time tr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compactord.config import settings_from_properties
+from compactord.config import ENV_PREFIX, settings_from_properties
 from compactord.errors import ConfigError
 from compactord.iceberg.table import commit_ledger, ledger_id_of, open_catalog, snapshot_of, summary_of
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
@@ -30,8 +33,52 @@ def test_a_catalog_uri_refused_is_never_shown(uri: str) -> None:
         settings_from_properties({"icebergCatalogUri": uri}, env={})
     assert "s3cret" not in str(refused.value)
     assert "icebergCatalogUri" in str(refused.value)
-    if uri.startswith("https"):
-        assert "a REST catalog is not supported yet" in str(refused.value)
+    assert "'<not shown>'" in str(refused.value)
+
+
+def test_a_rest_catalog_takes_its_token_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0ken-s3cret\n")
+    settings = settings_from_properties({"icebergCatalogUri": "https://catalog.example/api/catalog/",
+                                         "icebergCatalogToken": f"file:{tmp_path / 'token'}"}, env={})
+    assert (settings.iceberg_catalog_uri, settings.iceberg_catalog_token) == (
+        "https://catalog.example/api/catalog", "t0ken-s3cret")
+
+
+def test_a_token_without_a_rest_catalog_is_refused_unshown() -> None:
+    with pytest.raises(ConfigError) as refused:
+        settings_from_properties({"icebergCatalogUri": "sqlite:////var/lib/c.db", "icebergCatalogToken": "s3cret"},
+                                 env={})
+    assert str(refused.value) == ("config key icebergCatalogToken='<not shown>' is invalid: is sent to a REST "
+                                  "catalog only: set icebergCatalogUri to its http:// or https:// URL, or leave "
+                                  "icebergCatalogToken empty")
+
+
+@pytest.mark.parametrize("line", ["icebergCatalogUri=mysql://user:s3cret@db/x",
+                                  "icebergCatalogUri=sqlite:////var/lib/s3cret/catalog.db\nclusterName=prod"])
+def test_a_catalog_refused_at_start_exits_2_with_one_line_naming_what_is_allowed(tmp_path: Path,
+                                                                                 line: str) -> None:
+    (tmp_path / "broker.conf").write_text(line + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "s3cret" not in done.stderr
+    prefix = "compactord: cannot start: config key icebergCatalogUri='<not shown>' is invalid: "
+    if "clusterName" in line:
+        assert done.stderr.strip() == prefix + (
+            "a SQLite catalog cannot be shared by the members of cluster prod (clusterName): use a PostgreSQL "
+            "catalog (postgresql://USER:PASSWORD@HOST/DB) or a REST catalog (https://...)")
+    else:
+        assert done.stderr.startswith(prefix + "the scheme mysql:// is not supported: expected a SQL catalog's "
+                                      "SQLAlchemy URL"), done.stderr
+        assert "a REST catalog's http:// or https:// URL" in done.stderr
+
+
+def test_a_cluster_takes_a_postgresql_or_rest_catalog() -> None:
+    for uri in ("postgresql://u:pw@db/cat", "https://catalog.example"):
+        settings = settings_from_properties({"icebergCatalogUri": uri, "clusterName": "prod"}, env={})
+        assert settings.iceberg_catalog_uri == uri
 
 
 def test_the_namespace_is_one_plain_level() -> None:
