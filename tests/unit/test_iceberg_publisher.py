@@ -115,7 +115,7 @@ def test_the_retained_ledgers_and_the_drop_of_a_deleted_topic(publisher: TablePu
     for ledger_id in (1, 2, 3):
         root.switch("t", ledger_id)
         publisher.switched("t")
-        wait_for(lambda: _named(catalog, "t") == ledger_id, WAIT_S, f"topic t's table at ledger {ledger_id}")
+        wait_for(lambda i=ledger_id: _named(catalog, "t") == i, WAIT_S, f"topic t's table at ledger {ledger_id}")
     # two snapshots retained: the ledger expired from the table is released after the expiry
     wait_for(lambda: ("t", {2, 3}) in released, WAIT_S, "ledger 1 released")
     assert publisher.retained("t") == {2, 3}
