@@ -268,6 +268,7 @@ class PolicyValues(_Body):
     strategy: str | None
     keyTtlMs: int | None
     maxReadBytesPerSecond: int | None
+    iceberg: bool | None = Field(None, description="false: the topic is not published to its Iceberg table")
 
 
 class Policies(_Body):

@@ -242,6 +242,14 @@ def run_status(run: RunRecord) -> dict[str, Any]:
 def topic_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     """The status of the topic's last compaction: the last task's, else the last run of its history (a
     task of an earlier process), else the current ledger's, else NOT_RUN."""
+    status = _last_status(daemon, topic)
+    table_behind = daemon.iceberg.warning(topic) if daemon.iceberg is not None else None
+    if table_behind is not None:  # the compaction succeeded; its Iceberg table lags (compactord_iceberg_lag_ledgers)
+        status["warnings"] = [*status["warnings"], table_behind]
+    return status
+
+
+def _last_status(daemon: Daemon, topic: str) -> dict[str, Any]:
     last = daemon.registry.last(topic)
     if last is not None:
         return task_status(last)

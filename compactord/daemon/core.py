@@ -176,19 +176,25 @@ class Daemon:
                                      recorder=self.runs.record)
         self.monitor = BacklogMonitor(settings, self.admin, self.store, self.registry, self.policies, self.metrics,
                                       store_problem=self.health.write_problem, history_last=self.history.last)
+        if self.iceberg is not None:  # its tables' retained snapshots keep their ledgers (expiry before deletion)
+            self.store.keep_also(self.iceberg.retained)
+            self.iceberg.released = self.store.delete_released
+            self.iceberg.enabled = self._iceberg_enabled
         if membership is not None:
             self.cluster = ClusterRole(settings.cluster_name, membership, settings.cluster_coordination_partitions,
                                        self.member_url, take=self._take_topic, release=self.store.release_topic,
                                        stop_topic=self._stop_topic_for_handover, known_topics=self._known_topics)
             self.monitor.owns = self.cluster.owns  # it considers the topics this member owns only
             self.monitor.ignored = frozenset({coordination_topic(settings.cluster_name)})
+            if self.iceberg is not None:  # only a topic's owner commits its table
+                self.iceberg.owns = self.cluster.holds
         self.backlogs = BacklogCache(self.monitor, self.registry)
         self.identities = TopicIdentities(self._identity_broker, self.health.broker_problem,
                                           self.monitor.last_identity)
         self.topics = Topics(settings, self.store, self.admin, self.factory, self.registry, self.policies,
                              self.backlogs, self.runs, self.health.broker_problem,
                              forget=(self.registry.forget, self.monitor.forget, self.identities.forget,
-                                     self.backlogs.forget, self.metrics.forget))
+                                     self.backlogs.forget, self.metrics.forget, self._iceberg_deleted))
         self.watchdog = Watchdog(settings, self.runtime, self.registry, jvm_check_timeout_s,
                                  each_pass=self.health.refresh)
         self.embedded_broker = False  # set by the server runner when it started the bundled broker
@@ -213,6 +219,8 @@ class Daemon:
             thread.start()
             self._threads.append(thread)
         self.store.start_recovery_pass(self._recovery_per_second)
+        if self.iceberg is not None:  # paced on its own thread: reads are served meanwhile
+            self.iceberg.start()
 
     # -- a cluster's member -----------------------------------------------------------------------
 
@@ -241,6 +249,8 @@ class Daemon:
         and last success read again (``LedgerStore.take``, then the recovery hook)."""
         self.policies.forget(topic)  # an earlier owner may have changed them, and recorded runs
         self.history.forget(topic)
+        if self.iceberg is not None:  # an earlier owner may have committed it: read again, caught up
+            self.iceberg.catch_up([topic])
         return self.store.take(topic)
 
     def _stop_topic_for_handover(self, topic: str) -> None:
@@ -284,6 +294,22 @@ class Daemon:
         self.runs.load_last_success(self.store, topic)
         apply_stored_policies(self.policies, self.factory, topic)
 
+    def _iceberg_enabled(self, topic: str) -> bool:
+        """Whether the topic is published to its Iceberg table: unless its policy says ``iceberg: false``
+        (policies that cannot be used: the default, published).
+
+        :raises StorageUnavailable: the store does not answer (the commit is tried again at the next switch)."""
+        try:
+            return self.policies.get(topic).iceberg is not False
+        except StorageUnavailable:
+            raise
+        except CompactordError:
+            return True
+
+    def _iceberg_deleted(self, topic: str) -> None:
+        if self.iceberg is not None:
+            self.iceberg.deleted(topic)
+
     def _start_runtime(self) -> None:
         if self.runtime is not None:
             try:
@@ -312,6 +338,8 @@ class Daemon:
         started = time.monotonic()
         self._stop.set()
         self.monitor.stop()
+        if self.iceberg is not None:
+            self.iceberg.stop()
         if self.cluster is not None:  # hands the topics over: their tasks stop, the group rebalances at once
             self.cluster.stop()
         self.registry.shutdown(timeout=max(30.0, self.settings.cancel_timeout_seconds))

@@ -51,6 +51,7 @@ class TopicPolicies:
     strategy: str | None = None
     keyTtlMs: int | None = None
     maxReadBytesPerSecond: int | None = None
+    iceberg: bool | None = None  # False: the topic is not published to its Iceberg table (icebergCatalogUri)
 
     @classmethod
     def from_json(cls, data: Any, allowed_strategies: Collection[str]) -> TopicPolicies:
@@ -77,6 +78,10 @@ class TopicPolicies:
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)
                                   or not 0 <= ratio <= 1):
             raise InvalidArgument(f"minDirtyRatio must be a number from 0 to 1 or null, got {ratio!r}")
+        iceberg = data.get("iceberg")
+        if iceberg is not None and not isinstance(iceberg, bool):
+            raise InvalidArgument(f"iceberg must be true, false or null (null: published when icebergCatalogUri is "
+                                  f"set), got {repr(iceberg)[:40]}")
         strategy = data.get("strategy")
         if strategy is not None and (not isinstance(strategy, str) or strategy not in allowed_strategies):
             raise InvalidArgument(
@@ -100,6 +105,7 @@ class TopicPolicies:
             "keyTtlMs": settings.compaction_key_ttl_ms if self.keyTtlMs is None else self.keyTtlMs,
             "maxReadBytesPerSecond": (settings.compaction_max_read_bytes_per_second
                                       if self.maxReadBytesPerSecond is None else self.maxReadBytesPerSecond),
+            "iceberg": bool(settings.iceberg_catalog_uri) and self.iceberg is not False,
         }
 
 

@@ -65,7 +65,7 @@ def _retire(service: TopicLedger, old: LedgerHandle | None, previous: LedgerMani
 
     def delete() -> None:
         try:
-            store.delete_ledger(topic, old_id)
+            store.delete_retired(topic, old_id)  # kept while a retained Iceberg snapshot names it
         except Exception:
             log.warning("could not delete old ledger %d of topic %s (removed at next start-up)",
                         old_id, topic, exc_info=True)

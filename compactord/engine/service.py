@@ -181,8 +181,8 @@ class SparkTopicCompactionService(TopicCompactionService):
 
     def _deleter(self, ledger_id: int) -> Callable[[], None]:
         def delete() -> None:
-            try:
-                self.factory.store.delete_ledger(self.topic, ledger_id)
+            try:  # kept while a retained snapshot of the topic's Iceberg table names it (``delete_retired``)
+                self.factory.store.delete_retired(self.topic, ledger_id)
             except CompactordError as exc:  # off the pointer already: an orphan, which the sweep removes
                 log.warning("could not delete retired ledger %d of topic %s (removed by the storage sweep or "
                             "at the next start): %s", ledger_id, self.topic, exc)

@@ -33,8 +33,8 @@ from pyiceberg.table.update.snapshot import _OverwriteFiles
 
 from compactord.model import RECORD_SCHEMA, LedgerManifest
 
-__all__ = ["HORIZON", "LEDGER_ID", "STRATEGY", "commit_ledger", "ledger_id_of", "open_catalog", "snapshot_of",
-           "summary_of"]
+__all__ = ["HORIZON", "LEDGER_ID", "STRATEGY", "commit_ledger", "drop_table", "ledger_id_of", "open_catalog",
+           "snapshot_of", "summary_of", "table_ledgers", "table_names"]
 
 LEDGER_ID = "compactord.ledger-id"
 HORIZON = "compactord.horizon"  # {"partition": offset, ...} as JSON
@@ -143,3 +143,33 @@ def summary_of(snapshot: Snapshot) -> dict[str, Any]:
     return {"ledger_id": ledger_id_of(snapshot), "horizon": {int(p): o for p, o in
                                                               json.loads(props.get(HORIZON, "{}")).items()},
             "strategy": props.get(STRATEGY)}
+
+
+# -- the table's lifecycle (the publisher's: what a table names, its drop) -----------------------------------
+
+
+def table_ledgers(catalog: Catalog, namespace: str, topic: str) -> tuple[int | None, set[int]] | None:
+    """The ledger id the table's current snapshot names, and the ledger ids its snapshots name (the retained
+    ones: older snapshots are expired); None: there is no table."""
+    try:
+        table = catalog.load_table((namespace, topic))
+    except NoSuchTableError:
+        return None
+    return ledger_id_of(table.current_snapshot()), {i for s in table.snapshots() if (i := ledger_id_of(s)) is not None}
+
+
+def table_names(catalog: Catalog, namespace: str) -> list[str]:
+    """The names of the namespace's tables (none if it does not exist)."""
+    if (namespace,) not in {tuple(n) for n in catalog.list_namespaces()}:
+        return []
+    return sorted(ident[-1] for ident in catalog.list_tables(namespace))
+
+
+def drop_table(catalog: Catalog, namespace: str, topic: str) -> bool:
+    """Drop the table from the catalog, its data files untouched (never ``purge_table``: they are the ledger's);
+    False: there was none."""
+    try:
+        catalog.drop_table((namespace, topic))
+    except NoSuchTableError:
+        return False
+    return True

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -72,6 +73,7 @@ class LedgerStore:
         self._known = KnownPointers()  # while this store is the sole writer: the pointers it read or wrote
         self.recovery_per_second = recovery_per_second
         self._recovery = TopicRecovery(self.recover_topic)
+        self._keepers: list[Callable[[str], set[int] | None]] = []
 
     # -- the root's lock -------------------------------------------------------------------------
 
@@ -121,6 +123,22 @@ class LedgerStore:
         """Call ``hook(topic, deleted)`` for each topic once recovered, before the topic is served (``deleted``:
         the recovery completed the topic's deletion), and at once for the topics recovered already."""
         self._recovery.after_recovery(hook)
+
+    def keep_also(self, keeper: Callable[[str], set[int] | None]) -> None:
+        """Keep, besides the ledgers a topic's pointer names, those ``keeper(topic)`` names (an Iceberg table's
+        retained snapshots); None from it: not known yet, so every ledger below the current one is kept. The
+        retired ledgers' sweep and the orphans' removal both keep them (``topic_removal``)."""
+        self._keepers.append(keeper)
+
+    def kept_elsewhere(self, topic: str) -> set[int] | None:
+        """The ledgers of ``topic`` the keepers name (None: one of them does not know yet)."""
+        kept: set[int] = set()
+        for keeper in self._keepers:
+            named = keeper(topic)
+            if named is None:
+                return None
+            kept |= named
+        return kept
 
     def ready(self, topic: str) -> None:
         """Recover ``topic`` if it was not since ``open()`` (nothing on a store that is not open): the gate of
@@ -406,6 +424,15 @@ class LedgerStore:
     def delete_ledger(self, topic: str, ledger_id: int) -> None:
         """Remove a ledger that is not current (``topic_removal.delete_ledger``)."""
         topic_removal.delete_ledger(self, topic, ledger_id)
+
+    def delete_retired(self, topic: str, ledger_id: int) -> bool:
+        """Remove a retired ledger past its grace unless a keeper keeps it (``topic_removal.delete_retired``)."""
+        return topic_removal.delete_retired(self, topic, ledger_id)
+
+    def delete_released(self, topic: str) -> list[int]:
+        """Remove the finalized ledgers below the current one that nothing keeps any more
+        (``topic_removal.delete_released``)."""
+        return topic_removal.delete_released(self, topic)
 
     def discard(self, path: Path) -> None:
         """Remove a partial ledger directory (``topic_removal.discard``)."""

@@ -8,18 +8,21 @@ the topic's recovery, or by the periodic sweep with its margin).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Protocol
 
 from compactord.errors import InvalidArgument, LedgerCorrupt
 from compactord.ledger import layout, removal
 from compactord.ledger.guard import WriterGuard
-from compactord.ledger.layout import CURRENT, ledger_dir_name
+from compactord.ledger.layout import CURRENT, LEDGER_RE, MANIFEST, ledger_dir_name
 from compactord.ledger.pointer import KnownPointers, Pointer, expired, read_pointer, write_pointer
 from compactord.storage import ObjectStore
 
-__all__ = ["delete_ledger", "delete_topic", "deletion_pending", "discard", "mark_deleting", "remove_orphans", "sweep",
-           "sweep_retired", "unmark_deleting"]
+__all__ = ["delete_ledger", "delete_released", "delete_retired", "delete_topic", "deletion_pending", "discard",
+           "mark_deleting", "remove_orphans", "sweep", "sweep_retired", "unmark_deleting"]
+
+log = logging.getLogger("compactord.ledger.store")
 
 
 class _Store(Protocol):  # the ledger store, as far as this module needs it
@@ -33,6 +36,7 @@ class _Store(Protocol):  # the ledger store, as far as this module needs it
     def pointer(self, topic: str) -> Pointer: ...
     def current_ledger_id(self, topic: str) -> int | None: ...
     def drop_retired(self, topic: str, ids: set[int], base: Pointer) -> Pointer: ...
+    def kept_elsewhere(self, topic: str) -> set[int] | None: ...
 
 
 def mark_deleting(store: _Store, topic: str) -> bool:
@@ -137,7 +141,39 @@ def sweep_retired(store: _Store, topic: str, now: float | None = None) -> list[i
     doomed = expired(pointer, now)
     store.drop_retired(topic, set(doomed), pointer)
     for ledger_id in doomed:
-        delete_ledger(store, topic, ledger_id)
+        delete_retired(store, topic, ledger_id)
+    return doomed
+
+
+def delete_retired(store: _Store, topic: str, ledger_id: int) -> bool:
+    """Remove a ledger taken off the retired list, unless a keeper (``LedgerStore.keep_also``: a retained
+    snapshot of the topic's Iceberg table) names it, or may (not known yet); False: kept, and removed once
+    released (``delete_released``), or by the orphans' removal once nothing keeps it."""
+    if ledger_id in _kept_elsewhere(store, topic, store.current_ledger_id(topic)):
+        log.info("retired ledger %d of topic %r kept past its grace: a retained snapshot of its Iceberg table "
+                 "names it", ledger_id, topic)
+        return False
+    delete_ledger(store, topic, ledger_id)
+    return True
+
+
+def delete_released(store: _Store, topic: str) -> list[int]:
+    """Remove the finalized ledgers below the current one that neither the pointer nor a keeper names (those a
+    keeper kept past their grace, once it released them: expiry before deletion); return their ids. A ledger
+    without a manifest is left to the sweep (its run's writers may not be done). Only the topic's writer."""
+    store.topic_dir(topic)
+    store.guard.check(topic)
+    pointer = store.pointer(topic)
+    if pointer.ledger is None:
+        return []
+    kept = _kept(store, topic, pointer)
+    doomed = [i for i in _ledger_ids(store, topic) if i < pointer.ledger and i not in kept
+              and store.objects.head(layout.ledger_prefix(topic, i) + MANIFEST) is not None]
+    for ledger_id in doomed:
+        store.objects.delete_prefix(layout.ledger_prefix(topic, ledger_id))
+    if doomed:
+        log.info("topic %r: ledgers %s deleted (no retained snapshot of its Iceberg table names them)", topic,
+                 doomed)
     return doomed
 
 
@@ -158,7 +194,7 @@ def remove_orphans(store: _Store, topic: str) -> list[str]:
     store.topic_dir(topic)
     store.guard.check(topic)
     pointer = store.pointer(topic)
-    return removal.remove_orphans(store.objects, topic, _kept(pointer), pointer.ledger is not None)
+    return removal.remove_orphans(store.objects, topic, _kept(store, topic, pointer), pointer.ledger is not None)
 
 
 def sweep(store: _Store, topic: str, ceiling: int, older_than: float) -> removal.Swept:
@@ -172,15 +208,32 @@ def sweep(store: _Store, topic: str, ceiling: int, older_than: float) -> removal
     if not store.guard.owns(topic):
         return removal.Swept()  # its owner sweeps it
     pointer = store.pointer(topic)
-    swept = removal.sweep_orphans(store.objects, topic, _kept(pointer), pointer.ledger is not None, ceiling,
-                                  older_than)
+    swept = removal.sweep_orphans(store.objects, topic, _kept(store, topic, pointer), pointer.ledger is not None,
+                                  ceiling, older_than)
     swept.uploads = store.objects.abort_uploads(layout.topic_prefix(topic), older_than)
     return swept
 
 
-def _kept(pointer: Pointer) -> set[int]:
-    """The ledgers a pointer names: its current one and its retired list."""
-    return {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
+def _kept(store: _Store, topic: str, pointer: Pointer) -> set[int]:
+    """The ledgers to keep: those the pointer names (its current one and its retired list), and those a keeper
+    names (``LedgerStore.keep_also``: the retained snapshots of the topic's Iceberg table)."""
+    named = {r.id for r in pointer.retired} | ({pointer.ledger} if pointer.ledger is not None else set())
+    return named | _kept_elsewhere(store, topic, pointer.ledger)
+
+
+def _kept_elsewhere(store: _Store, topic: str, current: int | None) -> set[int]:
+    """What the keepers name; while one does not know yet, every ledger below ``current`` (any of them may be
+    a retained snapshot's)."""
+    named = store.kept_elsewhere(topic)
+    if named is not None:
+        return named
+    return {i for i in _ledger_ids(store, topic) if current is not None and i < current}
+
+
+def _ledger_ids(store: _Store, topic: str) -> list[int]:
+    """The ledger folders under the topic (without the recovery gate: the recovery's removal asks too)."""
+    found = (LEDGER_RE.fullmatch(name.rstrip("/")) for name in store.objects.children(layout.topic_prefix(topic)))
+    return sorted(int(m.group(1)) for m in found if m)
 
 
 def _is_current(store: _Store, topic: str, path: Path) -> bool:

@@ -1,7 +1,10 @@
 """The compacted view as an Iceberg table (icebergCatalogUri), against the real daemon, the test broker and a
 SQLite catalog: each switch commits one snapshot that references the ledger's files in place; pyiceberg and
 DuckDB (offline: ``read_parquet`` of the planned files) read what the HTTP view serves; a catalog that cannot be
-written during a switch fails no compaction, and the next switch brings the table level.
+written during a switch fails no compaction (the topic's status names the lag until the next switch brings the
+table level); ``iceberg: false`` leaves a topic out; a deleted topic's table is dropped. A daemon restarted with
+Iceberg enabled catches an idle topic's table up at start, and keeps the ledgers of the retained snapshots past
+their grace, deleting the older ones once expired from the table.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from compactord.iceberg.table import ledger_id_of, snapshot_of, summary_of
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, status
 from tests.support.waiting import wait_for
 
 from .conftest import Launcher, metric
@@ -141,6 +144,10 @@ def test_each_switch_is_a_snapshot_that_engines_read(daemon: DaemonProcess, cata
     assert uri not in daemon.http.get("/v1/info").text
 
 
+def _iceberg_warnings(daemon: DaemonProcess, topic: str) -> list[str]:
+    return [w for w in status(daemon, topic)["warnings"] if "Iceberg table" in w]
+
+
 def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProcess, catalog: SqlCatalog,
                                                               catalog_db: Path, kafka: Any) -> None:
     topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
@@ -159,6 +166,10 @@ def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProc
         assert daemon.log_text().count(failed) == 1
         assert "Traceback" not in daemon.log_text()
         assert {key for _, _, key, _ in _view(daemon, topic)} == {f"k{i}".encode() for i in range(10)} - {b"k1"}
+        # the topic's status names the lag and the commit's error (its first line)
+        [warning] = _iceberg_warnings(daemon, topic)
+        assert f"its Iceberg table compactord.{topic} is 1 ledger(s) behind" in warning
+        assert "last commit error: OperationalError" in warning and "\n" not in warning
     finally:
         lock.execute("ROLLBACK")
         lock.close()
@@ -167,3 +178,97 @@ def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProc
     compact(daemon, topic)
     table = _committed(daemon, catalog, topic)
     assert _rows(table.scan().to_arrow()) == _view(daemon, topic)
+    assert _iceberg_warnings(daemon, topic) == []
+
+
+def test_a_topic_whose_policy_says_iceberg_false_is_left_out(daemon: DaemonProcess, catalog: SqlCatalog,
+                                                            kafka: Any) -> None:
+    out, published = (kafka.topic(partitions=PARTITIONS, prefix="ice") for _ in range(2))
+    response = daemon.http.put(f"/v1/topics/{out}/policies", json={"iceberg": False})
+    assert response.status_code == 200, response.text
+    assert response.json()["policies"]["iceberg"] is False and response.json()["effective"]["iceberg"] is False
+    refused = daemon.http.put(f"/v1/topics/{out}/policies", json={"iceberg": "no"})
+    assert refused.status_code == 422 and "iceberg must be true, false or null" in refused.text
+    for topic in (out, published):
+        kafka.produce(topic, [("k", "v", 0)])
+        compact(daemon, topic)
+    _committed(daemon, catalog, published)  # the publisher took the topics in the order they switched
+    assert not catalog.table_exists(("compactord", out))
+    assert metric(daemon, "compactord_iceberg_lag_ledgers", topic=out) == 0
+
+
+def test_a_deleted_topics_table_is_dropped(daemon: DaemonProcess, catalog: SqlCatalog, kafka: Any) -> None:
+    topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
+    kafka.produce(topic, [(f"k{i}", "v", i % PARTITIONS) for i in range(4)])
+    compact(daemon, topic)
+    _committed(daemon, catalog, topic)
+    response = daemon.http.delete(f"/v1/topics/{topic}")
+    assert response.status_code == 200, response.text
+    wait_for(lambda: not catalog.table_exists(("compactord", topic)), 60, f"topic {topic}'s table dropped", daemon)
+    assert f"topic {topic}: its Iceberg table compactord.{topic} dropped" in daemon.log_text()
+
+
+# -- a daemon that starts with Iceberg on a root compacted without it ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def idle_topic(kafka: Any) -> str:
+    return str(kafka.topic(partitions=PARTITIONS, prefix="idle"))
+
+
+@pytest.fixture(scope="module")
+def restarted(launch: Launcher, tmp_path_factory: pytest.TempPathFactory, kafka: Any,
+              idle_topic: str) -> tuple[DaemonProcess, Path]:
+    """A daemon started with Iceberg (two snapshots retained, a replaced ledger's grace of a second) on a root
+    where a daemon without Iceberg compacted ``idle_topic``, which is not compacted again."""
+    before = launch("plain")
+    try:
+        kafka.produce(idle_topic, [(f"k{i}", f"v{i}", i % PARTITIONS) for i in range(6)])
+        compact(before, idle_topic)
+    finally:
+        before.stop()
+    catalog_db = tmp_path_factory.mktemp("iceberg-restarted") / "catalog.db"
+    return launch("restarted", root=before.root, icebergCatalogUri=f"sqlite:///{catalog_db}",
+                  icebergSnapshotsRetained=2, compactionRetiredLedgerGraceSeconds=1), catalog_db
+
+
+@pytest.fixture()
+def restarted_catalog(restarted: tuple[DaemonProcess, Path]) -> Iterator[SqlCatalog]:
+    catalog = SqlCatalog("compactord", uri=f"sqlite:///{restarted[1]}")
+    yield catalog
+    catalog.engine.dispose()
+
+
+def test_the_catch_up_at_start_makes_an_idle_topics_table(restarted: tuple[DaemonProcess, Path],
+                                                          restarted_catalog: SqlCatalog, idle_topic: str) -> None:
+    daemon, _ = restarted
+    table = _committed(daemon, restarted_catalog, idle_topic)
+    assert _rows(table.scan().to_arrow()) == _view(daemon, idle_topic)
+
+
+def test_the_retained_snapshots_keep_their_ledgers_past_the_grace(restarted: tuple[DaemonProcess, Path],
+                                                                  restarted_catalog: SqlCatalog,
+                                                                  kafka: Any) -> None:
+    daemon, _ = restarted
+    topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
+    ledgers = []
+    for round_ in range(4):
+        kafka.produce(topic, [(f"k{i}", f"r{round_}-{i}", i % PARTITIONS) for i in range(4)])
+        compact(daemon, topic)
+        ledgers.append(_ledger_id(daemon, topic))
+        _committed(daemon, restarted_catalog, topic)
+    folder = daemon.root / topic
+    # the older ledgers go once expired from the table (expiry before deletion)
+    wait_for(lambda: not any((folder / f"ledger-{i}").exists() for i in ledgers[:2]), 60,
+             f"ledgers {ledgers[:2]} of topic {topic} deleted", daemon)
+    # the third is past its grace (compactord's own API no longer serves it) but a retained snapshot names it
+    wait_for(lambda: daemon.http.get(f"/v1/topics/{topic}/compacted",
+                                     params={"partition": 0, "ledger_id": ledgers[2]}).status_code == 410,
+             60, f"ledger {ledgers[2]} past its grace", daemon)
+    table = restarted_catalog.load_table(("compactord", topic))
+    assert sorted(i for s in table.snapshots() if (i := ledger_id_of(s)) is not None) == ledgers[2:]
+    for ledger_id in ledgers[2:]:
+        assert (folder / f"ledger-{ledger_id}").is_dir()
+        snapshot = snapshot_of(table, ledger_id)
+        assert snapshot is not None
+        assert table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().num_rows == 4  # its files are there

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compactord.config import Settings
+from compactord.config import Settings, settings_from_properties
 from compactord.daemon.policies import WHOLE_NUMBER_RANGES, TopicPolicies
 from compactord.engine.strategies import allowed_strategies, load_strategy_plugins
 from compactord.errors import InvalidArgument, PluginLoadError
@@ -111,3 +111,14 @@ def test_the_ranges_are_the_ones_the_api_documents() -> None:
     for name, (lo, hi) in WHOLE_NUMBER_RANGES.items():
         assert f"| `{name}` | {lo} to {hi:,} |" in section, name
     assert "| `minDirtyRatio` | 0 to 1 |" in section
+
+
+def test_the_iceberg_field_is_a_boolean_or_null() -> None:
+    settings = settings_from_properties({"icebergCatalogUri": "sqlite:////tmp/catalog.db"}, env={})
+    assert TopicPolicies.from_json({}, ()).effective(settings)["iceberg"] is True
+    assert TopicPolicies.from_json({"iceberg": False}, ()).effective(settings)["iceberg"] is False
+    assert TopicPolicies.from_json({"iceberg": True}, ()).effective(settings_from_properties({}, env={}))[
+        "iceberg"] is False  # no catalog: nothing is published
+    for bad in ("no", 0, 1, [False]):
+        with pytest.raises(InvalidArgument, match="iceberg must be true, false or null"):
+            TopicPolicies.from_json({"iceberg": bad}, ())

@@ -41,7 +41,7 @@ def router(daemon: Daemon, broker_slot: Any, store_answers: Any) -> APIRouter:
     def put_policies(topic: TopicName, body: dict[str, Any] = Body(
             ..., examples=[{"thresholdBytes": 1048576}])) -> dict[str, Any]:
         """Replace the topic's overrides (fields: thresholdBytes, thresholdMessages, maxLagSeconds,
-        minDirtyRatio, strategy, maxReadBytesPerSecond, keyTtlMs; null or absent = the broker-wide setting). Each
+        minDirtyRatio, strategy, maxReadBytesPerSecond, keyTtlMs, iceberg; null or absent = the broker-wide setting). Each
         number has a range (docs/http-api.md, Policies), 422 outside it. ``strategy`` is a built-in
         name, compactionStrategy or one of compactionStrategyPlugins (422 otherwise: nothing is imported)."""
         validate_topic_name(topic)
