@@ -31,6 +31,10 @@ class _Root:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.current: dict[str, int] = {}
+        self.objects = self  # the root's objects: a key's URI is its path under ``folder``
+
+    def uri(self, key: str) -> str:
+        return str(self.folder / key)
 
     def switch(self, topic: str, ledger_id: int) -> None:
         path = self.ledger_path(topic, ledger_id) / "part-00000.parquet"
@@ -48,7 +52,10 @@ class _Root:
         return self.current.get(topic)
 
     def ledger_path(self, topic: str, ledger_id: int) -> Path:
-        return self.folder / topic / f"ledger-{ledger_id}"
+        return self.folder / self.ledger_key(topic, ledger_id)
+
+    def ledger_key(self, topic: str, ledger_id: int) -> str:
+        return f"{topic}/ledger-{ledger_id}"
 
     def load_manifest(self, topic: str, ledger_id: int) -> LedgerManifest:
         return LedgerManifest(ledger_id=ledger_id, topic=topic, horizon={0: ledger_id + 1},
