@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.manifest import (
     DataFile,
@@ -66,6 +68,8 @@ TOPIC_ID = "compactord.topic-id"
 
 # An Iceberg v2 position delete file's two columns, by the field ids the spec reserves for them.
 _PATH_ID, _POS_ID = 2147483546, 2147483545
+_DELETES_SUFFIX = "-deletes.parquet"
+_DELETES_NAME = re.compile(r"compactord-(\d+)-[0-9a-f-]{36}" + re.escape(_DELETES_SUFFIX))
 _DELETES_SCHEMA = pa.schema([
     pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(_PATH_ID).encode()}),
     pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(_POS_ID).encode()}),
@@ -216,7 +220,7 @@ def _write_deletes(table: Table, ledger_id: int, data_files: Sequence[DataFile])
         if paths else _DELETES_SCHEMA.empty_table()
     if not rows.num_rows:
         return None
-    location = table.location_provider().new_data_location(f"compactord-{ledger_id}-{uuid.uuid4()}-deletes.parquet")
+    location = table.location_provider().new_data_location(f"compactord-{ledger_id}-{uuid.uuid4()}{_DELETES_SUFFIX}")
     with table.io.new_output(location).create(overwrite=True) as out:
         pq.write_table(rows, out, compression="zstd")
     referenced = rows["file_path"]
@@ -244,24 +248,33 @@ def commit_ledger(catalog: Catalog, namespace: str, manifest: LedgerManifest, pa
     if named is not None and named >= manifest.ledger_id:
         return False
     live = _live_entries(table, current)
-    with table.transaction() as tx:
-        if tx.table_metadata.format_version < 2:  # position deletes are v2's
-            tx.upgrade_table_version(2)
-        if tx.table_metadata.name_mapping() is None:  # the files carry no field ids: columns match by name
-            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
-                               tx.table_metadata.schema().name_mapping.model_dump_json()})
-        added = [parquet_file_to_data_file(table.io, tx.table_metadata, path) for path in paths]
-        deletes = _write_deletes(table, manifest.ledger_id, added)
-        swap = _LedgerSwap(commit_uuid=None, operation=Operation.OVERWRITE if current else Operation.APPEND,
-                           transaction=tx, io=table.io, snapshot_properties=_properties(manifest),
-                           added_deletes=[deletes] if deletes else [],
-                           removed_deletes=[e for e in live if e.data_file.content != DataFileContent.DATA])
-        with swap:
-            for entry in live:
-                if entry.data_file.content == DataFileContent.DATA:
-                    swap.delete_data_file(entry.data_file)
-            for data_file in added:
-                swap.append_data_file(data_file)
+    deletes: DataFile | None = None
+    try:
+        with table.transaction() as tx:
+            if tx.table_metadata.format_version < 2:  # position deletes are v2's
+                tx.upgrade_table_version(2)
+            if tx.table_metadata.name_mapping() is None:  # the files carry no field ids: columns match by name
+                tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                                   tx.table_metadata.schema().name_mapping.model_dump_json()})
+            added = [parquet_file_to_data_file(table.io, tx.table_metadata, path) for path in paths]
+            deletes = _write_deletes(table, manifest.ledger_id, added)
+            swap = _LedgerSwap(commit_uuid=None, operation=Operation.OVERWRITE if current else Operation.APPEND,
+                               transaction=tx, io=table.io, snapshot_properties=_properties(manifest),
+                               added_deletes=[deletes] if deletes else [],
+                               removed_deletes=[e for e in live if e.data_file.content != DataFileContent.DATA])
+            with swap:
+                for entry in live:
+                    if entry.data_file.content == DataFileContent.DATA:
+                        swap.delete_data_file(entry.data_file)
+                for data_file in added:
+                    swap.append_data_file(data_file)
+    except (CommitFailedException, ValidationException):
+        # The commit did not land (pyiceberg deletes its own manifests then): the delete file is no snapshot's.
+        # Any other error may hide a commit that landed, so its file is left to the expiry's sweep.
+        if deletes is not None:
+            with contextlib.suppress(OSError):
+                table.io.delete(deletes.file_path)
+        raise
     _expire(table.refresh(), retained)
     return True
 
@@ -278,12 +291,24 @@ def _expire(table: Table, retained: int) -> None:
     expired = [s for s in table.snapshots() if s.snapshot_id != current.snapshot_id and (ledger_id_of(s) or 0) < floor]
     if not expired:
         return
-    kept = [s for s in table.snapshots() if s not in expired]
-    doomed = _own_files(table, expired) - _own_files(table, kept)
+    kept = _own_files(table, [s for s in table.snapshots() if s not in expired])
+    doomed = _own_files(table, expired) - kept
     table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in expired]).commit()
     for location in sorted(doomed):
         with contextlib.suppress(FileNotFoundError):
             table.io.delete(location)
+    _sweep_deletes(table, floor, {location.rpartition("/")[2] for location in kept})
+
+
+def _sweep_deletes(table: Table, floor: int, kept: set[str]) -> None:
+    """Delete the delete files of ledgers older than ``floor`` that no kept snapshot names: those of a commit
+    that failed with its outcome unknown (a newer ledger's file may be a commit in flight, and is left)."""
+    fs, folder = pafs.FileSystem.from_uri(table.location_provider().data_path)
+    for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+        named = _DELETES_NAME.fullmatch(info.base_name)
+        if named is not None and int(named[1]) < floor and info.base_name not in kept:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(info.path)
 
 
 def _own_files(table: Table, snapshots: Sequence[Snapshot]) -> set[str]:
