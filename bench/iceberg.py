@@ -30,6 +30,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
@@ -65,7 +67,7 @@ def write_ledger(store: LedgerStore, keys: int, markers: int) -> int:
     return ledger_id
 
 
-def commit(store: LedgerStore, catalog: object, retained: int) -> float:
+def commit(store: LedgerStore, catalog: Catalog, retained: int) -> float:
     """The publisher's commit of the topic's current ledger (``TablePublisher._publish``); its seconds."""
     ledger_id = store.current_ledger_id(TOPIC)
     assert ledger_id is not None
@@ -73,7 +75,7 @@ def commit(store: LedgerStore, catalog: object, retained: int) -> float:
     folder = store.ledger_path(TOPIC, ledger_id)
     paths = [str(folder / part["name"]) for part in manifest.files]
     started = time.perf_counter()
-    committed = commit_ledger(catalog, NAMESPACE, manifest, paths, retained)  # type: ignore[arg-type]
+    committed = commit_ledger(catalog, NAMESPACE, manifest, paths, retained)
     seconds = time.perf_counter() - started
     assert committed, f"ledger {ledger_id} not committed"
     return seconds
@@ -113,6 +115,7 @@ def main() -> None:
         root = Path(tmp) / "root"
         store = LedgerStore(root, recovery_per_second=0).open()
         catalog = open_catalog(f"sqlite:///{Path(tmp) / 'catalog.db'}", (Path(tmp) / "warehouse").as_uri())
+        assert isinstance(catalog, SqlCatalog)
         times: list[float] = []
         at: dict[int, dict[str, int]] = {}
         started = time.monotonic()
@@ -132,7 +135,7 @@ def main() -> None:
             stray = left_over(table)
         finally:
             store.close()
-            catalog.engine.dispose()  # type: ignore[attr-defined]
+            catalog.engine.dispose()
 
     first, last = times[:10], times[-10:]
     print(f"commits={args.commits} keys={args.keys} markers={args.markers} retained={args.retained}")

@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 
-from compactord.iceberg.table import commit_ledger, deleted_positions, open_catalog, snapshot_of
+from compactord.iceberg.table import commit_ledger, deleted_positions, ledger_id_of, open_catalog, snapshot_of
 from compactord.ledger.parts import part_name, write_part
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
 from compactord.storage import LocalStore
@@ -30,8 +31,9 @@ Row = tuple[bytes | None, bytes | None, bool]  # key, value, marker
 @pytest.fixture
 def catalog(tmp_path: Path) -> Iterator[Catalog]:
     catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", (tmp_path / "warehouse").as_uri())
+    assert isinstance(catalog, SqlCatalog)
     yield catalog
-    catalog.engine.dispose()  # type: ignore[attr-defined]  # SqlCatalog's: the SQLite file is closed
+    catalog.engine.dispose()  # the SQLite file closed
 
 
 def _ledger(root: Path, ledger_id: int, partitions: dict[int, list[list[Row]]],
@@ -105,8 +107,9 @@ def test_markers_and_tombstones_are_no_row_of_any_snapshot(tmp_path: Path, catal
     part0, part1 = sorted(_ledger_files(tmp_path / "root", 2))
     assert list(zip(written["file_path"].to_pylist(), written["pos"].to_pylist(), strict=True)) == \
         [(part0, 1), (part0, 2), (part1, 0)]
-    assert {e.data_file.content for m in table.current_snapshot().manifests(table.io)  # type: ignore[union-attr]
-            if m.content == ManifestContent.DELETES
+    current = table.current_snapshot()
+    assert current is not None
+    assert {e.data_file.content for m in current.manifests(table.io) if m.content == ManifestContent.DELETES
             for e in m.fetch_manifest_entry(table.io)} == {DataFileContent.POSITION_DELETES}
 
 
@@ -163,8 +166,7 @@ def test_fifty_commits_keep_three_manifests_and_only_the_retained_snapshots_file
                 [ManifestContent.DATA, ManifestContent.DATA, ManifestContent.DELETES]
     table = catalog.load_table((NAMESPACE, TOPIC))
     snapshots = table.snapshots()
-    assert [s.summary.additional_properties["compactord.ledger-id"] for s in snapshots  # type: ignore[union-attr]
-            ] == ["48", "49", "50"]
+    assert [ledger_id_of(s) for s in snapshots] == [48, 49, 50]
 
     referenced = set()
     for snapshot in snapshots:
