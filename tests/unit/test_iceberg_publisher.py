@@ -20,9 +20,10 @@ from pyiceberg.exceptions import NoSuchTableError
 from compactord.iceberg.publisher import TablePublisher
 from compactord.iceberg.table import ledger_id_of, open_catalog
 from compactord.model import RECORD_SCHEMA, LedgerManifest, StrategySettings
+from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-WAIT_S = 30.0
+WAIT_S = TASK_TIMEOUT_S  # a commit on a loaded machine: generous, reached only by a failing test
 
 
 class _Root:
