@@ -2,6 +2,9 @@
 ListOffsets (earliest from the ledger, the rest from the broker), Fetch (at or below the horizon from the
 ledger, past it relayed to the partition's leader) and the consumer groups' requests (``groups``). Each handler takes a decoded request and gives its encoded
 answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
+
+A ledger's answer that reaches the horizon is followed, in the same answer, by the live log after it, relayed:
+a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kafka.protocol.api_key import ApiKey
+from kafka.record.memory_records import MemoryRecords
 
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.listener.groups import GroupLinks, GroupRelay
@@ -35,6 +39,9 @@ MAX_FETCH_BYTES = 64 * 1024 * 1024
 # How long the broker's latest offsets, the high watermark of an answer from a ledger, are kept.
 LATEST_TTL_S = 1.0
 _EARLIEST, _LATEST = -2, -1
+# The wait of a relayed fetch that goes with a ledger's answer (which is not held back for it): 1 ms, not 0, which
+# the test broker (Tansu) answers with no partitions at all; Kafka answers either at once with what it has.
+NO_WAIT_MS = 1
 
 
 @dataclass
@@ -139,6 +146,7 @@ class Handlers:
         unknown: set[TopicPartition] = set()
         failed: set[TopicPartition] = set()
         legs: dict[TopicPartition, Leg] = {}
+        tails: dict[TopicPartition, Leg] = {}  # the live log after a ledger's answer that reaches the horizon
         for topic in body.topics:
             if not self._view.admits(topic.topic):
                 unknown.update((topic.topic, p.partition) for p in topic.partitions)
@@ -160,12 +168,15 @@ class Handlers:
                 served[tp] = answer
                 session.pins[topic.topic] = answer.ledger_id
                 budget -= len(answer.records)
+                left = min(p.partition_max_bytes - len(answer.records), budget)
+                if left > 0 and _end_offset(answer.records) == answer.horizon + 1:
+                    tails[tp] = Leg(answer.horizon + 1, left)
             if all((topic.topic, p.partition) in legs for p in topic.partitions):
                 session.pins.pop(topic.topic, None)  # past the horizon everywhere: the next read takes the current
         latest = await self._latest_offsets(list(served), isolation) if served else {}
         relayed = {}
-        if legs:
-            relayed = await self._relay.fetch(legs, max_wait_ms=0 if served else body.max_wait_ms,
+        if legs or tails:
+            relayed = await self._relay.fetch({**legs, **tails}, max_wait_ms=NO_WAIT_MS if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
                                               max_bytes=max(1, budget), isolation_level=isolation)
         self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a in served.values()))
@@ -176,7 +187,8 @@ class Handlers:
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
                 if tp in served:
-                    partitions.append(self._from_ledger(rc, p.partition, served[tp], latest.get(tp), isolation))
+                    partitions.append(self._from_ledger(rc, p.partition, served[tp], latest.get(tp), isolation,
+                                                        relayed.get(tp)))
                 elif tp in relayed:
                     partitions.append(_relayed(rc, relayed[tp]))
                 else:
@@ -191,14 +203,22 @@ class Handlers:
         return encode_response(request, response)
 
     @staticmethod
-    def _from_ledger(rc: Any, partition: int, answer: LedgerAnswer, latest: int | None, isolation: int) -> Any:
+    def _from_ledger(rc: Any, partition: int, answer: LedgerAnswer, latest: int | None, isolation: int,
+                     tail: Any = None) -> Any:
         # The high watermark is the broker's (a consumer's lag and end of partition are the log's); at least the
         # offset after the horizon, which the ledger's answer carries the consumer to.
         end = max(latest if latest is not None else -1, answer.horizon + 1)
+        stable = end
+        aborted: list[Any] | None = [] if isolation else None
+        records = answer.records
+        # The live log after the horizon, as the broker answered it, unless it failed or starts at or below the
+        # horizon (a batch across it would give the ledger's records again).
+        if tail is not None and tail.error_code == 0 and _base_offset(tail.records) > answer.horizon:
+            records += tail.records
+            end, stable, aborted = tail.high_watermark, tail.last_stable_offset, _aborted(rc, tail)
         return item(rc, "responses.partitions", partition_index=partition, error_code=0, high_watermark=end,
-                    last_stable_offset=end, log_start_offset=answer.log_start,
-                    aborted_transactions=[] if isolation else None, preferred_read_replica=-1,
-                    records=answer.records)
+                    last_stable_offset=stable, log_start_offset=answer.log_start, aborted_transactions=aborted,
+                    preferred_read_replica=-1, records=records)
 
     async def _latest_offsets(self, tps: list[TopicPartition], isolation: int) -> dict[TopicPartition, int]:
         """The broker's latest offsets of ``tps`` (kept ``LATEST_TTL_S``); a partition the broker did not answer
@@ -215,13 +235,31 @@ class Handlers:
         return found
 
 
+def _aborted(rc: Any, answer: Any) -> Any:
+    """The broker's aborted transactions of a partition's answer, in the client's version (None as None)."""
+    if answer.aborted_transactions is None:
+        return None
+    return [item(rc, "responses.partitions.aborted_transactions", producer_id=a.producer_id,
+                 first_offset=a.first_offset) for a in answer.aborted_transactions]
+
+
+def _base_offset(records: bytes | None) -> int:
+    """The base offset of the first batch of ``records``; -1 for none."""
+    batch = MemoryRecords(records or b"").next_batch()
+    return -1 if batch is None else int(batch.base_offset)
+
+
+def _end_offset(records: bytes) -> int:
+    """The offset after the last batch of ``records`` (a ledger's answer, a few batches); -1 for none."""
+    batches, end = MemoryRecords(records), -1
+    while (batch := batches.next_batch()) is not None:
+        end = batch.next_offset
+    return end
+
+
 def _relayed(rc: Any, answer: Any) -> Any:
     """The broker's answer for a partition, in the client's version: its record batches as they are."""
-    aborted = answer.aborted_transactions
-    if aborted is not None:
-        aborted = [item(rc, "responses.partitions.aborted_transactions", producer_id=a.producer_id,
-                        first_offset=a.first_offset) for a in aborted]
     return item(rc, "responses.partitions", partition_index=answer.partition_index, error_code=answer.error_code,
                 high_watermark=answer.high_watermark, last_stable_offset=answer.last_stable_offset,
-                log_start_offset=answer.log_start_offset, aborted_transactions=aborted,
+                log_start_offset=answer.log_start_offset, aborted_transactions=_aborted(rc, answer),
                 preferred_read_replica=-1, records=answer.records)
