@@ -255,25 +255,6 @@ def assert_error(response: httpx.Response, status_code: int, code: str | None = 
     return body
 
 
-def metric_samples(daemon: DaemonProcess) -> list[tuple[str, dict[str, str], float]]:
-    """``/metrics`` (it needs no token) as (name, labels, value) samples."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with daemon.client(token=None) as c:
-        response = c.get("/metrics")
-    assert response.status_code == 200, response.text
-    return [(s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(response.text)
-            for s in family.samples]
-
-
-def metric(daemon: DaemonProcess, name: str, **labels: str) -> float | None:
-    """The value of one sample (None if absent)."""
-    for sample_name, sample_labels, value in metric_samples(daemon):
-        if sample_name == name and all(sample_labels.get(k) == v for k, v in labels.items()):
-            return value
-    return None
-
-
 def run_cli(*args: str, env: dict[str, str] | None = None,
             timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
     """``compactord ARGS`` as a subprocess, with no COMPACTORD_* variable but those in ``env``."""

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, compact, status
+from tests.support.daemon import DaemonProcess, compact, metric, status
 from tests.support.waiting import wait_for
 
-from .conftest import SHARED_TOKEN, assert_error, metric
+from .conftest import SHARED_TOKEN, assert_error
 
 pytestmark = pytest.mark.slow
 

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from tests.conftest import Kafka
-from tests.daemon.conftest import Launcher, metric, metric_samples
+from tests.daemon.conftest import Launcher
 from tests.deploy.test_packaging import CLUSTER_ONLY, names_used_in_deploy
 from tests.support.cluster import Root, by_url, cluster_of, member, owner_url, running, settled, view
-from tests.support.daemon import DaemonProcess, compact, status, wait_state
+from tests.support.daemon import DaemonProcess, compact, metric, metric_samples, status, wait_state
 from tests.support.probes import GATE_ENV
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for

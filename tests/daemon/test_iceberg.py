@@ -9,30 +9,22 @@ their grace, deleting the older ones once expired from the table.
 
 from __future__ import annotations
 
-import base64
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.table import Table
+from pyiceberg.manifest import ManifestContent
 
 from compactord.iceberg.table import ledger_id_of, snapshot_of, summary_of
-from tests.support.daemon import DaemonProcess, compact, status
+from tests.support.daemon import DaemonProcess, compact, metric, status
+from tests.support.iceberg import PARTITIONS, committed, ledger_id, table_rows, view_rows
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, metric
-
-PARTITIONS = 2
-# What a query of the table filters: the ledger's tombstones (a null value) and event-time deletion markers are
-# rows of its files, which the snapshot references as they are.
-LIVE = "value IS NOT NULL AND NOT marker"  # as docs/design.md and the README write it
-Row = tuple[int, int, bytes, bytes]  # partition, offset, key, value
+from .conftest import Launcher
 
 
 @pytest.fixture(scope="module")
@@ -55,87 +47,52 @@ def catalog(daemon: DaemonProcess, catalog_db: Path) -> Iterator[SqlCatalog]:
     catalog.engine.dispose()
 
 
-def _view(daemon: DaemonProcess, topic: str, ledger_id: int | None = None) -> set[Row]:
-    rows: set[Row] = set()
-    for partition in range(PARTITIONS):
-        params: dict[str, Any] = {"partition": partition, "limit": 10000}
-        if ledger_id is not None:
-            params["ledger_id"] = ledger_id
-        response = daemon.http.get(f"/v1/topics/{topic}/compacted", params=params)
-        assert response.status_code == 200, response.text
-        rows |= {(e["partition"], e["offset"], base64.b64decode(e["key"]), base64.b64decode(e["value"]))
-                 for e in response.json()["entries"] if e["value"] is not None}
-    return rows
-
-
-def _ledger_id(daemon: DaemonProcess, topic: str) -> int:
-    response = daemon.http.get(f"/v1/topics/{topic}/horizon")
-    assert response.status_code == 200, response.text
-    return int(response.json()["ledger_id"])
-
-
-def _rows(table: pa.Table) -> set[Row]:
-    live = table.filter(pa.compute.and_(table["value"].is_valid(), pa.compute.invert(table["marker"])))
-    return set(zip(live["partition"].to_pylist(), live["offset"].to_pylist(), live["key"].to_pylist(),
-                   live["value"].to_pylist(), strict=True))
-
-
-def _committed(daemon: DaemonProcess, catalog: SqlCatalog, topic: str) -> Table:
-    """The topic's table once it names the topic's current ledger and its lag is 0."""
-    current = _ledger_id(daemon, topic)
-
-    def level() -> Table | None:
-        if metric(daemon, "compactord_iceberg_lag_ledgers", topic=topic) != 0:
-            return None
-        try:
-            table = catalog.load_table(("compactord", topic))
-        except NoSuchTableError:
-            return None
-        return table if ledger_id_of(table.current_snapshot()) == current else None
-
-    return wait_for(level, 60, f"topic {topic}'s table at ledger {current}", daemon)
-
-
 def test_each_switch_is_a_snapshot_that_engines_read(daemon: DaemonProcess, catalog: SqlCatalog,
                                                      kafka: Any) -> None:
     topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
     kafka.produce(topic, [(f"k{i}", f"a{i}", i % PARTITIONS) for i in range(20)])
     compact(daemon, topic)
-    first = _ledger_id(daemon, topic)
-    first_view = _view(daemon, topic)
-    _committed(daemon, catalog, topic)
+    first = ledger_id(daemon, topic)
+    first_view = view_rows(daemon, topic)
+    committed(daemon, catalog, topic)
 
     # k1 deleted (a tombstone), k2 and k3 updated, k21 new
     kafka.produce(topic, [("k1", None, 1), ("k2", "b2", 0), ("k3", "b3", 1), ("k21", "b21", 1)])
     compact(daemon, topic)
-    second_view = _view(daemon, topic)
-    table = _committed(daemon, catalog, topic)
+    second_view = view_rows(daemon, topic)
+    table = committed(daemon, catalog, topic)
 
     current = table.scan().to_arrow()
-    assert _rows(current) == second_view
-    assert b"k1" not in {key for _, _, key, _ in _rows(current)}
+    assert table_rows(current) == second_view
+    assert b"k1" not in {key for _, _, key, _ in table_rows(current)}
     previous = snapshot_of(table, first)
     assert previous is not None
-    assert _rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow()) == first_view == \
-        _view(daemon, topic, ledger_id=first)
-    assert b"k1" in {key for _, _, key, _ in _rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow())}
+    assert table_rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow()) == first_view == \
+        view_rows(daemon, topic, ledger_id=first)
+    assert b"k1" in {key for _, _, key, _ in table_rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow())}
 
-    # One snapshot per ledger, its summary naming the ledger, its horizon and strategy; two manifests only.
+    # One snapshot per ledger, its summary naming the ledger, its horizon and strategy.
     snapshot = table.current_snapshot()
     assert snapshot is not None
     horizon = daemon.http.get(f"/v1/topics/{topic}/horizon").json()
     assert summary_of(snapshot) == {"ledger_id": horizon["ledger_id"], "strategy": "publishing-order",
                                     "horizon": {p["partition"]: p["offset"] for p in horizon["partitions"]}}
     assert [ledger_id_of(s) for s in table.snapshots()] == [first, horizon["ledger_id"]]
-    assert len(snapshot.manifests(table.io)) == 2
 
-    # DuckDB, offline: the snapshot's planned files through read_parquet (no extension downloaded).
-    files = [task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()]
+    # The table's rows are the view's live keys: a tombstone the ledger keeps is removed by the snapshot's delete
+    # file (one manifest of them beside the ledger's data files, added and deleted).
+    tasks = list(table.scan().plan_files())
     # the ledger's own files, in place
+    files = {task.file.file_path.removeprefix("file://") for task in tasks}
     assert files and {Path(f).parent for f in files} == {(daemon.root / topic / f"ledger-{horizon['ledger_id']}")}
+    deletes = any(task.delete_files for task in tasks)
+    contents = [m.content for m in snapshot.manifests(table.io)]
+    assert (contents.count(ManifestContent.DATA), contents.count(ManifestContent.DELETES)) == (2, int(deletes))
+
+    # DuckDB, offline (no extension downloaded): the scan handed over with its deletes applied.
     with duckdb.connect() as db:
-        found = db.execute(f"SELECT partition, \"offset\", key, value FROM read_parquet(?) WHERE {LIVE}",
-                           [files]).fetchall()
+        table.scan().to_duckdb("view", connection=db)
+        found = db.execute('SELECT partition, "offset", key, value FROM view').fetchall()
     assert {(p, o, bytes(k), bytes(v)) for p, o, k, v in found} == second_view
 
     # The catalog's URI (it may hold a password) is in neither the log nor /v1/info.
@@ -153,7 +110,7 @@ def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProc
     topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
     kafka.produce(topic, [(f"k{i}", f"a{i}", i % PARTITIONS) for i in range(10)])
     compact(daemon, topic)
-    _committed(daemon, catalog, topic)
+    committed(daemon, catalog, topic)
 
     failed = f"topic {topic}: its Iceberg table not committed"
     lock = sqlite3.connect(catalog_db, isolation_level=None)
@@ -165,7 +122,7 @@ def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProc
         assert metric(daemon, "compactord_iceberg_lag_ledgers", topic=topic) == 1
         assert daemon.log_text().count(failed) == 1
         assert "Traceback" not in daemon.log_text()
-        assert {key for _, _, key, _ in _view(daemon, topic)} == {f"k{i}".encode() for i in range(10)} - {b"k1"}
+        assert {key for _, _, key, _ in view_rows(daemon, topic)} == {f"k{i}".encode() for i in range(10)} - {b"k1"}
         # the topic's status names the lag and the commit's error (its first line)
         [warning] = _iceberg_warnings(daemon, topic)
         assert f"its Iceberg table compactord.{topic} is 1 ledger(s) behind" in warning
@@ -176,8 +133,8 @@ def test_a_catalog_that_cannot_be_written_fails_no_compaction(daemon: DaemonProc
 
     kafka.produce(topic, [("k2", "c2", 0)])
     compact(daemon, topic)
-    table = _committed(daemon, catalog, topic)
-    assert _rows(table.scan().to_arrow()) == _view(daemon, topic)
+    table = committed(daemon, catalog, topic)
+    assert table_rows(table.scan().to_arrow()) == view_rows(daemon, topic)
     assert _iceberg_warnings(daemon, topic) == []
 
 
@@ -192,7 +149,7 @@ def test_a_topic_whose_policy_says_iceberg_false_is_left_out(daemon: DaemonProce
     for topic in (out, published):
         kafka.produce(topic, [("k", "v", 0)])
         compact(daemon, topic)
-    _committed(daemon, catalog, published)  # the publisher took the topics in the order they switched
+    committed(daemon, catalog, published)  # the publisher took the topics in the order they switched
     assert not catalog.table_exists(("compactord", out))
     assert metric(daemon, "compactord_iceberg_lag_ledgers", topic=out) == 0
 
@@ -201,7 +158,7 @@ def test_a_deleted_topics_table_is_dropped(daemon: DaemonProcess, catalog: SqlCa
     topic = kafka.topic(partitions=PARTITIONS, prefix="ice")
     kafka.produce(topic, [(f"k{i}", "v", i % PARTITIONS) for i in range(4)])
     compact(daemon, topic)
-    _committed(daemon, catalog, topic)
+    committed(daemon, catalog, topic)
     response = daemon.http.delete(f"/v1/topics/{topic}")
     assert response.status_code == 200, response.text
     wait_for(lambda: not catalog.table_exists(("compactord", topic)), 60, f"topic {topic}'s table dropped", daemon)
@@ -242,8 +199,8 @@ def restarted_catalog(restarted: tuple[DaemonProcess, Path]) -> Iterator[SqlCata
 def test_the_catch_up_at_start_makes_an_idle_topics_table(restarted: tuple[DaemonProcess, Path],
                                                           restarted_catalog: SqlCatalog, idle_topic: str) -> None:
     daemon, _ = restarted
-    table = _committed(daemon, restarted_catalog, idle_topic)
-    assert _rows(table.scan().to_arrow()) == _view(daemon, idle_topic)
+    table = committed(daemon, restarted_catalog, idle_topic)
+    assert table_rows(table.scan().to_arrow()) == view_rows(daemon, idle_topic)
 
 
 def test_the_retained_snapshots_keep_their_ledgers_past_the_grace(restarted: tuple[DaemonProcess, Path],
@@ -255,8 +212,8 @@ def test_the_retained_snapshots_keep_their_ledgers_past_the_grace(restarted: tup
     for round_ in range(4):
         kafka.produce(topic, [(f"k{i}", f"r{round_}-{i}", i % PARTITIONS) for i in range(4)])
         compact(daemon, topic)
-        ledgers.append(_ledger_id(daemon, topic))
-        _committed(daemon, restarted_catalog, topic)
+        ledgers.append(ledger_id(daemon, topic))
+        committed(daemon, restarted_catalog, topic)
     folder = daemon.root / topic
     # the older ledgers go once expired from the table (expiry before deletion)
     wait_for(lambda: not any((folder / f"ledger-{i}").exists() for i in ledgers[:2]), 60,
@@ -267,8 +224,8 @@ def test_the_retained_snapshots_keep_their_ledgers_past_the_grace(restarted: tup
              60, f"ledger {ledgers[2]} past its grace", daemon)
     table = restarted_catalog.load_table(("compactord", topic))
     assert sorted(i for s in table.snapshots() if (i := ledger_id_of(s)) is not None) == ledgers[2:]
-    for ledger_id in ledgers[2:]:
-        assert (folder / f"ledger-{ledger_id}").is_dir()
-        snapshot = snapshot_of(table, ledger_id)
+    for kept in ledgers[2:]:
+        assert (folder / f"ledger-{kept}").is_dir()
+        snapshot = snapshot_of(table, kept)
         assert snapshot is not None
         assert table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().num_rows == 4  # its files are there

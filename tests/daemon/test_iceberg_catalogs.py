@@ -15,13 +15,13 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from compactord.iceberg.table import snapshot_of
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
+from tests.support.iceberg import PARTITIONS, committed, ledger_id, table_rows, view_rows
 from tests.support.json_server import JsonHandler, serving
 from tests.support.s3_server import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, metric
-from .test_iceberg import PARTITIONS, _committed, _ledger_id, _rows, _view
+from .conftest import Launcher
 
 TOKEN = "rest-t0ken-never-logged"
 
@@ -59,20 +59,20 @@ def test_an_s3_root_publishes_its_ledgers_in_place(s3_daemon: DaemonProcess, s3_
     topic = kafka.topic(partitions=PARTITIONS, prefix="ices3")
     kafka.produce(topic, [(f"k{i}", f"a{i}", i % PARTITIONS) for i in range(20)])
     compact(s3_daemon, topic)
-    first = _ledger_id(s3_daemon, topic)
-    first_view = _view(s3_daemon, topic)
-    _committed(s3_daemon, s3_catalog, topic)
+    first = ledger_id(s3_daemon, topic)
+    first_view = view_rows(s3_daemon, topic)
+    committed(s3_daemon, s3_catalog, topic)
 
     kafka.produce(topic, [("k1", None, 1), ("k2", "b2", 0), ("k21", "b21", 1)])
     compact(s3_daemon, topic)
-    second = _ledger_id(s3_daemon, topic)
-    table = _committed(s3_daemon, s3_catalog, topic)
+    second = ledger_id(s3_daemon, topic)
+    table = committed(s3_daemon, s3_catalog, topic)
 
-    assert _rows(table.scan().to_arrow()) == _view(s3_daemon, topic)
+    assert table_rows(table.scan().to_arrow()) == view_rows(s3_daemon, topic)
     previous = snapshot_of(table, first)
     assert previous is not None
-    assert _rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow()) == first_view
-    assert b"k1" in {key for _, _, key, _ in first_view} - {key for _, _, key, _ in _view(s3_daemon, topic)}
+    assert table_rows(table.scan(snapshot_id=previous.snapshot_id).to_arrow()) == first_view
+    assert b"k1" in {key for _, _, key, _ in first_view} - {key for _, _, key, _ in view_rows(s3_daemon, topic)}
 
     # The metadata under the root's @compactord/iceberg/, the ledger's own files referenced in place.
     assert table.metadata_location.startswith(f"{s3_root}/@compactord/iceberg/")
@@ -124,7 +124,7 @@ def test_a_rest_catalog_that_answers_503_fails_no_compaction(rest_daemon: Daemon
     assert metric(rest_daemon, "compactord_iceberg_lag_ledgers", topic=topic) == 1
     assert rest_daemon.log_text().count(failed) == 1
     assert "Traceback" not in rest_daemon.log_text()
-    assert {key for _, _, key, _ in _view(rest_daemon, topic)} == {f"k{i}".encode() for i in range(10)}
+    assert {key for _, _, key, _ in view_rows(rest_daemon, topic)} == {f"k{i}".encode() for i in range(10)}
 
     # The catalog was asked, with the token as a bearer token; neither it nor the URI is shown.
     assert rest_requests and set(rest_requests) == {f"Bearer {TOKEN}"}

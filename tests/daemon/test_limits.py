@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric_samples
 
-from .conftest import Launcher, assert_error, metric_samples
+from .conftest import Launcher, assert_error
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from compactord.embedded import free_port
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.timeouts import TASK_TIMEOUT_S
 
-from .conftest import Launcher, metric
+from .conftest import Launcher
 
 PREFIX = "lsn"
 PATTERN = f"{PREFIX}-[0-9]+-[0-9a-f]{{6}}"

@@ -20,11 +20,11 @@ from kafka.protocol.metadata import MetadataRequest
 
 from compactord.embedded import free_port
 from tests.support.certs import self_signed
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, metric
+from .conftest import Launcher
 
 PREFIX = "lsa"
 PATTERN = f"{PREFIX}-[0-9]+-[0-9a-f]{{6}}"

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.conftest import metric, metric_samples
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, metric, metric_samples
 from tests.support.s3_server import BUCKET
 from tests.support.timeouts import READY_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for

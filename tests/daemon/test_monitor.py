@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.daemon import DaemonProcess, compact, metric, metric_samples, wait_state
 from tests.support.waiting import wait_for
 
 from .conftest import (
@@ -23,8 +23,6 @@ from .conftest import (
     MONITOR_PATTERN,
     SHARED_THRESHOLD_MESSAGES,
     assert_error,
-    metric,
-    metric_samples,
 )
 
 pytestmark = pytest.mark.slow

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import compact, wait_state
+from tests.support.daemon import compact, metric, wait_state
 from tests.support.probes import GATE_ENV
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
 
-from .conftest import PAUSING_FACTORY, Launcher, metric
+from .conftest import PAUSING_FACTORY, Launcher
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.waiting import wait_for
 
-from .conftest import OPEN_BUFFER_BYTES, OPEN_READ_MAX_BYTES, metric
+from .conftest import OPEN_BUFFER_BYTES, OPEN_READ_MAX_BYTES
 
 pytestmark = pytest.mark.slow
 

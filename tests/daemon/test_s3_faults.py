@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from compactord.daemon.store_watch import PROBE_KEY
-from tests.support.daemon import DaemonProcess, compact, wait_state
+from tests.support.daemon import DaemonProcess, compact, metric, metric_samples, wait_state
 from tests.support.fault_proxy import FaultProxy
 from tests.support.waiting import wait_for
 
-from .conftest import assert_error, metric, metric_samples
+from .conftest import assert_error
 
 pytestmark = pytest.mark.slow
 

@@ -27,13 +27,13 @@ from typing import Any
 import pytest
 
 from compactord.ledger.lease import LEASE_KEY
-from tests.support.daemon import DaemonProcess, compact, status, wait_state
+from tests.support.daemon import DaemonProcess, compact, metric, status, wait_state
 from tests.support.fault_proxy import FaultProxy
 from tests.support.probes import GATE_ENV
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 
-from .conftest import PAUSING_FACTORY, assert_error, metric
+from .conftest import PAUSING_FACTORY, assert_error
 
 EXIT_CONFIG = 2
 LEASE_S = 5

@@ -9,8 +9,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from tests.daemon.conftest import metric_samples
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric_samples
 from tests.support.s3_server import BUCKET, SECRET_KEY
 
 EXIT_IOERR = 74

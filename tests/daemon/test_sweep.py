@@ -15,8 +15,7 @@ import pytest
 from compactord.ledger.layout import ledger_dir_name
 from compactord.ledger.pointer import read_pointer
 from compactord.storage import ObjectStore
-from tests.daemon.conftest import metric
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.s3_server import BUCKET
 from tests.support.waiting import wait_for
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from compactord.task import REASON_KINDS
-from tests.support.daemon import DaemonProcess, status, wait_state
+from tests.support.daemon import DaemonProcess, metric, status, wait_state
 from tests.support.service import ledger_dirs
 from tests.support.waiting import wait_for
 
-from .conftest import Launcher, assert_error, metric, run_cli
+from .conftest import Launcher, assert_error, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import base64
 import time
 from typing import Any
 
-from tests.support.daemon import DaemonProcess, compact
+from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.waiting import wait_for
 
-from .conftest import assert_error, metric
+from .conftest import assert_error
 
 
 def _b64(data: bytes) -> str:

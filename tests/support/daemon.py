@@ -27,7 +27,7 @@ import pytest
 from tests.support.timeouts import READY_TIMEOUT_S, STOP_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
-__all__ = ["OWN_TOKEN", "DaemonProcess", "compact", "status", "wait_state", "write_conf"]
+__all__ = ["OWN_TOKEN", "DaemonProcess", "compact", "metric", "metric_samples", "status", "wait_state", "write_conf"]
 
 OWN_TOKEN = object()  # DaemonProcess.client(): send the daemon's own token
 
@@ -213,3 +213,22 @@ def compact(daemon: DaemonProcess, topic: str, timeout: float = TASK_TIMEOUT_S) 
     assert final["task_id"] == task_id
     assert final["status"] == "SUCCESS", f"{final}\n{daemon.log_tail()}"
     return final
+
+
+def metric_samples(daemon: DaemonProcess) -> list[tuple[str, dict[str, str], float]]:
+    """``/metrics`` (it needs no token) as (name, labels, value) samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with daemon.client(token=None) as c:
+        response = c.get("/metrics")
+    assert response.status_code == 200, response.text
+    return [(s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(response.text)
+            for s in family.samples]
+
+
+def metric(daemon: DaemonProcess, name: str, **labels: str) -> float | None:
+    """The value of one sample (None if absent)."""
+    for sample_name, sample_labels, value in metric_samples(daemon):
+        if sample_name == name and all(sample_labels.get(k) == v for k, v in labels.items()):
+            return value
+    return None
