@@ -164,6 +164,14 @@ def _properties(manifest: LedgerManifest) -> dict[str, str]:
     return props
 
 
+# The column metrics a data file's entry carries: the statistics a ledger's parts keep (``ledger/parts.py``:
+# partition and offset), which prune a scan; none of the other columns, whose footers hold none (pyiceberg would
+# otherwise log a warning per column and part file at each commit).
+_METRICS = {TableProperties.DEFAULT_WRITE_METRICS_MODE: "none",
+            f"{TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX}.partition": "full",
+            f"{TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX}.offset": "full"}
+
+
 def _table(catalog: Catalog, namespace: str, topic: str, retained: int) -> Table:
     catalog.create_namespace_if_not_exists(namespace)
     try:
@@ -256,6 +264,8 @@ def commit_ledger(catalog: Catalog, namespace: str, manifest: LedgerManifest, pa
             if tx.table_metadata.name_mapping() is None:  # the files carry no field ids: columns match by name
                 tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
                                    tx.table_metadata.schema().name_mapping.model_dump_json()})
+            if tx.table_metadata.properties.get(TableProperties.DEFAULT_WRITE_METRICS_MODE) != "none":
+                tx.set_properties(_METRICS)
             added = [parquet_file_to_data_file(table.io, tx.table_metadata, path) for path in paths]
             deletes = _write_deletes(table, manifest.ledger_id, added)
             swap = _LedgerSwap(commit_uuid=None, operation=Operation.OVERWRITE if current else Operation.APPEND,

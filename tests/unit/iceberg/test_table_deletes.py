@@ -5,6 +5,7 @@ the table's own files stay those of its retained snapshots over many commits."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +199,17 @@ def test_a_delete_file_no_snapshot_names_is_swept_once_its_ledger_is_expired(tmp
     assert commit_ledger(catalog, NAMESPACE, *_ledger(tmp_path / "root", 3, ledger), retained=1)
     assert not stray.exists()
     assert len(list(data.iterdir())) == 1
+
+
+def test_a_commit_logs_no_warning_of_the_columns_a_ledger_keeps_no_statistics_of(
+        tmp_path: Path, catalog: Catalog, caplog: pytest.LogCaptureFixture) -> None:
+    ledger = {0: [[_live(b"a", b"a1"), _marker(b"x")]], 1: [[_live(b"c", b"c1")]]}
+    with caplog.at_level(logging.WARNING):
+        assert commit_ledger(catalog, NAMESPACE, *_ledger(tmp_path / "root", 1, ledger), retained=5)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # the partition's and the offset's bounds are kept (they prune a scan), the others' are not collected
+    table = catalog.load_table((NAMESPACE, TOPIC))
+    [task, *_] = list(table.scan().plan_files())
+    ids = {f.name: f.field_id for f in table.schema().fields}
+    assert {ids["partition"], ids["offset"]} <= set(task.file.lower_bounds)
+    assert ids["key"] not in task.file.lower_bounds
