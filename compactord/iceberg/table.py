@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.manifest import (
     DataFile,
@@ -183,12 +184,19 @@ def _table(catalog: Catalog, namespace: str, topic: str, retained: int) -> Table
         return catalog.create_table_if_not_exists((namespace, topic), schema=RECORD_SCHEMA, properties=properties)
 
 
-def deleted_positions(path: str) -> pa.Array:
+def deleted_positions(path: str, io: FileIO | None = None) -> pa.Array:
     """The row positions (int64, ascending) of the part file ``path``'s rows that are no live key: deletion
     markers, and tombstones (a keyed row with a null value). Only the ``value`` and ``marker`` columns are read
     (``key`` too, for a row group holding a null value that is no marker), and a row group whose statistics say
-    it holds neither is skipped unread (a ledger's parts keep statistics of ``partition`` and ``offset`` only)."""
-    parquet = pq.ParquetFile(path)
+    it holds neither is skipped unread (a ledger's parts keep statistics of ``partition`` and ``offset`` only).
+    ``io``: the table's FileIO, which reads an ``s3://`` root's files with the root's settings (None: a local path)."""
+    if io is None:
+        return _deleted_positions(pq.ParquetFile(path))
+    with io.new_input(path).open() as stream:
+        return _deleted_positions(pq.ParquetFile(stream))
+
+
+def _deleted_positions(parquet: pq.ParquetFile) -> pa.Array:
     columns = {parquet.metadata.schema.column(i).path: i for i in range(parquet.metadata.num_columns)}
     found: list[pa.Array] = []
     start = 0
@@ -220,8 +228,7 @@ def _write_deletes(table: Table, ledger_id: int, data_files: Sequence[DataFile])
     paths: list[pa.Array] = []
     positions: list[pa.Array] = []
     for data_file in sorted(data_files, key=lambda f: f.file_path):
-        local = data_file.file_path.removeprefix("file://")
-        deleted = deleted_positions(local)
+        deleted = deleted_positions(data_file.file_path, table.io)
         positions.append(deleted)
         paths.append(pa.array([data_file.file_path] * len(deleted), pa.string()))
     rows = pa.Table.from_arrays([pa.concat_arrays(paths), pa.concat_arrays(positions)], schema=_DELETES_SCHEMA) \
