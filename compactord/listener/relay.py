@@ -190,6 +190,21 @@ class BrokerRelay:
         self._leaders: dict[TopicPartition, int] = {}
         self._leaders_at = 0.0
         self._coordinators: dict[str, tuple[str, int]] = {}
+        self._down: str | None = None  # why relayed requests fail now (logged once until one is answered)
+
+    def _failing(self, what: str, exc: BrokerUnavailable) -> None:
+        """A relayed request found the broker down: one log line until one is answered again."""
+        self._forget_leaders()
+        if self._down is None:
+            log.warning("Kafka listener: %s: the broker does not answer (%s); relayed fetches and offsets answer "
+                        "LEADER_NOT_AVAILABLE or NOT_LEADER_OR_FOLLOWER, which clients retry, until it does", what,
+                        exc)
+        self._down = str(exc)
+
+    def _answered(self) -> None:
+        if self._down is not None:
+            log.info("Kafka listener: the broker answers relayed requests again")
+            self._down = None
 
     def _link(self, address: tuple[str, int]) -> Link:
         if address not in self._links:
@@ -274,7 +289,7 @@ class BrokerRelay:
         try:
             groups = await self._by_leader(legs)
         except BrokerUnavailable as exc:
-            log.warning("a relayed fetch found no broker: %s", exc)
+            self._failing("a relayed fetch", exc)
             groups = {-1: list(legs)}
         calls = []
         for leader, tps in groups.items():
@@ -297,10 +312,10 @@ class BrokerRelay:
             try:
                 answer = await call
             except BrokerUnavailable as exc:
-                log.warning("a relayed fetch failed: %s", exc)
-                self._forget_leaders()
+                self._failing("a relayed fetch", exc)
                 answers.update({tp: _failed(FetchResponse, tp, "NOT_LEADER_OR_FOLLOWER") for tp in tps})
                 continue
+            self._answered()
             for topic in answer.responses:
                 for partition in topic.partitions:
                     answers[(topic.topic, partition.partition_index)] = partition
@@ -316,7 +331,7 @@ class BrokerRelay:
         try:
             groups = await self._by_leader(wanted)
         except BrokerUnavailable as exc:
-            log.warning("relayed offsets found no broker: %s", exc)
+            self._failing("relayed offsets", exc)
             groups = {-1: list(wanted)}
         for leader, tps in groups.items():
             by_topic: dict[str, list[int]] = collections.defaultdict(list)
@@ -331,10 +346,10 @@ class BrokerRelay:
                     raise BrokerUnavailable("no leader known")
                 answer = await self._on_leader(leader, request, ListOffsetsResponse, ApiKey.ListOffsets)
             except BrokerUnavailable as exc:
-                log.warning("relayed offsets failed: %s", exc)
-                self._forget_leaders()
+                self._failing("relayed offsets", exc)
                 answers.update({tp: _failed(ListOffsetsResponse, tp, "LEADER_NOT_AVAILABLE") for tp in tps})
                 continue
+            self._answered()
             for topic in answer.topics:
                 for partition in topic.partitions:
                     answers[(topic.name, partition.partition_index)] = partition

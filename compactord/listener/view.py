@@ -7,6 +7,7 @@ in its executor, never on its event loop.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,15 +15,24 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from compactord.errors import BrokerUnavailable, LedgerRetired, NotCompacted, StorageUnavailable, TopicNotFound
+from compactord.errors import (
+    BrokerUnavailable,
+    LedgerRetired,
+    NotCompacted,
+    StorageUnavailable,
+    TopicNotFound,
+    TopicRecreated,
+)
 from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
-from compactord.model import Position
+from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.interfaces import BrokerMetadata, TopicCompactionService
 
 __all__ = ["LedgerAnswer", "ListenerHost", "ListenerMetrics", "TopicView"]
+
+log = logging.getLogger(__name__)
 
 # How long the broker's topic list and a topic's partitions are kept: a Metadata request every few seconds per
 # client asks the broker at most this often.
@@ -46,6 +56,10 @@ class _Monitor(Protocol):
     def ignored(self) -> frozenset[str]: ...
 
     def log_starts(self, topic: str) -> dict[int, int]: ...
+
+
+class _Identities(Protocol):
+    def check(self, topic: str, manifest: LedgerManifest) -> object: ...
 
 
 class ListenerMetrics(Protocol):
@@ -78,6 +92,9 @@ class ListenerHost(Protocol):
     @property
     def metrics(self) -> ListenerMetrics: ...
 
+    @property
+    def identities(self) -> _Identities: ...
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerAnswer:
@@ -96,6 +113,7 @@ class TopicView:
         self._lock = threading.Lock()
         self._topics: tuple[float, list[str]] | None = None
         self._partitions: dict[str, tuple[float, list[int]]] = {}
+        self._not_served: set[tuple[str, int]] = set()  # (topic, ledger id) of a recreated topic, logged once
 
     def topics(self) -> list[str]:
         """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old): those
@@ -160,7 +178,7 @@ class TopicView:
             page = service.read_compacted_page(Position(partition, start), 1)
         except NotCompacted:
             return None
-        if partition not in page.ledger.horizon or not page.entries:
+        if partition not in page.ledger.horizon or not page.entries or not self._same_log(topic, page.ledger):
             return None
         return page.entries[0].offset
 
@@ -178,6 +196,8 @@ class TopicView:
             manifest = service.ledger_info(None)
         if manifest is None or partition not in manifest.horizon or offset > manifest.horizon[partition]:
             return None
+        if not self._same_log(topic, manifest):
+            return None
         horizon = manifest.horizon[partition]
         log_start = self._host.monitor.log_starts(topic).get(partition, 0)
         start = max(offset, log_start)
@@ -192,3 +212,19 @@ class TopicView:
             if after <= horizon:
                 records += empty_batch(after, min(horizon, after + MAX_DELTA))
         return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+
+    def _same_log(self, topic: str, manifest: LedgerManifest) -> bool:
+        """Whether the broker's topic is the log ``manifest``'s ledger was made of, as the HTTP read API checks it
+        (``TopicIdentities``: at most a second old, the last answer while the broker is down); a topic deleted
+        and created again is served from its live log until a ledger of the new one is made."""
+        try:
+            self._host.identities.check(topic, manifest)
+        except TopicRecreated as exc:
+            with self._lock:
+                first = (topic, manifest.ledger_id) not in self._not_served
+                self._not_served.add((topic, manifest.ledger_id))
+            if first:
+                log.info("Kafka listener: %s is served from its live log, not from ledger %d: %s", topic,
+                         manifest.ledger_id, exc)
+            return False
+        return True
