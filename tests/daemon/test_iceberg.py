@@ -26,7 +26,7 @@ from tests.support.waiting import wait_for
 from .conftest import Launcher, metric
 
 PARTITIONS = 2
-# What a query of the table filters: the ledger's tombstones (a null value) and event-time deletion markers are
+# What a query of the table filters: the ledger's tombstones (a null value) and deletion markers are
 # rows of its files, which the snapshot references as they are.
 LIVE = "value IS NOT NULL AND NOT marker"  # as docs/design.md and the README write it
 Row = tuple[int, int, bytes, bytes]  # partition, offset, key, value
