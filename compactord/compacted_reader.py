@@ -14,7 +14,7 @@ rewinding the whole log::
             state[entry.key] = entry.value
 
 The read is pinned to one ledger; ``apply_strategy=True`` applies that ledger's strategy to the tail
-(a tail record is yielded only if it changes its key's state, event-time deletion markers included), so
+(a tail record is yielded only if it changes its key's state, the ledger's deletion markers included), so
 that the application's state equals the strategy's view. See ``CompactedReader``.
 
 Under a key TTL (the ledger's rule ``key_ttl_ms``, from ``compactionKeyTtlMs`` or the topic's
@@ -96,16 +96,21 @@ class _Strategy:
         self.kept: dict[tuple[int, bytes], Entry] = {}
 
     def saw(self, entry: Entry) -> None:
-        """A ledger entry (a live value, or an event-time deletion marker)."""
-        if entry.key is not None:
-            self.kept[(entry.partition, entry.key)] = entry
+        """A ledger entry (a live value, or a deletion marker)."""
+        if entry.key is None:
+            return
+        if entry.is_tombstone and not isinstance(self.strategy, OrderedCompactionStrategy):
+            # A fold starts again after a deletion (first-value: the next value is the first): nothing kept.
+            self.kept.pop((entry.partition, entry.key), None)
+            return
+        self.kept[(entry.partition, entry.key)] = entry
 
     def wins(self, cur: Entry) -> bool:
         """Whether a tail record changes the key's state (then it is yielded)."""
         if cur.key is None:
             return True
         key = (cur.partition, cur.key)
-        prev = self.kept.get(key)  # an event-time deletion marker takes part in the order like a record
+        prev = self.kept.get(key)  # a deletion marker takes part in an order like a record
         if prev is not None and self.strategy.should_keep_left(prev, cur):
             return False
         self.kept[key] = cur  # a tombstone too: under an order it competes like a record; a fold drops it

@@ -170,8 +170,8 @@ class Settings:
     compaction_event_time_source: str = _key("compactionEventTimeSource", event_time_source, "timestamp",
         "compaction", "Event time of a record: timestamp, or header:NAME.")
     compaction_tombstone_retention_ms: int = _key("compactionTombstoneRetentionMs", int_range(0), "86400000",
-        "compaction", "How long an event-time deletion marker stays in the ledger (Kafka's "
-        "delete.retention.ms).")
+        "compaction", "How long a deletion marker stays in the ledger (Kafka's "
+        "delete.retention.ms): the Kafka listener serves it as a tombstone.")
     topic_compaction_retain_null_key: bool = _key("topicCompactionRetainNullKey", boolean, "false",
         "compaction", "Keep records without a key in place (otherwise they are dropped).", pulsar=True)
     compaction_empty_value_is_tombstone: bool = _key("compactionEmptyValueIsTombstone", boolean, "false",

@@ -7,9 +7,12 @@ Side by side so that they change together; the engine tests compare the two jobs
 - Key expiry (``compactionKeyTtlMs``, the policy's ``keyTtlMs``): a keyed live winner older than the TTL at
   ``now_ms`` (its timestamp; its event time under ``event-time``) is a deletion too. A missing timestamp
   never expires.
-- A deletion is dropped, or under ``event-time`` kept as a marker (value null, ``marker_at`` the time it
-  first entered a ledger) until ``compactionTombstoneRetentionMs`` has passed, so that a late record with
-  an older event time cannot bring the key back.
+- A deletion is dropped, or where the strategy keeps markers (``StrategyPlan.keeps_deletion_markers``: the
+  built-in strategies) kept as a marker (value null, ``marker_at`` the time it first entered a ledger) until
+  ``compactionTombstoneRetentionMs`` has passed, as Kafka's cleaner keeps a tombstone for
+  ``delete.retention.ms``: a reader of the ledger (the Kafka listener) that had the key from an earlier
+  ledger sees its delete, and under ``event-time`` a late record with an older event time cannot bring the
+  key back.
 
 Both follow SQL's three-valued logic (Arrow's Kleene kernels): a row whose rule is unknown is dropped.
 """
@@ -35,7 +38,7 @@ _NULL_INT64 = pa.scalar(None, pa.int64())
 class DeletionRules:
     now_ms: int  # the instant retention and expiry are measured at (the task's start)
     tombstone_retention_ms: int
-    keeps_markers: bool  # event-time: a winning deletion stays as a marker
+    keeps_markers: bool  # a winning deletion stays as a marker (``StrategyPlan.keeps_deletion_markers``)
     key_ttl_ms: int = 0  # 0: keys never expire
     ttl_by_event_time: bool = False  # a key's age is its winner's event time (else its timestamp)
 

@@ -3,14 +3,14 @@
 - Ordered built-in strategies pick winners natively (``max_by`` over the strategy's SQL order);
   other strategies fold each key's records in offset order in Python (``mapInArrow`` over rows
   sorted by partition, key and offset).
-- A winning tombstone (a null value: Kafka's rule) deletes its key; under ``event-time`` it stays in the ledger as a marker until
-  ``compactionTombstoneRetentionMs`` has passed since it first entered a ledger.
+- A winning tombstone (a null value: Kafka's rule) deletes its key; under the built-in strategies it stays in the
+  ledger as a marker until ``compactionTombstoneRetentionMs`` has passed since it first entered a ledger.
 - Null-key records are kept in place when ``topicCompactionRetainNullKey`` is set (the reader already
   dropped them otherwise), each as a group of its own in the same aggregation.
 - Rows below a partition's log start are dropped before the winners are chosen.
 - Key expiry (``compactionKeyTtlMs``, the policy's ``keyTtlMs``): a keyed winner older than the TTL at
   the job's ``now_ms`` (its timestamp; its event time under ``event-time``) is treated as a winning
-  deletion: dropped, or under ``event-time`` kept as a marker like any deletion.
+  deletion: dropped, or kept as a marker like any deletion.
 - The output is sorted by (partition, offset) and written as Parquet into the new ledger's folder.
 - Every ledger byte is read and written in Python (pyarrow), in the driver or Spark's Python workers, never
   by the JVM (whose Hadoop file system reaches no object store here): the grouping job reads the previous
@@ -299,6 +299,7 @@ def _entry_row(e: Entry) -> tuple[Any, ...]:
 # Rows are grouped by (partition, key, this): null for a keyed row, the offset for a null-key row, so
 # that every retained null-key record is a group of its own and wins itself, in the same pass.
 _NULL_KEY_GROUP = "null_key_offset"
+_LAST_RANK = 2**63 - 1  # first-value: a deletion ranks after every value of its key
 _GROUP = ["partition", "key", _NULL_KEY_GROUP]
 
 
@@ -346,13 +347,15 @@ def build_winners(spark: Any, spec: CompactionJobSpec, strategy: CompactionStrat
             .select("w.*")
         )
     elif plan.first_value:
-        # The first value after the key's last tombstone (or its first value if it has none).
+        # The first value after the key's last deletion (or its first value if it has none); a key with no
+        # value after it: that deletion (a tombstone, or a marker carried over), for the deletion rules.
         last_delete = F.max(F.when(deleted, F.col("offset"))).over(Window.partitionBy(*_GROUP))
+        rank = F.when(deleted, F.lit(_LAST_RANK)).otherwise(F.col("offset"))
         winners = (
             records.withColumn("last_delete", F.coalesce(last_delete, F.lit(-1)))
-            .where(~deleted & (F.col("offset") > F.col("last_delete")))
+            .where(F.col("offset") >= F.col("last_delete"))
             .groupBy(*_GROUP)
-            .agg(F.min_by(F.struct(*_COLUMNS), F.col("offset")).alias("w"))
+            .agg(F.min_by(F.struct(*_COLUMNS), rank).alias("w"))
             .select("w.*")
         )
     else:

@@ -1,6 +1,7 @@
 """Ledger entries as Kafka record batches (magic 2), built with kafka-python's ``DefaultRecordBatchBuilder``: each
 record at its original offset (the batch's base offset and each record's delta), with its key, value, headers
-and timestamp; a tombstone is a record with a null value, as on the broker.
+and timestamp; a tombstone is a record with a null value, as on the broker, and so is a deletion marker the
+ledger keeps (``compactionTombstoneRetentionMs``): a consumer that had the key from an earlier ledger deletes it.
 
 Where the ledger holds nothing more below the horizon (expired tombstones, null keys and transaction markers
 were dropped), an empty batch whose last offset is the horizon carries a consumer past it, as the empty batches
@@ -46,7 +47,7 @@ def entries_batches(entries: Sequence[Entry]) -> bytes:
                 out.append(_finish(builder, base))
             builder, base = _builder(), entry.offset
         builder.append(entry.offset - base, timestamp=entry.timestamp if entry.timestamp is not None else 0,
-                       key=entry.key, value=entry.value, headers=list(entry.headers))
+                       key=entry.key, value=None if entry.marker else entry.value, headers=list(entry.headers))
     if builder is not None:
         out.append(_finish(builder, base))
     return b"".join(out)

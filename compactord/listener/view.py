@@ -175,7 +175,7 @@ class TopicView:
             return None
         start = self._host.monitor.log_starts(topic).get(partition, 0)
         try:
-            page = service.read_compacted_page(Position(partition, start), 1)
+            page = service.read_compacted_page(Position(partition, start), 1, include_markers=True)
         except NotCompacted:
             return None
         if partition not in page.ledger.horizon or not page.entries or not self._same_log(topic, page.ledger):
@@ -204,7 +204,7 @@ class TopicView:
         if start > horizon:  # retention passed the horizon: what is left is the live log's
             return None
         page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=manifest.ledger_id,
-                                           max_bytes=max(1, max_bytes))
+                                           max_bytes=max(1, max_bytes), include_markers=True)
         entries = [e for e in page.entries if e.offset <= horizon]
         records = entries_batches(entries)
         if not page.truncated and len(page.entries) < PAGE_ENTRIES:

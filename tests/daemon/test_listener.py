@@ -126,12 +126,13 @@ def _bootstrap(daemon: DaemonProcess) -> str:
 
 
 def _model(daemon: DaemonProcess, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """The compacted view of partition 0 as the HTTP API pages it: (offset, key, value) in order."""
+    """The compacted view of partition 0 as the HTTP API pages it, with the deletion markers the listener serves as
+    tombstones: (offset, key, value) in order."""
     entries: list[tuple[int, bytes | None, bytes | None]] = []
     start: int | None = 0
     while start is not None:
         response = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": start,
-                                                                           "limit": 7})
+                                                                           "limit": 7, "include_markers": "true"})
         assert response.status_code == 200, response.text
         body = response.json()
         entries += [(e["offset"], _decoded(e["key"]), _decoded(e["value"])) for e in body["entries"]]

@@ -156,7 +156,10 @@ class StrategyPlan:
     reducer: Reducer
     sql_order: str | None = None  # pick winners natively with max_by over this order
     first_value: bool = False  # the native first-value query
-    keeps_deletion_markers: bool = False  # event-time: a winning deletion stays as a marker
+    # A winning deletion stays in the ledger as a marker for ``compactionTombstoneRetentionMs`` (Kafka's
+    # ``delete.retention.ms``), so that a reader past it (the Kafka listener) sees the delete. Only where a
+    # marker cannot change a later winner, or is meant to (event-time: a late record ranked below it).
+    keeps_deletion_markers: bool = False
     # The winner may be any record of a key, not always its last: the strategy needs a key's earlier
     # records, which retention or a broker's own cleaner may remove (every strategy but publishing-order).
     needs_losers: bool = True
@@ -167,6 +170,9 @@ def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
     markers = isinstance(strategy, EventTimeOrder)
     if isinstance(strategy, OrderedCompactionStrategy):
         order_at = _declared_by(cls, "order_key")
+        # Ordered by offset, any later record of the key ranks above its marker: a marker blocks nothing. A
+        # plug-in's own order might rank a later record below it, so the plug-in keeps none.
+        markers = markers or order_at is PublishingOrder
         sql_at = _declared_by(cls, "sql_order")
         # An SQL order counts only where it was declared with (or below) the order_key it mirrors.
         sql = strategy.sql_order if sql_at is not None and order_at is not None and issubclass(sql_at, order_at) \
@@ -175,7 +181,8 @@ def plan_for(strategy: CompactionStrategy) -> StrategyPlan:
         return StrategyPlan(builtin or _reduce_custom_order(strategy), sql, False, markers,
                             needs_losers=order_at is not PublishingOrder)
     if _declared_by(cls, "should_keep_left") is FirstValue:
-        return StrategyPlan(reduce_first_value, None, True, markers)
+        # A marker is a deletion: the first value after it wins, as after the tombstone it remembers.
+        return StrategyPlan(reduce_first_value, None, True, True)
     return StrategyPlan(_keep_all, None, False, markers)
 
 

@@ -102,6 +102,29 @@ def test_reader_apply_strategy_event_time_respects_markers(kafka, daemon_api):
     assert [v for *_, v in applied] == [b"v10", b"fresh", b"newer"]
 
 
+@pytest.mark.parametrize("strategy", ["publishing-order", "first-value"])
+def test_reader_apply_strategy_with_the_ledger_s_deletion_markers(kafka, daemon_api, strategy):
+    """A key deleted in the ledger (a marker there) and given a value in the tail: the value is yielded, under
+    publishing-order (the later record) and first-value (the first value after the deletion) alike; the
+    marker itself is never yielded."""
+    daemon, server = daemon_api(compaction_strategy=strategy)
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "1"), ("gone", "x"), ("gone", None)])
+    compact(daemon, topic)
+    service = daemon.registry.existing_service(topic)
+    assert [(e.offset, e.key) for e in service.read_compacted_entries(Position(0, 0), 10, include_markers=True)
+            if e.marker] == [(2, b"gone")]
+    kafka.produce(topic, [("gone", "back"), ("gone", "again"), ("a", "2")])
+    applied = read_all(CompactedReader(kafka.bootstrap, topic, url=server.url, apply_strategy=True))
+    if strategy == "publishing-order":
+        assert applied == [(0, 0, b"a", b"1"), (0, 3, b"gone", b"back"), (0, 4, b"gone", b"again"),
+                           (0, 5, b"a", b"2")]
+    else:
+        assert applied == [(0, 0, b"a", b"1"), (0, 3, b"gone", b"back")]
+    assert _state(applied) == ({b"a": b"2", b"gone": b"again"} if strategy == "publishing-order"
+                               else {b"a": b"1", b"gone": b"back"})
+
+
 def _state(entries: list[tuple[int, int, bytes | None, bytes | None]]) -> dict[bytes | None, bytes]:
     state: dict[bytes | None, bytes] = {}
     for _, _, key, value in entries:

@@ -330,7 +330,9 @@ def test_an_incremental_run_merges_each_partition_in_its_reading_task(kafka, mak
         assert values[b"k0"] == b"v0" and b"k3" not in values and {r["key"] for r in merged if r["marker"]} == \
             {b"k3", b"k4", b"k7"}
     else:
+        # Markers beat no later record: k3's gave way to its value; k4's and k7's stay.
         assert values[b"k0"] == b"late" and values[b"k3"] == b"too-late" and b"k7" not in values
+        assert {r["key"] for r in merged if r["marker"]} == {b"k4", b"k7"}
     assert values[b"k6"] == b"newer" and values[b"new"] == b"n" and values[b"k2"] == b"v2"  # k2: partition 2
     assert sorted(r["value"] for r in merged if r["key"] is None) == [b"n-late", b"n0", b"n1", b"n2"]
 

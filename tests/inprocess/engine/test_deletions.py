@@ -1,17 +1,22 @@
 """The deletion rules, written for Spark SQL and for Arrow (``engine/deletions.py``), give the same rows on
 every kind of winner: a value, a tombstone, a marker young and old, a null key, an old key by timestamp or
-by event time, a missing timestamp; with markers kept or not, with key expiry or not."""
+by event time, a missing timestamp; with markers kept or not, with key expiry or not. Through real runs, a
+winning deletion kept as a marker for its retention under the built-in strategies, on both write paths."""
 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from compactord.engine.deletions import DeletionRules
-from compactord.model import RECORD_DDL, RECORD_SCHEMA
+from compactord.model import RECORD_DDL, RECORD_SCHEMA, Entry, Position
+from tests.support.service import compact, view
+from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 NOW = 1_000_000
 
@@ -79,3 +84,56 @@ def test_winners_the_rules_keep_every_one_of_come_back_as_the_same_table(rules: 
     assert kept.num_rows < table.num_rows
     assert rules.apply_arrow(kept) is kept
     assert rules.apply_arrow(RECORD_SCHEMA.empty_table()).num_rows == 0
+
+
+def _never(*_: Any, **__: Any) -> bool:
+    return False
+
+
+def _markers(service: Any) -> list[Entry]:
+    return [e for e in service.read_compacted_entries(Position(0, 0), 100, include_markers=True) if e.marker]
+
+
+@pytest.mark.parametrize(("strategy", "grouped"), [("publishing-order", False), ("publishing-order", True),
+                                                   ("first-value", True)],
+                         ids=["publishing-order-tasks", "publishing-order-grouped", "first-value"])
+def test_a_winning_deletion_stays_a_marker_for_its_retention(kafka: Any, make_factory: Any,
+                                                              monkeypatch: pytest.MonkeyPatch, strategy: str,
+                                                              grouped: bool) -> None:
+    """A winning tombstone stays in the ledger as a marker (read only with ``include_markers``, never in the
+    view or the live count), written by the reading tasks or by the grouping job alike; a value after it wins
+    (first-value: it is the key's first value again); the marker leaves once its retention has passed."""
+    from compactord.engine import job
+    from compactord.ledger.parts import part_name
+
+    if grouped:
+        monkeypatch.setattr(job, "reads_are_final", _never)  # the grouping job
+    topic = kafka.topic()
+    kafka.produce(topic, [("a", "v1"), ("gone", "x"), ("a", "v2"), ("gone", None), ("b", "b"), ("b", None)])
+    factory = make_factory(compaction_strategy=strategy, compaction_tombstone_retention_ms=86_400_000)
+    service = factory.new_topic_compaction_service(topic)
+    compact(service)
+    first_a = b"v1" if strategy == "first-value" else b"v2"
+    assert view(service) == {b"a": first_a}
+    assert [(m.offset, m.key, m.value, m.timestamp is not None) for m in _markers(service)] == \
+        [(3, b"gone", None, True), (5, b"b", None, True)]
+    manifest = service.ledger_info()
+    assert (manifest.records_kept, manifest.markers) == (1, 2)
+    assert ([f["name"] for f in manifest.files] == [part_name(0)]) is not grouped  # the path the run took
+    first_at = {m.key: m.marker_at for m in _markers(service)}
+
+    kafka.produce(topic, [("gone", "back")])
+    ctx = compact(service)
+    assert not ctx.stats.full_rebuild
+    assert view(service) == {b"a": first_a, b"gone": b"back"}
+    assert [(m.offset, m.key, m.marker_at) for m in _markers(service)] == [(5, b"b", first_at[b"b"])]
+
+    # The same root under a retention the marker has outlived: the next incremental run drops it.
+    expiring = make_factory(store=factory.store, compaction_strategy=strategy, compaction_tombstone_retention_ms=1)
+    wait_for(lambda: time.time() * 1000 > first_at[b"b"] + 1, TASK_TIMEOUT_S, "the marker's retention to pass")
+    kafka.produce(topic, [("c", "c")])
+    service = expiring.new_topic_compaction_service(topic)
+    ctx = compact(service)
+    assert not ctx.stats.full_rebuild
+    assert view(service) == {b"a": first_a, b"gone": b"back", b"c": b"c"}
+    assert _markers(service) == [] and service.ledger_info().markers == 0

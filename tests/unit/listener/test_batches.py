@@ -32,6 +32,14 @@ def test_entries_keep_their_offsets_keys_values_tombstones_headers_and_timestamp
                                       (17, b"b", None, 900, []), (40, b"c", b"", 5000, [])])]
 
 
+def test_a_deletion_marker_is_a_tombstone_at_its_offset_with_its_timestamp() -> None:
+    # A row the ledger marks as a deletion is a deletion whatever its value column holds.
+    entries = [Entry(0, 4, b"a", b"1", timestamp=10), Entry(0, 9, b"gone", b"stale", timestamp=20, marker=True,
+                                                           marker_at=30)]
+
+    assert _decoded(entries_batches(entries)) == [(4, 9, True, [(4, b"a", b"1", 10, []), (9, b"gone", None, 20, [])])]
+
+
 def test_offsets_further_apart_than_an_int32_delta_go_into_another_batch() -> None:
     entries = [Entry(0, 5, b"a", b"1", timestamp=1), Entry(0, 5 + MAX_DELTA + 1, b"b", b"2", timestamp=2)]
 
