@@ -132,7 +132,7 @@ class LedgerReader:
 
     def read(self, partition: int, start: int, n: int, include_markers: bool = False) -> list[Entry]:
         """Up to ``n`` live entries of ``partition`` with offset >= ``start``, in offset order
-        (event-time deletion markers too if ``include_markers``: the compacted reader needs them).
+        (the deletion markers too if ``include_markers``: the compacted reader and the Kafka listener need them).
 
         :raises InvalidArgument: ``partition`` or ``start`` is negative, or ``n`` < 1.
         """

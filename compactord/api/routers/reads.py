@@ -60,7 +60,8 @@ def router(daemon: Daemon, store_answers: Any) -> APIRouter:
         start: int = Query(0, ge=0, le=2**63 - 1),
         limit: int = Query(100, ge=1, le=10000),
         encoding: Encoding = Query("base64"),
-        include_markers: bool = Query(False, description="also event-time deletion markers, with event times"),
+        include_markers: bool = Query(False, description="also the deletion markers the ledger keeps for "
+                                      "compactionTombstoneRetentionMs, with event times"),
         ledger_id: int | None = _PIN,
     ) -> JSONResponse:
         """Live entries of one partition with offset >= start, in order, from the current ledger (or the
