@@ -7,6 +7,11 @@ only, keeps its Unix sockets and logs in its own folder (not /tmp), sends no tel
 at start. It is ready once the store's start check passes (bucket, credentials, conditional writes). It stops
 on SIGTERM (SIGKILL after a grace period), by PID.
 
+Its Iceberg REST catalog listens too (``iceberg_uri``), its tables in the table bucket ``TABLE_BUCKET`` (the
+one a client naming no warehouse is given), their metadata at ``s3://TABLE_BUCKET/<namespace>/<table>/`` on the
+same server; it takes as bearer token the JWT its ``/v1/oauth/tokens`` hands out for the S3 credentials
+(``iceberg_token()``).
+
 The session's server is the ``s3_server`` fixture (``tests/conftest.py`` imports it); a test gets a store on a
 fresh prefix with ``s3_server.store()``.
 """
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from compactord.embedded import port_is_free
@@ -38,6 +44,7 @@ __all__ = ["S3Server", "s3_factory", "s3_server", "weed_binary"]
 ACCESS_KEY = "compactord-test"
 SECRET_KEY = "compactord-test-secret-7f3a"
 BUCKET = "ledgers"
+TABLE_BUCKET = "warehouse"  # the Iceberg REST catalog's table bucket: a catalog of its own
 REGION = "us-east-1"
 _GRPC_OFFSET = 10000
 _PORT_RANGE = (12000, 32768 - _GRPC_OFFSET)
@@ -74,6 +81,7 @@ class S3Server:
     folder: Path
     process: subprocess.Popen[bytes] | None = None
     endpoint: str = ""
+    iceberg_uri: str = ""
     started_in_s: float = 0.0
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -85,15 +93,16 @@ class S3Server:
         identities.write_text(json.dumps({"identities": [{
             "name": "compactord", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        self.ports = dict(zip(("master", "volume", "filer", "s3", "admin"), _free_ports(5)))
+        self.ports = dict(zip(("master", "volume", "filer", "s3", "admin", "iceberg"), _free_ports(6)))
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+        self.iceberg_uri = f"http://127.0.0.1:{self.ports['iceberg']}"
         command = [
             weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
             f"-filer.port={self.ports['filer']}", f"-s3.port={self.ports['s3']}",
             f"-admin.port={self.ports['admin']}", "-admin.ui=false", "-webdav=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
-            f"-s3.config={identities}", f"-bucket={BUCKET}",
+            f"-s3.port.iceberg={self.ports['iceberg']}", "-s3.port.lance=0", "-master.telemetry=false",
+            f"-s3.config={identities}", f"-bucket={BUCKET}", f"-tableBucket={TABLE_BUCKET}",
             f"-s3.localSocket={sockets / 's3.sock'}", f"-filer.localSocket={sockets / 'filer.sock'}",
         ]
         log = open(self.folder / "weed.log", "wb")  # noqa: SIM115 - the process holds it
@@ -120,11 +129,27 @@ class S3Server:
                 raise RuntimeError(f"weed mini exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 store.check()
+                self._check_iceberg()
                 return
-            except Exception as exc:  # noqa: BLE001 (not up yet: refused, or the bucket not created yet)
+            except Exception as exc:  # noqa: BLE001 (not up yet: refused, or a bucket not created yet)
                 problem = str(exc)
             time.sleep(0.1)
         raise RuntimeError(f"weed mini not ready in {_START_TIMEOUT_S} s ({problem}): {self.log_tail()}")
+
+    def _check_iceberg(self) -> None:
+        """Its Iceberg REST catalog answers, its table bucket created (a namespace listed)."""
+        response = httpx.get(f"{self.iceberg_uri}/v1/namespaces", timeout=1.0,
+                             headers={"Authorization": f"Bearer {self.iceberg_token()}"})
+        response.raise_for_status()
+
+    def iceberg_token(self) -> str:
+        """A bearer token of its Iceberg REST catalog (valid an hour): the OAuth2 client-credentials grant of
+        the S3 access key and secret."""
+        response = httpx.post(f"{self.iceberg_uri}/v1/oauth/tokens", data={
+            "grant_type": "client_credentials", "client_id": ACCESS_KEY, "client_secret": SECRET_KEY}, timeout=5.0)
+        response.raise_for_status()
+        token: str = response.json()["access_token"]
+        return token
 
     def log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
