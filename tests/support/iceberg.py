@@ -61,4 +61,6 @@ def committed(daemon: DaemonProcess, catalog: Catalog, topic: str) -> Table:
             return None
         return table if ledger_id_of(table.current_snapshot()) == current else None
 
-    return wait_for(level, 60, f"topic {topic}'s table at ledger {current}", daemon)
+    table = wait_for(level, 60, f"topic {topic}'s table at ledger {current}", daemon)
+    assert table is not None  # wait_for returns the first truthy answer
+    return table
