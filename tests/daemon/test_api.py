@@ -379,7 +379,7 @@ def test_policies_round_trip(shared_daemon: DaemonProcess, kafka: Any) -> None:
     default = shared_daemon.http.get(path).json()
     assert default["policies"] == {"thresholdBytes": None, "thresholdMessages": None, "maxLagSeconds": None,
                                    "minDirtyRatio": None, "strategy": None, "keyTtlMs": None,
-                                   "maxReadBytesPerSecond": None}
+                                   "maxReadBytesPerSecond": None, "iceberg": None}
     assert default["effective"]["thresholdBytes"] == 0  # brokerServiceCompactionThresholdInBytes=0 here
     put = shared_daemon.http.put(path, json={"thresholdMessages": 5, "minDirtyRatio": 0.25})
     assert put.status_code == 200, put.text

@@ -163,7 +163,7 @@ def test_policies_are_persisted(daemon: DaemonProcess, kafka: Any) -> None:
     topic = kafka.topic(prefix="mon")
     put = set_policy(daemon, topic, thresholdMessages=7)
     assert put["policies"] == {**OFF, "thresholdMessages": 7, "strategy": None, "keyTtlMs": None,
-                               "maxReadBytesPerSecond": None}
+                               "maxReadBytesPerSecond": None, "iceberg": None}
     assert daemon.http.get(f"/v1/topics/{topic}/policies").json() == put
     assert (daemon.root / topic / "policies.json").is_file()
     deleted = daemon.http.delete(f"/v1/topics/{topic}/policies").json()
