@@ -377,8 +377,8 @@ class BrokerRelay:
         address = self._nodes[leader]
         if links is None:
             link = self._link(address)
-        elif (link := links.links.get(address)) is None:
-            link = links.links[address] = self.new_link(address)
+        else:
+            link = links.links.get(address) or links.links.setdefault(address, self.new_link(address))
         return await link.request(message, response_class, key)
 
 
