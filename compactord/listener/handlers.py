@@ -23,7 +23,7 @@ from kafka.record.memory_records import MemoryRecords
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.listener.groups import GroupLinks, GroupRelay
 from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
-from compactord.listener.relay import BrokerRelay, Leg, TopicPartition
+from compactord.listener.relay import BrokerRelay, FetchLinks, Leg, TopicPartition
 from compactord.listener.view import LedgerAnswer, ListenerMetrics, TopicView
 
 __all__ = ["CLUSTER_ID", "NODE_ID", "Handlers", "Session"]
@@ -46,16 +46,19 @@ NO_WAIT_MS = 1
 
 @dataclass
 class Session:
-    """One connection's state: the address it reached the listener at, and the ledger each topic is pinned to
-    until the client reads past the horizon (a switch mid-read never mixes two ledgers)."""
+    """One connection's state: the address it reached the listener at, the ledger each topic is pinned to
+    until the client reads past the horizon (a switch mid-read never mixes two ledgers), and its own connections
+    to the broker for its group requests and its fetches."""
 
     host: str
     port: int
     pins: dict[str, int] = field(default_factory=dict)
     groups: GroupLinks = field(default_factory=GroupLinks)
+    fetches: FetchLinks = field(default_factory=FetchLinks)
 
     def close(self) -> None:
         self.groups.close()
+        self.fetches.close()
 
 
 class Handlers:
@@ -178,7 +181,8 @@ class Handlers:
         if legs or tails:
             relayed = await self._relay.fetch({**legs, **tails}, max_wait_ms=NO_WAIT_MS if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
-                                              max_bytes=max(1, budget), isolation_level=isolation)
+                                              max_bytes=max(1, budget), isolation_level=isolation,
+                                              links=session.fetches)
         self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a in served.values()))
         self._metrics.listener_bytes.labels(source="relay").inc(sum(len(a.records or b"") for a in relayed.values()))
         responses = []

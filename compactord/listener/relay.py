@@ -4,7 +4,9 @@ included), as are the offsets the broker alone knows (ListOffsets).
 
 One connection per broker node, requests pipelined on it (a broker answers a connection's requests in order, so
 the answers are matched to the requests first in, first out); a connection that fails fails its requests in
-flight and is opened again by the next one. The partitions' leaders come from a Metadata request, kept until a
+flight and is opened again by the next one. A client's fetches go on connections of the client connection's own
+(``FetchLinks``): a fetch the broker holds for its ``max_wait_ms`` (a client at the end of the log) would hold
+every request behind it on a shared connection, other clients' fetches and the listener's offsets included. The partitions' leaders come from a Metadata request, kept until a
 leader is refused or for ``LEADERS_TTL_S``.
 """
 
@@ -33,7 +35,7 @@ from kafka.protocol.metadata import (
 from compactord.errors import BrokerUnavailable
 from compactord.listener.protocol import ERRORS, item
 
-__all__ = ["BrokerRelay", "Leg", "Link", "TopicPartition"]
+__all__ = ["BrokerRelay", "FetchLinks", "Leg", "Link", "TopicPartition"]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,20 @@ class Link:
         self._writer = None
 
 
+class FetchLinks:
+    """One client connection's connections to the partitions' leaders for its fetches, closed with it. The client
+    waits for each answer before it sends its next request (the listener answers a connection's requests in
+    order), so each of these holds at most one fetch: none waits behind another client's."""
+
+    def __init__(self) -> None:
+        self.links: dict[tuple[str, int], Link] = {}
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+
+
 class BrokerRelay:
     """The real broker, as the listener's event loop reaches it (every method runs on that loop)."""
 
@@ -281,10 +297,11 @@ class BrokerRelay:
         self._leaders_at = 0.0
 
     async def fetch(self, legs: Mapping[TopicPartition, Leg], *, max_wait_ms: int, min_bytes: int,
-                    max_bytes: int, isolation_level: int) -> dict[TopicPartition, Any]:
+                    max_bytes: int, isolation_level: int, links: FetchLinks | None = None) -> dict[TopicPartition, Any]:
         """Each partition's answer from its leader: the broker's ``PartitionData`` (records as the broker sent
         them); a partition whose leader is unknown or down answers ``LEADER_NOT_AVAILABLE`` or
-        ``NOT_LEADER_OR_FOLLOWER``, which a client retries."""
+        ``NOT_LEADER_OR_FOLLOWER``, which a client retries. Sent on ``links`` (the client connection's own), or
+        without them on the connection shared with the listener's own requests."""
         answers: dict[TopicPartition, Any] = {}
         try:
             groups = await self._by_leader(legs)
@@ -307,7 +324,7 @@ class BrokerRelay:
                          partition_max_bytes=legs[(topic, p)].max_bytes, log_start_offset=-1,
                          current_leader_epoch=-1, last_fetched_epoch=-1) for p in parts])
                     for topic, parts in by_topic.items()])
-            calls.append((tps, self._on_leader(leader, request, FetchResponse, ApiKey.Fetch)))
+            calls.append((tps, self._on_leader(leader, request, FetchResponse, ApiKey.Fetch, links)))
         for tps, call in calls:
             try:
                 answer = await call
@@ -355,8 +372,14 @@ class BrokerRelay:
                     answers[(topic.name, partition.partition_index)] = partition
         return answers
 
-    async def _on_leader(self, leader: int, message: Any, response_class: Any, key: ApiKey) -> Any:
-        return await self._link(self._nodes[leader]).request(message, response_class, key)
+    async def _on_leader(self, leader: int, message: Any, response_class: Any, key: ApiKey,
+                         links: FetchLinks | None = None) -> Any:
+        address = self._nodes[leader]
+        if links is None:
+            link = self._link(address)
+        else:
+            link = links.links.get(address) or links.links.setdefault(address, self.new_link(address))
+        return await link.request(message, response_class, key)
 
 
 def _failed(response_class: Any, tp: TopicPartition, error: str) -> Any:

@@ -1,8 +1,9 @@
 """What the listener asks of the daemon, in the daemon's own terms: the topics it compacts (those on the broker
 that ``compactionTopicsPattern`` admits), their partitions, and pages of each topic's current (or pinned)
 ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_page``,
-above the partition's log start). Every method blocks (broker requests, ledger reads): the listener calls them
-in its executor, never on its event loop.
+above the partition's log start), each read's record batches kept (``BatchCache``: a ledger never changes).
+Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
+event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from compactord.errors import (
     TopicNotFound,
     TopicRecreated,
 )
-from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
+from compactord.listener.batches import MAX_DELTA, BatchCache, empty_batch, entries_batches
 from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
@@ -108,8 +109,9 @@ class LedgerAnswer:
 
 
 class TopicView:
-    def __init__(self, host: ListenerHost) -> None:
+    def __init__(self, host: ListenerHost, cache: BatchCache | None = None) -> None:
         self._host = host
+        self._cache = BatchCache() if cache is None else cache
         self._lock = threading.Lock()
         self._topics: tuple[float, list[str]] | None = None
         self._partitions: dict[str, tuple[float, list[int]]] = {}
@@ -203,15 +205,28 @@ class TopicView:
         start = max(offset, log_start)
         if start > horizon:  # retention passed the horizon: what is left is the live log's
             return None
-        page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=manifest.ledger_id,
-                                           max_bytes=max(1, max_bytes), include_markers=True)
+        # The ledger's files never change: one read of it (``start``, ``max_bytes``) gives the same batches.
+        key = (topic, manifest.ledger_id, manifest.created_at_ms, partition, start, max(1, max_bytes))
+        records = self._cache.get(key)
+        if records is None:
+            records = self._batches(service, manifest.ledger_id, partition, start, horizon, max(1, max_bytes))
+            self._cache.put(key, records)
+        return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+
+    @staticmethod
+    def _batches(service: TopicCompactionService, ledger_id: int, partition: int, start: int, horizon: int,
+                 max_bytes: int) -> bytes:
+        """The entries of ``partition`` from ``start`` (to at most ``max_bytes``) as record batches, and, when the
+        ledger holds no more below the horizon, an empty batch up to it."""
+        page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=ledger_id,
+                                           max_bytes=max_bytes, include_markers=True)
         entries = [e for e in page.entries if e.offset <= horizon]
         records = entries_batches(entries)
         if not page.truncated and len(page.entries) < PAGE_ENTRIES:
             after = entries[-1].offset + 1 if entries else start
             if after <= horizon:
                 records += empty_batch(after, min(horizon, after + MAX_DELTA))
-        return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+        return records
 
     def _same_log(self, topic: str, manifest: LedgerManifest) -> bool:
         """Whether the broker's topic is the log ``manifest``'s ledger was made of, as the HTTP read API checks it

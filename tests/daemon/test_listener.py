@@ -21,6 +21,7 @@ import base64
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -33,6 +34,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaAdminClient
 from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.record.memory_records import MemoryRecords
 
 from compactord.embedded import free_port, tansu_binary
 from compactord.listener.protocol import ERRORS, item
@@ -429,20 +431,55 @@ def test_a_recreated_topic_is_read_from_its_live_log(daemon: DaemonProcess, kafk
     assert "is served from its live log, not from ledger" in daemon.log_text()
 
 
-def _raw_fetch(daemon: DaemonProcess, topic: str, offset: int) -> Any:
-    """Partition 0's answer to one Fetch (v4, kafka-python's protocol classes) sent to the listener."""
-    request = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
-                           topics=[item(FetchRequest, "topics", topic=topic, partitions=[
+def _fetch_frame(topic: str, offset: int, max_wait_ms: int = 0, min_bytes: int = 0) -> bytes:
+    """One Fetch (v4, kafka-python's protocol classes) of partition 0 at ``offset``, framed."""
+    request = FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=1 << 20,
+                           isolation_level=0, topics=[item(FetchRequest, "topics", topic=topic, partitions=[
                                item(FetchRequest, "topics.partitions", partition=0, fetch_offset=offset,
                                     partition_max_bytes=1 << 20)])])
     request.with_header(correlation_id=1, client_id="listener-test")
+    return request.encode(version=4, header=True, framed=True)
+
+
+def _raw_fetch(daemon: DaemonProcess, topic: str, offset: int, max_wait_ms: int = 0, min_bytes: int = 0) -> Any:
+    """Partition 0's answer to one Fetch sent to the listener."""
     with socket.create_connection(("127.0.0.1", daemon.kafka_port), timeout=60) as raw:  # type: ignore[attr-defined]
-        raw.sendall(request.encode(version=4, header=True, framed=True))
+        raw.sendall(_fetch_frame(topic, offset, max_wait_ms, min_bytes))
         with raw.makefile("rb") as stream:
             (size,) = struct.unpack(">i", stream.read(4))
             answer = FetchResponse.decode(stream.read(size), version=4, header=True)
     ((partition,),) = [t.partitions for t in answer.responses]
     return partition
+
+
+def test_a_fetch_the_broker_holds_for_one_client_holds_no_other_client_s(daemon: DaemonProcess, kafka: Any) -> None:
+    topic = kafka.topic(prefix=PREFIX)
+    kafka.produce(topic, [("a", "1"), ("a", "2"), ("b", "3")])
+    compact(daemon, topic)
+    kafka.produce(topic, [("c", "4")])
+    # A client at the end of the log: the broker holds its fetch (relayed) until a record comes or its wait
+    # ends, just short of the daemon's timeout of a broker request (30 s).
+    tailing = socket.create_connection(("127.0.0.1", daemon.kafka_port), timeout=60)  # type: ignore[attr-defined]
+    try:
+        tailing.sendall(_fetch_frame(topic, 4, max_wait_ms=25_000, min_bytes=1))
+        # Meanwhile other clients are answered: the view from the ledger, with the live log after it, and a
+        # fetch past the horizon that the broker answers at once.
+        from_ledger = _raw_fetch(daemon, topic, 0)
+        relayed = _raw_fetch(daemon, topic, 3, max_wait_ms=25_000, min_bytes=1)  # a record there: at once
+        assert select.select([tailing], [], [], 0)[0] == []  # the tailing client's answer has not come yet
+    finally:
+        tailing.close()
+    assert from_ledger.error_code == 0 and relayed.error_code == 0
+    assert _records(from_ledger.records) == [(1, b"2"), (2, b"3"), (3, b"4")]
+    assert _records(relayed.records) == [(3, b"4")]
+
+
+def _records(data: bytes) -> list[tuple[int, bytes | None]]:
+    """(offset, value) of each record of ``data``'s batches."""
+    batches, found = MemoryRecords(data), []
+    while (batch := batches.next_batch()) is not None:
+        found += [(r.offset, r.value) for r in batch]
+    return found
 
 
 def _disconnects(stats: list[dict[str, Any]], port: int) -> int:
