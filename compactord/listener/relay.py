@@ -5,9 +5,10 @@ included), as are the offsets the broker alone knows (ListOffsets).
 One connection per broker node, requests pipelined on it (a broker answers a connection's requests in order, so
 the answers are matched to the requests first in, first out); a connection that fails fails its requests in
 flight and is opened again by the next one. A client's fetches go on connections of the client connection's own
-(``FetchLinks``): a fetch the broker holds for its ``max_wait_ms`` (a client at the end of the log) would hold
-every request behind it on a shared connection, other clients' fetches and the listener's offsets included. The partitions' leaders come from a Metadata request, kept until a
-leader is refused or for ``LEADERS_TTL_S``.
+(``FetchLinks``, at most one per leader: ``kafkaMaxConnections`` bounds them): a fetch the broker holds for its
+``max_wait_ms`` (a client at the end of the log) would hold every request behind it on a shared connection, other
+clients' fetches and the listener's offsets included. The partitions' leaders come from a Metadata request, kept
+until a leader is refused or for ``LEADERS_TTL_S``.
 """
 
 from __future__ import annotations
