@@ -48,15 +48,15 @@ def table_rows(table: pa.Table) -> set[Row]:
                    table["value"].to_pylist(), strict=True))
 
 
-def committed(daemon: DaemonProcess, catalog: Catalog, topic: str) -> Table:
-    """The topic's table once it names the topic's current ledger and its lag is 0."""
+def committed(daemon: DaemonProcess, catalog: Catalog, topic: str, namespace: str = "compactord") -> Table:
+    """The topic's table (in ``namespace``) once it names the topic's current ledger and its lag is 0."""
     current = ledger_id(daemon, topic)
 
     def level() -> Table | None:
         if metric(daemon, "compactord_iceberg_lag_ledgers", topic=topic) != 0:
             return None
         try:
-            table = catalog.load_table(("compactord", topic))
+            table = catalog.load_table((namespace, topic))
         except NoSuchTableError:
             return None
         return table if ledger_id_of(table.current_snapshot()) == current else None
