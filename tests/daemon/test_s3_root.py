@@ -11,8 +11,6 @@ from typing import Any
 
 from tests.support.daemon import DaemonProcess, compact, metric_samples
 from tests.support.s3_server import BUCKET, SECRET_KEY
-from tests.support.timeouts import TASK_TIMEOUT_S
-from tests.support.waiting import wait_for
 
 EXIT_IOERR = 74
 
@@ -54,19 +52,27 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(s3_daemon: DaemonProce
         return {labels["op"]: value for name, labels, value in metric_samples(daemon)
                 if name == "compactord_storage_requests_total"}
 
-    # The recovery pass of the daemon's last start reads every topic of the root, paced (test_s3_faults.py's topics,
-    # when it ran first on this daemon): what is counted starts once it has gone over them.
-    wait_for(lambda: daemon.log_text().count("the recovery pass went over")
-             >= daemon.log_text().count("compactord is ready"), TASK_TIMEOUT_S, "the recovery pass's end", daemon)
-    before = requests_by_op()
-    for _ in range(5):
-        assert daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}).status_code == 200
-        assert daemon.http.get(f"/v1/topics/{topic}/compacted/last", params={"partition": 0}).status_code == 200
-    after = requests_by_op()
-    assert after.get("get", 0) - before.get("get", 0) <= 5 * (2 + 1), (before, after)
-    assert after.get("head", 0) == before.get("head", 0), (before, after)
-    assert after.get("list", 0) - before.get("list", 0) <= 1, (before, after)  # the second scrape's own
+    # The daemon is the package's, shared with earlier modules whose topics' background work (a start's paced
+    # recovery pass, a retired ledger's expiry) may read the root during one window: the reads are measured in up
+    # to three windows, and one of them must show the reads' own requests only.
+    def window() -> tuple[dict[str, float], dict[str, float]]:
+        before = requests_by_op()
+        for _ in range(5):
+            assert daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0}).status_code == 200
+            assert daemon.http.get(f"/v1/topics/{topic}/compacted/last", params={"partition": 0}).status_code == 200
+        return before, requests_by_op()
 
+    def reads_only(before: dict[str, float], after: dict[str, float]) -> bool:
+        return (after.get("get", 0) - before.get("get", 0) <= 5 * (2 + 1)
+                and after.get("head", 0) == before.get("head", 0)
+                and after.get("list", 0) - before.get("list", 0) <= 1)  # the second scrape's own
+
+    windows = []
+    for _ in range(3):
+        windows.append(window())
+        if reads_only(*windows[-1]):
+            break
+    assert reads_only(*windows[-1]), (windows, daemon.log_tail(30))
 
     # An incremental run checks the previous ledger with one listing (its files at the versions its manifest
     # recorded are not read again) and reads its footer knowing its size: no HEAD of a ledger file, so no more
