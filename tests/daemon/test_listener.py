@@ -17,7 +17,6 @@ the daemon's and the tests' own, passes the relay, which a test stops (the broke
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from kafka import KafkaAdminClient
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.record.memory_records import MemoryRecords
@@ -41,6 +40,7 @@ from compactord.listener.protocol import ERRORS, item
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.fault_proxy import TcpProxy
+from tests.support.listener import compacted_view, poll
 from tests.support.timeouts import STOP_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
@@ -127,25 +127,6 @@ def _bootstrap(daemon: DaemonProcess) -> str:
     return f"127.0.0.1:{daemon.kafka_port}"  # type: ignore[attr-defined]
 
 
-def _model(daemon: DaemonProcess, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """The compacted view of partition 0 as the HTTP API pages it, with the deletion markers the listener serves as
-    tombstones: (offset, key, value) in order."""
-    entries: list[tuple[int, bytes | None, bytes | None]] = []
-    start: int | None = 0
-    while start is not None:
-        response = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": start,
-                                                                           "limit": 7, "include_markers": "true"})
-        assert response.status_code == 200, response.text
-        body = response.json()
-        entries += [(e["offset"], _decoded(e["key"]), _decoded(e["value"])) for e in body["entries"]]
-        start = body["next_start"]
-    return entries
-
-
-def _decoded(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)
-
-
 @pytest.fixture
 def consumer(daemon: DaemonProcess) -> Iterator[Consumer]:
     consumer = Consumer({"bootstrap.servers": _bootstrap(daemon), "group.id": "listener-test-unused",
@@ -160,7 +141,7 @@ def consumer(daemon: DaemonProcess) -> Iterator[Consumer]:
 def _read_to_end(consumer: Consumer, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record from offset 0 to the end of partition 0 (librdkafka's end-of-partition event)."""
     consumer.assign([TopicPartition(topic, 0, 0)])
-    return _poll_to_end(consumer)
+    return poll(consumer)
 
 
 def test_a_consumer_reads_the_compacted_view_then_the_live_log_in_one_read(daemon: DaemonProcess, kafka: Any,
@@ -171,7 +152,7 @@ def test_a_consumer_reads_the_compacted_view_then_the_live_log_in_one_read(daemo
     records = [(f"k{i % 5}", f"v{i}") for i in range(20)] + [("k1", None), ("k7", ""), (None, "no key")]
     kafka.produce(topic, records)
     compact(daemon, topic)
-    view = _model(daemon, topic)
+    view = compacted_view(daemon, topic, markers=True, page=7)
     assert view and len(view) < len(records) and view[-1][0] < len(records) - 1  # compacted, its end a gap
     kafka.produce(topic, [("k0", "after-0"), ("k9", "after-1")])
 
@@ -187,33 +168,17 @@ def _group_consumer(daemon: DaemonProcess, group: str) -> Consumer:
                      "topic.metadata.refresh.interval.ms": 1000})
 
 
-def _poll_to_end(consumer: Consumer) -> list[tuple[int, bytes | None, bytes | None]]:
-    """What a subscribed consumer reads until the end of its one partition."""
-    read: list[tuple[int, bytes | None, bytes | None]] = []
-    for _ in range(int(TASK_TIMEOUT_S)):  # each poll waits up to a second
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return read
-            raise KafkaException(error)
-        read.append((message.offset(), message.key(), message.value()))
-    raise AssertionError(f"no end of partition reached within {TASK_TIMEOUT_S} s; read {read}")
-
-
 def test_a_consumer_group_reads_the_view_and_commits_its_offsets_on_the_broker(daemon: DaemonProcess,
                                                                               kafka: Any) -> None:
     topic = kafka.topic(prefix=PREFIX)
     kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(10)])
     compact(daemon, topic)
-    view = _model(daemon, topic)
+    view = compacted_view(daemon, topic, markers=True, page=7)
     group = f"{topic}-group"
     first = _group_consumer(daemon, group)
     try:
         first.subscribe([topic])
-        read = _poll_to_end(first)
+        read = poll(first)
         first.commit(asynchronous=False)
     finally:
         first.close()  # leaves the group (LeaveGroup, relayed)
@@ -227,7 +192,7 @@ def test_a_consumer_group_reads_the_view_and_commits_its_offsets_on_the_broker(d
     second = _group_consumer(daemon, group)
     try:
         second.subscribe([topic])
-        assert _poll_to_end(second) == [(10, b"k9", b"after")]
+        assert poll(second) == [(10, b"k9", b"after")]
     finally:
         second.close()
 
@@ -326,28 +291,6 @@ def _slow_consumer(daemon: DaemonProcess, **extra: Any) -> Consumer:
                      "fetch.queue.backoff.ms": 10, **extra})  # the next fetch as soon as the queue has room
 
 
-def _poll(consumer: Consumer, count: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    """The next ``count`` records (fewer at the end of the partition)."""
-    read: list[tuple[int, bytes | None, bytes | None]] = []
-    idle = 0
-    while len(read) < count:
-        message = consumer.poll(1.0)
-        if message is None:
-            idle += 1  # each empty poll waited a second
-            if idle > TASK_TIMEOUT_S:
-                break
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return read
-            raise KafkaException(error)
-        read.append((message.offset(), message.key(), message.value()))
-    else:
-        return read
-    raise AssertionError(f"{count} records not read within {TASK_TIMEOUT_S} s; read {len(read)}")
-
-
 KEYS = 2000
 PAD = "x" * 100
 
@@ -357,7 +300,7 @@ def _switching_topic(daemon: DaemonProcess, kafka: Any) -> tuple[str, list[tuple
     topic = kafka.topic(prefix=PREFIX)
     kafka.produce(topic, [(f"k{i % KEYS:05d}", f"v{i}-{PAD}") for i in range(2 * KEYS)])
     compact(daemon, topic)
-    view = _model(daemon, topic)
+    view = compacted_view(daemon, topic, markers=True, page=7)
     assert len(view) == KEYS
     return topic, view
 
@@ -380,9 +323,9 @@ def test_a_switch_during_a_read_yields_each_key_once(daemon: DaemonProcess, kafk
     consumer = _slow_consumer(daemon)
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
-        read = _poll(consumer, 200)
+        read = poll(consumer, 200)
         _switch(daemon, topic, first["ledger_id"])  # while the read is a tenth of the way through the view
-        read += _poll(consumer, 10**9)
+        read += poll(consumer, 10**9)
     finally:
         consumer.close()
 
@@ -399,13 +342,13 @@ def test_a_read_that_falls_behind_the_grace_goes_on_with_the_new_ledger(daemon: 
     consumer = _slow_consumer(daemon)
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
-        read = _poll(consumer, 200)
+        read = poll(consumer, 200)
         consumer.pause([TopicPartition(topic, 0)])
         compact(daemon, topic)
         wait_for(lambda: daemon.http.get(f"/v1/topics/{topic}/horizon", params={"ledger_id": first}).status_code
                  == 410, GRACE_S + TASK_TIMEOUT_S, "the replaced ledger's grace to end", daemon)
         consumer.resume([TopicPartition(topic, 0, read[-1][0] + 1)])
-        read += _poll(consumer, 10**9)
+        read += poll(consumer, 10**9)
     finally:
         consumer.close()
 
@@ -420,7 +363,7 @@ def test_a_recreated_topic_is_read_from_its_live_log(daemon: DaemonProcess, kafk
     topic = kafka.topic(prefix=PREFIX)
     kafka.produce(topic, [(f"old{i % 3}", f"v{i}") for i in range(9)])
     compact(daemon, topic)
-    assert len(_model(daemon, topic)) == 3
+    assert len(compacted_view(daemon, topic, markers=True, page=7)) == 3
     kafka.recreate(topic)
     kafka.produce(topic, [("new", "w0"), ("new", "w1")])
     # The broker's answer to the identity check may be up to a second old (as for the HTTP API's reads).
@@ -494,7 +437,7 @@ def test_the_broker_down_during_a_tail_read_recovers(daemon: DaemonProcess, kafk
     kafka.produce(compacted, [(f"k{i % 3}", f"v{i}") for i in range(9)])
     for topic in (tailed, compacted):
         compact(daemon, topic)
-    view = _model(daemon, compacted)
+    view = compacted_view(daemon, compacted, markers=True, page=7)
     stats: list[dict[str, Any]] = []
     consumer = Consumer({"bootstrap.servers": _bootstrap(daemon), "group.id": "listener-test-unused",
                          "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "error",
@@ -502,7 +445,7 @@ def test_the_broker_down_during_a_tail_read_recovers(daemon: DaemonProcess, kafk
     producer = Producer({"bootstrap.servers": proxied.bootstrap, "message.timeout.ms": int(TASK_TIMEOUT_S * 1000)})
     try:
         consumer.assign([TopicPartition(tailed, 0, 0)])
-        assert _poll_to_end(consumer) == [(1, b"a", b"2")]
+        assert poll(consumer) == [(1, b"a", b"2")]
         consumer.list_topics(compacted, timeout=30)  # its partitions, as the listener knows them
         proxied.stop_proxy()
         try:
@@ -511,7 +454,7 @@ def test_the_broker_down_during_a_tail_read_recovers(daemon: DaemonProcess, kafk
                                                                     ERRORS["NOT_LEADER_OR_FOLLOWER"]}
             assert _raw_fetch(daemon, compacted, 0).error_code == 0
             consumer.incremental_assign([TopicPartition(compacted, 0, 0)])  # a ledger read goes on meanwhile
-            read = [_poll(consumer, 1)[0] for _ in view]
+            read = [poll(consumer, 1)[0] for _ in view]
             assert sorted(read) == view
             producer.produce(tailed, key=b"b", value=b"3")  # waits in the producer until the broker is back
             producer.poll(0)
@@ -519,7 +462,7 @@ def test_the_broker_down_during_a_tail_read_recovers(daemon: DaemonProcess, kafk
             proxied.start_proxy()
         assert producer.flush(TASK_TIMEOUT_S) == 0
         consumer.incremental_unassign([TopicPartition(compacted, 0)])
-        assert _poll(consumer, 1) == [(2, b"b", b"3")]
+        assert poll(consumer, 1) == [(2, b"b", b"3")]
         wait_for(lambda: len(stats) >= 2, 30, "librdkafka's statistics")
     finally:
         consumer.close()

@@ -7,7 +7,6 @@ refused; the tokens appear in neither the log nor /v1/info.
 
 from __future__ import annotations
 
-import base64
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from kafka.protocol.metadata import MetadataRequest
 from compactord.embedded import free_port
 from tests.support.certs import self_signed
 from tests.support.daemon import DaemonProcess, compact, metric
+from tests.support.listener import Record, compacted_view, poll
 from tests.support.timeouts import TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
@@ -75,33 +75,10 @@ def consumers() -> Iterator[list[Consumer]]:
             consumer.close()
 
 
-def _read(consumer: Consumer, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """Partition 0 from offset 0 to its end (librdkafka's end-of-partition event)."""
+def _read(consumer: Consumer, topic: str) -> list[Record]:
+    """Partition 0 from offset 0 to its end."""
     consumer.assign([TopicPartition(topic, 0, 0)])
-    read: list[tuple[int, bytes | None, bytes | None]] = []
-    for _ in range(int(TASK_TIMEOUT_S)):  # each poll waits up to a second
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return read
-            raise KafkaException(error)
-        read.append((message.offset(), message.key(), message.value()))
-    raise AssertionError(f"no end of partition reached within {TASK_TIMEOUT_S} s; read {read}")
-
-
-def _view(daemon: DaemonProcess, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    response = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "limit": 1000})
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["next_start"] is None, body
-    return [(e["offset"], _raw(e["key"]), _raw(e["value"])) for e in body["entries"]]
-
-
-def _raw(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)
+    return poll(consumer)
 
 
 def test_either_token_reads_the_compacted_view_over_sasl_plaintext_and_sasl_ssl(
@@ -109,7 +86,7 @@ def test_either_token_reads_the_compacted_view_over_sasl_plaintext_and_sasl_ssl(
     topic = kafka.topic(prefix=PREFIX)
     kafka.produce(topic, [(f"k{i % 3}", f"v{i}") for i in range(12)])
     compact(secured.daemon, topic)
-    view = _view(secured.daemon, topic)
+    view = compacted_view(secured.daemon, topic)
     assert view and len(view) == 3
 
     for bootstrap, password, ca in ((secured.plain, f"token:{TOKEN}", None),

@@ -16,7 +16,6 @@ and a record with no key.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from kafka import TopicPartition as KafkaPythonTopicPartition
 
 from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, compact
+from tests.support.listener import compacted_view, decoded
 from tests.support.timeouts import TASK_TIMEOUT_S
 
 from .conftest import Launcher
@@ -81,7 +81,7 @@ def compacted(daemon: DaemonProcess, kafka: Any) -> Compacted:
     topic = kafka.topic(prefix=PREFIX)
     kafka.produce(topic, BEFORE)
     compact(daemon, topic)
-    view = _model(daemon, topic)
+    view = compacted_view(daemon, topic, markers=True, page=50)
     assert (None, b"no key") in [(key, value) for _, key, value in view]  # kept in place
     assert view[-1][0] < len(BEFORE) - 1  # the view ends in a gap
     kafka.produce(topic, AFTER)
@@ -91,25 +91,6 @@ def compacted(daemon: DaemonProcess, kafka: Any) -> Compacted:
 
 def _bytes(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
-
-
-def _model(daemon: DaemonProcess, topic: str) -> list[Record]:
-    """The compacted view of partition 0 as the HTTP API pages it, with the deletion markers the ledger keeps
-    (the listener serves each as a tombstone): (offset, key, value) in order."""
-    entries: list[Record] = []
-    start: int | None = 0
-    while start is not None:
-        response = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": start,
-                                                                           "limit": 50, "include_markers": "true"})
-        assert response.status_code == 200, response.text
-        body = response.json()
-        entries += [(e["offset"], _decoded(e["key"]), _decoded(e["value"])) for e in body["entries"]]
-        start = body["next_start"]
-    return entries
-
-
-def _decoded(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)
 
 
 # -- kcat -----------------------------------------------------------------------------------------
@@ -166,7 +147,7 @@ def test_kafkajs_in_a_group_reads_the_view_and_commits_its_offset_on_the_broker(
 
     assert done.returncode == 0, done.stderr
     read = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [(r["offset"], _decoded(r["key"]), _decoded(r["value"])) for r in read] == compacted.expected
+    assert [(r["offset"], decoded(r["key"]), decoded(r["value"])) for r in read] == compacted.expected
     committed, end = _on_the_broker(kafka, compacted.topic, group)
     assert committed == end == END
 

@@ -7,16 +7,15 @@ state ends where the view's does. Under publishing-order and under event-time, e
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from compactord.embedded import free_port
 from tests.support.daemon import DaemonProcess, compact
-from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.listener import compacted_view, poll
 
 from .conftest import Launcher
 
@@ -47,35 +46,9 @@ def consumer(daemon: DaemonProcess) -> Iterator[Consumer]:
         consumer.close()
 
 
-def _poll(consumer: Consumer, most: int | None = None) -> list[Read]:
-    """Records of the consumer's one partition, until ``most`` of them or the end of the partition."""
-    read: list[Read] = []
-    for _ in range(int(TASK_TIMEOUT_S)):  # each poll waits up to a second
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return read
-            raise KafkaException(error)
-        read.append((message.offset(), message.key(), message.value()))
-        if most is not None and len(read) == most:
-            return read
-    raise AssertionError(f"neither {most} records nor the end of the partition within {TASK_TIMEOUT_S} s; read {read}")
-
-
-def _view(daemon: DaemonProcess, topic: str) -> dict[bytes, bytes]:
+def _view(daemon: DaemonProcess, topic: str) -> dict[bytes | None, bytes | None]:
     """The live keys of partition 0's compacted view, as the HTTP API pages it."""
-    view: dict[bytes, bytes] = {}
-    start: int | None = 0
-    while start is not None:
-        response = daemon.http.get(f"/v1/topics/{topic}/compacted", params={"partition": 0, "start": start})
-        assert response.status_code == 200, response.text
-        body = response.json()
-        view.update({base64.b64decode(e["key"]): base64.b64decode(e["value"]) for e in body["entries"]})
-        start = body["next_start"]
-    return view
+    return {key: value for _, key, value in compacted_view(daemon, topic)}
 
 
 def _state(state: dict[bytes, bytes], records: list[Read]) -> dict[bytes, bytes]:
@@ -99,7 +72,7 @@ def test_a_delete_after_a_consumer_read_its_key_reaches_it_from_the_next_ledger(
     kafka.produce(topic, [(f"k{i % 4}", f"v{i}") for i in range(8)])
     compact(daemon, topic)
     consumer.assign([TopicPartition(topic, 0, 0)])
-    first = _poll(consumer, most=2)  # part of ledger 1: k0 and k1, at offsets 4 and 5
+    first = poll(consumer, most=2)  # part of ledger 1: k0 and k1, at offsets 4 and 5
     assert [(key, value) for _, key, value in first] == [(b"k0", b"v4"), (b"k1", b"v5")]
     position = first[-1][0] + 1
 
@@ -108,7 +81,7 @@ def test_a_delete_after_a_consumer_read_its_key_reaches_it_from_the_next_ledger(
     # The consumer goes on from its position (as after a restart from its committed offset): the ledger it
     # read from is retired, the next one answers.
     consumer.seek(TopicPartition(topic, 0, position))
-    rest = _poll(consumer)
+    rest = poll(consumer)
 
     assert (8, b"k0", None) in rest  # the deletion, at the tombstone's own offset, from the ledger
     assert _state(_state({}, first), rest) == _view(daemon, topic) == {b"k1": b"v5", b"k2": b"v6", b"k3": b"v9"}
