@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from tests.support.daemon import DaemonProcess, compact, metric_samples
+from tests.support.daemon import DaemonProcess, compact, metric, metric_samples
 from tests.support.s3_server import BUCKET, SECRET_KEY
+from tests.support.timeouts import TASK_TIMEOUT_S
+from tests.support.waiting import wait_for
 
 EXIT_IOERR = 74
 
@@ -52,9 +54,14 @@ def test_a_daemon_compacts_into_and_reads_from_an_s3_root(s3_daemon: DaemonProce
         return {labels["op"]: value for name, labels, value in metric_samples(daemon)
                 if name == "compactord_storage_requests_total"}
 
-    # The daemon is the package's, shared with earlier modules whose topics' background work (a start's paced
-    # recovery pass, a retired ledger's expiry) may read the root during one window: the reads are measured in up
-    # to three windows, and one of them must show the reads' own requests only.
+    # Its start's first monitor pass reads each of the broker's topics' rows from the root (the session broker holds
+    # hundreds), and its paced recovery pass each topic an earlier module left there: what is counted starts once
+    # both have ended. Background work of earlier modules' topics (a retired ledger's expiry) may still read the
+    # root during one window: the reads are measured in up to three, and one must show the reads' own requests only.
+    wait_for(lambda: (metric(daemon, "compactord_monitor_pass_topics") or 0) > 0, TASK_TIMEOUT_S,
+             "the monitor's first pass to end", daemon)
+    wait_for(lambda: daemon.log_text().count("the recovery pass went over")
+             >= daemon.log_text().count("compactord is ready"), TASK_TIMEOUT_S, "the recovery pass's end", daemon)
     def window() -> tuple[dict[str, float], dict[str, float]]:
         before = requests_by_op()
         for _ in range(5):
