@@ -22,7 +22,7 @@ from typing import Self
 
 from compactord.errors import CompactordError
 
-__all__ = ["DEFAULT_PORT", "EmbeddedBroker", "free_port", "port_is_free", "tansu_binary"]
+__all__ = ["DEFAULT_PORT", "EmbeddedBroker", "dies_with", "free_port", "port_is_free", "tansu_binary"]
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 9092  # Kafka's: where a client looks when it is told nothing
@@ -57,10 +57,11 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def _dies_with(parent: int) -> Callable[[], None] | None:
-    """For ``Popen(preexec_fn=...)``: the broker gets SIGKILL when the process that started it ends, also by
-    kill -9 (Linux's parent-death signal), so that its memory-only topics never outlive the daemon that
-    announced them. Elsewhere, None: ``stop()`` alone ends it."""
+def dies_with(parent: int) -> Callable[[], None] | None:
+    """For ``Popen(preexec_fn=...)``: the child gets SIGKILL when the thread of ``parent`` that started it
+    ends, the process too, also by kill -9 (Linux's parent-death signal): the embedded broker's memory-only
+    topics never outlive the daemon that announced them, and the tests' brokers, S3 servers and daemons never
+    outlive a test process that crashed. Elsewhere, None: the child's owner alone ends it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -79,7 +80,7 @@ def _dies_with(parent: int) -> Callable[[], None] | None:
 
 class EmbeddedBroker:
     """A Tansu broker process on 127.0.0.1; ``stop()`` kills it by PID (also from a test's finally), and it
-    ends with the thread that started it (see ``_dies_with``: start it from a thread that lives as long as
+    ends with the thread that started it (see ``dies_with``: start it from a thread that lives as long as
     the broker should, the main thread in the daemon)."""
 
     def __init__(self, port: int | None = None, log_path: str | os.PathLike[str] | None = None) -> None:
@@ -96,7 +97,7 @@ class EmbeddedBroker:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only: safe after fork
+            preexec_fn=dies_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only: safe after fork
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -188,6 +188,34 @@ def make_factory(broker: EmbeddedBroker, spark_manager: Any, tmp_path: Path) -> 
         answers.close()
 
 
+# -- the order the workers take the modules in ------------------------------------------------------------
+#
+# ``--dist loadfile --no-loadscope-reorder``: each worker takes the next module of this order when it is almost
+# done with its own. The longest modules first (the last CI logs' slowest modules, none of which uses a daemon
+# of tests/daemon/conftest.py's package fixtures), so that no long module starts at the end while the other
+# worker idles; then the daemon tier, then the others, whose many short modules even the two workers' ends out.
+# A tier is taken whole before the next, so that a worker starts the package's shared daemons once (one that
+# went back and forth between tiers started them again each time it came back).
+_LONGEST_FIRST = (
+    "tests/daemon/test_cluster_faults.py", "tests/daemon/test_cluster.py", "tests/daemon/test_s3_lease.py",
+    "tests/inprocess/engine/test_crash.py", "tests/daemon/test_listener.py", "tests/deploy/test_cluster.py",
+    "tests/inprocess/cluster/test_membership.py", "tests/daemon/test_listing.py", "tests/daemon/test_iceberg.py",
+    "tests/daemon/test_tasks.py", "tests/daemon/test_failures.py", "tests/daemon/test_recovery.py",
+)
+_TIERS = ("tests/daemon/", "tests/deploy/", "tests/inprocess/", "tests/unit/")
+
+
+def _module_rank(module: str) -> tuple[int, int]:
+    if module in _LONGEST_FIRST:
+        return 0, _LONGEST_FIRST.index(module)
+    tier = next((i for i, prefix in enumerate(_TIERS) if module.startswith(prefix)), len(_TIERS))
+    return 1 + tier, 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _module_rank(item.nodeid.split("::", 1)[0]))  # stable: a module's own order stays
+
+
 # -- where the suite's time goes: the slowest modules, in every CI log (beside --durations' slowest tests) ----
 
 _module_seconds: dict[str, float] = {}

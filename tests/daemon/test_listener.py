@@ -35,7 +35,7 @@ from kafka import KafkaAdminClient
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.record.memory_records import MemoryRecords
 
-from compactord.embedded import free_port, tansu_binary
+from compactord.embedded import dies_with, free_port, tansu_binary
 from compactord.listener.protocol import ERRORS, item
 from tests.conftest import Kafka
 from tests.support.daemon import DaemonProcess, compact, metric
@@ -68,7 +68,8 @@ class ProxiedBroker:
         self.process = subprocess.Popen(
             [str(tansu_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{self.broker_port}",
              "--advertised-listener-url", f"tcp://127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=dies_with(os.getpid()))  # noqa: PLW1509 - prctl and getppid only: safe after fork
         wait_for(self._listening, 30, "the proxied broker to listen")
 
     def _listening(self) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from compactord.embedded import free_port
+from compactord.embedded import dies_with, free_port
 from compactord.model import Entry
 from tests.support.channel import control_files
 from tests.support.daemon import DaemonProcess, compact, status, write_conf
@@ -77,6 +77,7 @@ class StandaloneCluster:
             self.processes.append(subprocess.Popen(
                 [str(spark_class()), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**self.env, **(env or {})}, start_new_session=True,
+                preexec_fn=dies_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only: safe after fork
             ))
 
     def log(self, name: str) -> str:

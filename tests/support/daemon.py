@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from compactord.embedded import dies_with
 from tests.support.timeouts import READY_TIMEOUT_S, STOP_TIMEOUT_S, TASK_TIMEOUT_S
 from tests.support.waiting import wait_for
 
@@ -128,6 +129,7 @@ class DaemonProcess:
                 [sys.executable, "-m", "compactord", "run", "--config", str(self.config), *self.args],
                 cwd=self.workdir, env=environment, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=dies_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only: safe after fork
             )
         return self
 

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
-from compactord.embedded import port_is_free
+from compactord.embedded import dies_with, port_is_free
 from compactord.storage.s3 import S3Options, S3Store
 
 __all__ = ["S3Server", "s3_factory", "s3_server", "weed_binary"]
@@ -110,7 +110,7 @@ class S3Server:
         # Its gRPC servers' Unix sockets and its logs go to the temporary folder Go is given, not /tmp.
         env = {**os.environ, "TMPDIR": str(sockets)}
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=dies_with(os.getpid()))  # noqa: PLW1509 - prctl and getppid only: safe after fork
         log.close()
         try:
             self._wait_ready(started)

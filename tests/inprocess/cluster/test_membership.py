@@ -22,7 +22,7 @@ import pytest
 from compactord import __version__
 from compactord.cluster import Membership, coordination_topic, ensure_coordination_topic
 from compactord.config import Settings
-from compactord.embedded import free_port, tansu_binary
+from compactord.embedded import dies_with, free_port, tansu_binary
 from compactord.errors import ConfigError
 from tests.support.fault_proxy import TcpProxy
 from tests.support.timeouts import REBALANCE_TIMEOUT_S, STOP_TIMEOUT_S
@@ -163,7 +163,8 @@ def test_a_member_stopped_hands_its_partitions_over(broker: Any, members: Any) -
 @contextlib.contextmanager
 def member_process(bootstrap: str, name: str, url: str, events: Events) -> Iterator[subprocess.Popen[str]]:
     process = subprocess.Popen([sys.executable, str(CHILD), bootstrap, name, str(PARTITIONS), url],
-                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=dies_with(os.getpid()))  # noqa: PLW1509 - prctl and getppid only: safe after fork
 
     def read() -> None:
         assert process.stdout is not None
@@ -206,7 +207,8 @@ def broker_behind_proxy(tmp_path: Path) -> Iterator[tuple[str, TcpProxy]]:
         process = subprocess.Popen(
             [str(tansu_binary()), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
              "--advertised-listener-url", f"tcp://127.0.0.1:{proxy.port}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=dies_with(os.getpid()))  # noqa: PLW1509 - prctl and getppid only: safe after fork
         try:
             wait_for(lambda: _listening(port), 30, "the broker to listen")
             yield f"127.0.0.1:{proxy.port}", proxy
