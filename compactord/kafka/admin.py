@@ -17,7 +17,8 @@ from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
 from compactord.interfaces import BrokerMetadata
 from compactord.kafka.client import admin_client, translate_kafka_errors
 from compactord.kafka.end_offsets import confirm_ends, confirm_ends_many, list_offsets
-from compactord.kafka.librdkafka import close_in_background, end_reader, first_records
+from compactord.kafka.librdkafka import first_records
+from compactord.kafka.probe_process import probe_processes
 from compactord.model import PartitionOffsets, RecordFingerprint, TopicConfigs
 
 __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported from model
@@ -25,7 +26,6 @@ __all__ = ["KafkaAdmin", "PartitionOffsets"]  # PartitionOffsets: re-exported fr
 log = logging.getLogger(__name__)
 
 _UNKNOWN_TOPIC = 3
-CLOSE_WAIT_S = 1.0  # close() waits this long for an end reader's close under way
 ADMIN_CLIENTS = 4  # admin clients at once, each used by one call at a time
 PING_CONNECT_S = 2.0  # a TCP connection to a bootstrap address that takes longer counts as refused
 _CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms", "retention.ms")
@@ -33,8 +33,8 @@ _CLEANUP_CONFIGS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag
 
 class KafkaAdmin(BrokerMetadata):
     """Broker metadata and offsets for the driver, with kafka-python's admin client (the end reads and the
-    log-identity probe with librdkafka's consumer). Thread-safe (up to ``ADMIN_CLIENTS``
-    admin clients, each used by one call at a time)."""
+    log-identity probe with librdkafka's consumer, in the processes of ``probe_process.py``). Thread-safe (up to
+    ``ADMIN_CLIENTS`` admin clients, each used by one call at a time)."""
 
     def __init__(self, settings: Settings, observer: Callable[[str], None] | None = None) -> None:
         """``observer`` hears of every request to the broker by its kind (metadata, describe_configs,
@@ -49,9 +49,9 @@ class KafkaAdmin(BrokerMetadata):
         self._idle: list[Any] = []
         self._made = 0  # clients in use or idle
         self._closed = False
-        # The log-identity probe and the end reads use librdkafka, as the reading tasks do.
-        self._closing: set[threading.Thread] = set()  # end readers being closed (``close_in_background``)
-        self._closing_lock = threading.Lock()
+        # The log-identity probe and the end reads use librdkafka, as the reading tasks do, in processes of
+        # their own: one is started now, so that the first read finds it.
+        probe_processes().warm()
 
     def close(self) -> None:
         # A call under way (a broker that does not answer holds one for the request timeout) keeps its
@@ -63,10 +63,6 @@ class KafkaAdmin(BrokerMetadata):
             self._made -= len(idle)
         for admin in idle:
             _close_quietly(admin)
-        with self._closing_lock:
-            closing = list(self._closing)
-        for closer in closing:
-            closer.join(CLOSE_WAIT_S)
 
     def _take(self) -> Any:
         """An idle admin client, or a new one while fewer than ``ADMIN_CLIENTS`` are made (else wait for one)."""
@@ -231,8 +227,7 @@ class KafkaAdmin(BrokerMetadata):
             return found
         self._count("fetch")
         try:
-            found.update(first_records(self._client_config, topic, wanted, {p: offsets[p].end for p in wanted},
-                                       self._settings.kafka_request_timeout_ms / 1000))
+            found.update(self._first_records(topic, wanted, {p: offsets[p].end for p in wanted}))
         except RuntimeError as exc:
             raise BrokerUnavailable(f"the Kafka broker at {self._bootstrap} failed a read of {topic}: {exc}") \
                 from exc
@@ -266,9 +261,7 @@ class KafkaAdmin(BrokerMetadata):
 
         def probe() -> None:
             try:
-                early["found"] = first_records(self._client_config, topic,
-                                               {p: o for p, o in at.items() if p in known}, None,
-                                               self._settings.kafka_request_timeout_ms / 1000)
+                early["found"] = self._first_records(topic, {p: o for p, o in at.items() if p in known}, None)
             except Exception as exc:  # noqa: BLE001 (whatever it was, it is asked again below, after the offsets)
                 early["error"] = exc
 
@@ -293,18 +286,18 @@ class KafkaAdmin(BrokerMetadata):
 
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
         tps = [TopicPartition(topic, p) for p in partitions]
-        reader = end_reader(self._client_config)  # connects while the ends are listed
-        try:
-            timeout_ms = self._settings.kafka_request_timeout_ms
-            starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
-            found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp]))
-                     for tp in tps}
-            return confirm_ends(self._client_config, self._bootstrap, topic, found,
-                                self._settings.kafka_request_timeout_ms / 1000, reader, self._count)
-        finally:
-            closer = close_in_background(reader)
-            with self._closing_lock:
-                self._closing = {t for t in self._closing if t.is_alive()} | {closer}
+        timeout_ms = self._settings.kafka_request_timeout_ms
+        starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
+        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
+        return confirm_ends(self._client_config, self._bootstrap, topic, found, timeout_ms / 1000, self._count)
+
+    def _first_records(self, topic: str, at: Mapping[int, int], ends: Mapping[int, int] | None
+                       ) -> dict[int, RecordFingerprint]:
+        """``librdkafka.first_records`` in a process of the pool (``probe_process.py``)."""
+        timeout_s = self._settings.kafka_request_timeout_ms / 1000
+        return probe_processes().call(first_records, self._client_config, topic, dict(at),
+                                      dict(ends) if ends is not None else None, timeout_s,
+                                      timeout_s=timeout_s, what=f"a read of {topic}")
 
 
 

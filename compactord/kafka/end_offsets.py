@@ -6,7 +6,8 @@ Brokers report it through ListOffsets(latest) with read_committed isolation. The
 checked by reading, read_committed, from one below it until the position stops moving: on a broker
 that reports correctly this reads one record and changes nothing; on Tansu it walks the last batch
 to the true end. The walk is bounded by the first high watermark seen, so that a topic under
-constant production still gets a fixed end. The reads are librdkafka's (``librdkafka.read_ends``).
+constant production still gets a fixed end. The reads are librdkafka's (``librdkafka.read_ends``), in the
+processes of ``probe_process.py``.
 An end that no read confirmed (the read timed out) stays the listed one, marked
 ``PartitionOffsets.end_confirmed=False``: it may be below the true end, so it is never taken as evidence
 that the log is a new one (``identity.new_log_reason``).
@@ -24,6 +25,7 @@ from kafka import IsolationLevel, OffsetSpec, TopicPartition
 
 from compactord.errors import BrokerUnavailable
 from compactord.kafka.librdkafka import read_ends, read_ends_many
+from compactord.kafka.probe_process import probe_processes
 from compactord.model import PartitionOffsets
 
 __all__ = ["confirm_ends", "confirm_ends_many", "list_offsets"]
@@ -46,9 +48,9 @@ def list_offsets(admin: Any, tps: list[TopicPartition], timeout_ms: int) -> tupl
 
 
 def confirm_ends(client_config: Mapping[str, Any], bootstrap: str, topic: str, listed: dict[int, PartitionOffsets],
-                 timeout_s: float, reader: Any, count: Callable[[str], None]) -> dict[int, PartitionOffsets]:
-    """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``, on the
-    consumer ``reader``), the partitions it did not confirm read again, alone (``_read``), within ``timeout_s``;
+                 timeout_s: float, count: Callable[[str], None]) -> dict[int, PartitionOffsets]:
+    """``listed`` with each end confirmed by a read_committed read with librdkafka (``read_ends``), the
+    partitions it did not confirm read again, alone (``_read``), within ``timeout_s``;
     ``count("fetch")`` before each read. An end no read confirmed stays the listed one, marked
     ``end_confirmed=False``.
 
@@ -57,8 +59,11 @@ def confirm_ends(client_config: Mapping[str, Any], bootstrap: str, topic: str, l
     walk = {p: o.end for p, o in listed.items() if o.end > o.log_start}
     if not walk:
         return listed
-    ends, pending = _read(lambda w, own, seconds: read_ends(client_config, topic, w, seconds, None if own else reader),
-                          walk, timeout_s, count, f"the Kafka broker at {bootstrap} failed a read of {topic}")
+    def read(w: dict[int, int], seconds: float) -> tuple[dict[int, int], set[int]]:
+        return probe_processes().call(read_ends, client_config, topic, w, seconds, timeout_s=seconds,
+                                      what=f"a read of {topic}")
+
+    ends, pending = _read(read, walk, timeout_s, count, f"the Kafka broker at {bootstrap} failed a read of {topic}")
     if pending:
         log.warning("end offsets of %s partitions %s not confirmed by a read within the request timeout; "
                     "each is taken as unknown, not as evidence of a new log", topic, sorted(pending))
@@ -79,8 +84,12 @@ def confirm_ends_many(client_config: Mapping[str, Any], bootstrap: str, tps: lis
     :raises BrokerUnavailable: the broker refused a read.
     """
     walk = {(tp.topic, tp.partition): listed[tp] for tp in tps if listed[tp] > starts[tp]}
-    read, pending = _read(lambda w, _own, seconds: read_ends_many(client_config, w, seconds), walk, timeout_s,
-                          count, f"the Kafka broker at {bootstrap} failed a read")
+    def read_many(w: dict[tuple[str, int], int], seconds: float) -> tuple[dict[tuple[str, int], int],
+                                                                          set[tuple[str, int]]]:
+        return probe_processes().call(read_ends_many, client_config, w, seconds, timeout_s=seconds,
+                                      what=f"a read of {len(w)} partitions")
+
+    read, pending = _read(read_many, walk, timeout_s, count, f"the Kafka broker at {bootstrap} failed a read")
     if pending:
         log.warning("end offsets of %d partitions not confirmed by a read within the request timeout; each is "
                     "taken as unknown, not as evidence of a new log", len(pending))
@@ -92,10 +101,10 @@ def confirm_ends_many(client_config: Mapping[str, Any], bootstrap: str, tps: lis
     return out
 
 
-def _read(read: Callable[[dict[_K, int], bool, float], tuple[dict[_K, int], set[_K]]], walk: dict[_K, int],
+def _read(read: Callable[[dict[_K, int], float], tuple[dict[_K, int], set[_K]]], walk: dict[_K, int],
           timeout_s: float, count: Callable[[str], None], failed: str) -> tuple[dict[_K, int], set[_K]]:
-    """``read(walk, own, seconds)``, then ``read`` of the partitions it left unconfirmed, alone (``own``: on a
-    consumer of its own), again while each read confirms some and ``timeout_s`` has not passed: an answer of
+    """``read(walk, seconds)``, then ``read`` of the partitions it left unconfirmed, alone, again while each
+    read confirms some and ``timeout_s`` has not passed: an answer of
     many partitions may hold the records of some only (of 1,000 partitions on the test broker, a read left
     100-300 unconfirmed), and a read of the others is answered for them. The ends read, and the partitions
     no read confirmed.
@@ -107,11 +116,11 @@ def _read(read: Callable[[dict[_K, int], bool, float], tuple[dict[_K, int], set[
     deadline = time.monotonic() + timeout_s
     try:
         count("fetch")
-        ends, pending = read(walk, False, timeout_s)
+        ends, pending = read(walk, timeout_s)
         while pending and (left := deadline - time.monotonic()) > 0:
             log.debug("end offsets of %d partitions not confirmed by a read; read again", len(pending))
             count("fetch")
-            again, still = read({k: walk[k] for k in pending}, True, left)
+            again, still = read({k: walk[k] for k in pending}, left)
             ends.update(again)
             progressed, pending = len(still) < len(pending), still
             if not progressed:

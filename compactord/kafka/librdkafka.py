@@ -1,7 +1,8 @@
 """librdkafka (confluent-kafka) where both sides of the daemon use it: the broker settings in librdkafka's
 names, a consumer's base settings (the reading tasks' too: ``engine/kafka_fetch/librdkafka.py``), and the
-driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``). Nothing
-here imports confluent-kafka until a function needs it.
+driver's reads of a partition's end (``read_ends``) and log-identity probe (``first_records``), which the driver
+runs in processes of their own (``probe_process.py``). Nothing here imports confluent-kafka until a function
+needs it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from compactord.model import RecordFingerprint
 
-__all__ = ["close_in_background", "consumer_config", "end_reader", "first_records",
+__all__ = ["close_in_background", "consumer_config", "first_records",
            "librdkafka_config", "out_of_range_errors", "read_ends", "read_ends_many", "transient_errors"]
 
 _PROBE_FETCH_BYTES = 1 << 20  # a fetch returns at least one whole batch, whatever its size
@@ -189,12 +190,6 @@ def first_records(client_config: Mapping[str, Any], topic: str, at: Mapping[int,
     return found
 
 
-def end_reader(client_config: Mapping[str, Any]) -> Any:
-    """A consumer for ``read_ends``, made before the ends are listed: it connects and learns the cluster while
-    ListOffsets is asked. The caller closes it (``close_in_background``)."""
-    return _probe_consumer(client_config)
-
-
 def close_in_background(consumer: Any) -> threading.Thread:
     """Close ``consumer`` on a thread of its own, returned started: librdkafka's close joins its threads
     (0.5-7 ms here, more on a busy machine), which the caller need not wait for."""
@@ -204,7 +199,7 @@ def close_in_background(consumer: Any) -> threading.Thread:
 
 
 def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int, int],
-              timeout_s: float, consumer: Any = None) -> tuple[dict[int, int], set[int]]:
+              timeout_s: float) -> tuple[dict[int, int], set[int]]:
     """Per partition ``p`` (one that holds records below ``listed[p]``, its ListOffsets end), where a
     read_committed read from ``listed[p] - 1`` ends: the consumer's position once it has read up to the
     high watermark the broker first gave (transaction markers occupy offsets, and the position moves past
@@ -222,9 +217,7 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
     from confluent_kafka import TopicPartition
 
     ends = dict(listed)
-    own = consumer is None
-    if own:
-        consumer = _probe_consumer(client_config)
+    consumer = _probe_consumer(client_config)
     try:
         consumer.assign([TopicPartition(topic, p, end - 1) for p, end in listed.items()])
         pending = set(listed)
@@ -265,8 +258,7 @@ def read_ends(client_config: Mapping[str, Any], topic: str, listed: Mapping[int,
                         unread.add(p)  # quiet before any record came: nothing confirms its end
         return ends, pending | unread
     finally:
-        if own:
-            consumer.close()
+        close_in_background(consumer)
 
 
 def read_ends_many(client_config: Mapping[str, Any], listed: Mapping[tuple[str, int], int],

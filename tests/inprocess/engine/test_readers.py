@@ -5,6 +5,7 @@ event times from headers when some records have none."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -404,25 +405,22 @@ def test_the_log_identity_probe_fetches_little_past_its_record_and_still_finds_a
     assert found == {0: librdkafka.RecordFingerprint.of(6000, found[0].timestamp, b"large", b"w" * 150_000)}
 
 
-def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed(kafka, tmp_path, monkeypatch):
-    """The consumer that confirms the ends is made before the ends are listed (it connects meanwhile) and
-    closed on a thread of its own once they are known; every consumer the driver's offsets and probe make
-    is closed. Read where the client library makes and closes them
-    (``confluent_kafka.Consumer``, the seam)."""
+def test_the_driver_s_probe_consumers_are_all_closed(kafka, monkeypatch):
+    """Every consumer the driver's end reads and probe make is closed (the reads run in the probe processes,
+    which keep running: a consumer left open there would hold its connections for good). Read where the client
+    library makes and closes them (``confluent_kafka.Consumer``, the seam), with the functions those processes
+    run."""
     import confluent_kafka
-    from kafka import KafkaAdminClient
 
-    from compactord.config import Settings
-    from compactord.kafka.admin import KafkaAdmin
+    from compactord.kafka import librdkafka
 
     topic = kafka.topic(partitions=2)
     kafka.produce(topic, [(f"k{i}", f"v{i}", i % 2) for i in range(100)])
-    made, closed, events = [], [], []
+    made, closed = [], []
 
     class Recording(confluent_kafka.Consumer):
         def __init__(self, config: dict[str, Any]) -> None:
             made.append(self)
-            events.append("consumer")
             super().__init__(config)
 
         def close(self) -> None:
@@ -430,23 +428,15 @@ def test_the_driver_s_probe_consumers_are_all_closed_after_the_offsets_are_fixed
             closed.append(self)
 
     monkeypatch.setattr(confluent_kafka, "Consumer", Recording)
-    listing = KafkaAdminClient.list_partition_offsets
-
-    def listed(*args: Any, **kwargs: Any) -> Any:
-        events.append("ListOffsets")
-        return listing(*args, **kwargs)
-
-    monkeypatch.setattr(KafkaAdminClient, "list_partition_offsets", listed)
-    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")))
-    try:
-        assert admin.offsets(topic)[0].end == 50
-        assert events == ["consumer", "ListOffsets", "ListOffsets"]  # the earliest and the latest offsets
-        offsets, found = admin.offsets_with_records(topic, {0: 10, 1: 20})
-        assert {p: o.end for p, o in offsets.items()} == {0: 50, 1: 50}
-        assert found[0] is not None and found[0].offset == 10 and found[1] is not None
-    finally:
-        admin.close()  # waits for the end readers' closes under way
-    assert len(made) == 3  # the end reader of each call, and the probe's
+    config = {"bootstrap_servers": kafka.bootstrap}
+    assert librdkafka.read_ends(config, topic, {0: 50, 1: 50}, 10)[0] == {0: 50, 1: 50}
+    assert librdkafka.read_ends_many(config, {(topic, 0): 50}, 10)[0] == {(topic, 0): 50}
+    found = librdkafka.first_records(config, topic, {0: 10, 1: 20}, {0: 50, 1: 50}, 10)
+    assert found[0].offset == 10 and found[1].offset == 20
+    deadline = time.monotonic() + 10  # read_ends_many closes its consumer on a thread of its own
+    while len(closed) < len(made) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(made) == 3
     assert len(closed) == len(made)
 
 
