@@ -1,7 +1,9 @@
 """The answers to the requests the listener serves: Metadata (the listener as every partition's leader),
 ListOffsets (earliest from the ledger, the rest from the broker), Fetch (at or below the horizon from the
 ledger, past it relayed to the partition's leader) and the consumer groups' requests (``groups``). Each handler takes a decoded request and gives its encoded
-answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
+answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor, but a fetch past
+the horizon that the view knows from memory (``TopicView.relays``: the tail of the log) is relayed from the event
+loop.
 
 A ledger's answer that reaches the horizon is followed, in the same answer, by the live log after it, relayed:
 a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it.
@@ -157,10 +159,13 @@ class Handlers:
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
                 answer = None
-                if budget > 0:
+                pin = session.pins.get(topic.topic)
+                # Past the horizon as known from memory (the tail of the log, fetched again and again): relayed
+                # without a trip through the executor.
+                if budget > 0 and not self._view.relays(topic.topic, p.partition, p.fetch_offset, pin):
                     try:
                         answer = await self._call(self._view.read, topic.topic, p.partition, p.fetch_offset,
-                                                  min(p.partition_max_bytes, budget), session.pins.get(topic.topic))
+                                                  min(p.partition_max_bytes, budget), pin)
                     except CompactordError as exc:  # the store down, a ledger that fails its check: retried
                         log.warning("Kafka listener: partition %d of %s not read: %s", p.partition, topic.topic, exc)
                         failed.add(tp)

@@ -3,7 +3,10 @@ that ``compactionTopicsPattern`` admits), their partitions, and pages of each to
 ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_page``,
 above the partition's log start), each read's record batches kept (``BatchCache``: a ledger never changes).
 Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
-event loop.
+event loop; but ``relays``, which answers from memory, on the loop, whether a fetch lies past the horizon of the
+topic's current ledger as the last read learnt it (its horizon kept while no write of the topic's pointer by this
+process came since, ``LedgerStore.pointer_generation``, and for at most ``CURRENT_TTL_S``, within which another
+process's switch is seen: a cluster's other members').
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ log = logging.getLogger(__name__)
 TOPICS_TTL_S = 5.0
 # Entries read per page: the page's bytes bound it first, for all but tiny records.
 PAGE_ENTRIES = 10_000
+# How long the current ledger's horizon a read learnt answers ``relays`` (a switch by this process is seen at
+# once, by the pointer's generation; another process's within this).
+CURRENT_TTL_S = 1.0
 
 
 class _Registry(Protocol):
@@ -48,6 +54,8 @@ class _Registry(Protocol):
 
 class _Store(Protocol):
     def topics(self) -> list[str]: ...
+
+    def pointer_generation(self, topic: str) -> int: ...
 
 
 class _Monitor(Protocol):
@@ -108,6 +116,17 @@ class LedgerAnswer:
     log_start: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Current:
+    """A topic's current ledger as a read found it (``ledger_id`` None: none), with the pointer's generation
+    taken before the look-up and the time."""
+
+    generation: int
+    at: float
+    ledger_id: int | None
+    horizon: dict[int, int]
+
+
 class TopicView:
     def __init__(self, host: ListenerHost, cache: BatchCache | None = None) -> None:
         self._host = host
@@ -116,6 +135,9 @@ class TopicView:
         self._topics: tuple[float, list[str]] | None = None
         self._partitions: dict[str, tuple[float, list[int]]] = {}
         self._not_served: set[tuple[str, int]] = set()  # (topic, ledger id) of a recreated topic, logged once
+        # Written by reads (the executor's threads), read by ``relays`` (the event loop): each value is replaced
+        # whole, never changed, so a reader sees an old one or a new one.
+        self._current: dict[str, _Current] = {}
 
     def topics(self) -> list[str]:
         """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old): those
@@ -189,13 +211,19 @@ class TopicView:
         one once the pinned one is retired, or without a pin), None where the ledger does not serve it (no
         ledger, the partition not in it, ``offset`` or the partition's log start past its horizon): the broker
         does."""
+        generation, at = self._host.store.pointer_generation(topic), time.monotonic()
         service = self._host.registry.existing_service(topic)
         if service is None:
+            self._current[topic] = _Current(generation, at, None, {})
             return None
+        current = pin is None
         try:
             manifest = service.ledger_info(pin)
         except LedgerRetired:
-            manifest = service.ledger_info(None)
+            manifest, current = service.ledger_info(None), True
+        if current:
+            self._current[topic] = _Current(generation, at, None if manifest is None else manifest.ledger_id,
+                                            {} if manifest is None else dict(manifest.horizon))
         if manifest is None or partition not in manifest.horizon or offset > manifest.horizon[partition]:
             return None
         if not self._same_log(topic, manifest):
@@ -212,6 +240,22 @@ class TopicView:
             records = self._batches(service, manifest.ledger_id, partition, start, horizon, max(1, max_bytes))
             self._cache.put(key, records)
         return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+
+    def relays(self, topic: str, partition: int, offset: int, pin: int | None) -> bool:
+        """Whether ``read`` would answer None because ``offset`` lies past the horizon of the topic's current
+        ledger (or the topic has none, or the partition is not in it), known from memory: the current ledger a
+        read learnt, while the pointer's generation is the one that read took and for at most ``CURRENT_TTL_S``,
+        and a fetch unpinned or pinned to that ledger (a read pinned to another goes to ``read``, which knows
+        whether it is still readable). False: not known, ``read`` answers. Never blocks: the event loop asks it."""
+        current = self._current.get(topic)
+        if current is None or (pin is not None and pin != current.ledger_id):
+            return False
+        if time.monotonic() - current.at >= CURRENT_TTL_S:
+            return False
+        if self._host.store.pointer_generation(topic) != current.generation:
+            return False
+        horizon = current.horizon.get(partition)
+        return horizon is None or offset > horizon
 
     @staticmethod
     def _batches(service: TopicCompactionService, ledger_id: int, partition: int, start: int, horizon: int,
