@@ -15,11 +15,15 @@ keys: ``workload.py``), compacts it through the API, then ``--runs`` times, alte
 2. **same**: librdkafka reads as many records from the broker directly, from offset 0;
 
 then once **log**: librdkafka reads the topic's whole log from the broker (what an application that rewinds the
-log to bootstrap reads). Last, ``--fetches`` single-partition Fetch requests (kafka-python's protocol classes,
-one connection each, ``min_bytes=1``: answered as soon as the record is read) at the last offset of a partition,
-past the horizon, to the listener (relayed to the broker) and to the broker, alternating: their p50 latency.
+log to bootstrap reads). Then ``--cold`` - 1 more first reads: each after a few more records and a compaction (a
+new ledger, of which the listener keeps no batches), each followed by as many records read from the broker.
+Last, a few more records past the horizon and ``--fetches`` single-partition Fetch requests (kafka-python's
+protocol classes, one connection each, ``min_bytes=1``: answered as soon as the record is read) at the last offset
+of a partition, past the horizon, to the listener (relayed to the broker) and to the broker, alternating: their
+p50 latency.
 
-It prints the medians and, as its last lines, ``view/same=<ratio>``, ``view/log=<ratio>`` and
+It prints the medians, the load average before and after, and, as its last lines, ``view/same=<ratio>``,
+``view/log=<ratio>``, ``first/same=<ratio>`` (the first reads against the broker's reads next to them) and
 ``relay_p50_added_ms=<ms>``. Targets (#42): ``view/same <= 1``; the relayed fetch adds at most ~1 ms at p50.
 Figures, not assertions: timings depend on the machine.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import struct
@@ -125,6 +130,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fetches", type=int, default=500)
+    parser.add_argument("--cold", type=int, default=3)
     parser.add_argument("--producers", type=int, default=2)
     args = parser.parse_args()
 
@@ -133,6 +139,7 @@ def main() -> int:
     port = free_port()
     listener = f"127.0.0.1:{port}"
     print(f"work directory (ledgers, logs; kept): {work}", flush=True)
+    load_before = os.getloadavg()
     try:
         with daemon_process(work, broker.bootstrap, {"kafkaListeners": f"PLAINTEXT://{listener}",
                                                       "compactionTopicsPattern": TOPIC}) as (_daemon, base), \
@@ -157,6 +164,7 @@ def main() -> int:
             records, cold_s = consume(listener)
             print(f"first read: view {records} records in {cold_s:.2f} s (the listener keeps no batches yet)",
                   flush=True)
+            first_s, first_same_s = [cold_s], [consume(broker.bootstrap, limit=records)[1]]
             for run in range(args.runs):
                 view, seconds = consume(listener, limit=records)
                 view_s.append(seconds)
@@ -166,6 +174,20 @@ def main() -> int:
                       f"{same_seconds:.2f} s", flush=True)
             log, log_s = consume(broker.bootstrap)
             print(f"log: {log} records from the broker in {log_s:.2f} s", flush=True)
+            produced = args.records
+            for cold in range(args.cold - 1):  # a few records more, compacted: a new ledger, none of it kept
+                produce(pool, args.producers, workload, broker.bootstrap, produced, produced + PARTITIONS, TOPIC)
+                produced += PARTITIONS
+                client.put(f"/v1/topics/{TOPIC}/compaction", headers={"Content-Type": "application/json"})
+                wait_compacted(client, TOPIC)
+                view, seconds = consume(listener)
+                same, same_seconds = consume(broker.bootstrap, limit=view)
+                first_s.append(seconds)
+                first_same_s.append(same_seconds)
+                print(f"first read {cold + 2}: view {view} records in {seconds:.2f} s; broker {same} records in "
+                      f"{same_seconds:.2f} s", flush=True)
+            # Records past the horizon, for the fetches past it.
+            produce(pool, args.producers, workload, broker.bootstrap, produced, produced + 50 * PARTITIONS, TOPIC)
 
             last = {p: end - 1 for p, end in ends(broker.bootstrap).items() if end > 0}
             through, direct = Fetcher(port), Fetcher(broker.port)
@@ -181,12 +203,17 @@ def main() -> int:
                 through.close()
                 direct.close()
         view_m, same_m = statistics.median(view_s), statistics.median(same_s)
+        first_m, first_same_m = statistics.median(first_s), statistics.median(first_same_s)
         relay_p50, broker_p50 = statistics.median(relayed_ms), statistics.median(broker_ms)
-        print(f"view_s={view_m:.2f} same_s={same_m:.2f} log_s={log_s:.2f} first_view_s={cold_s:.2f} "
-              f"(medians of {args.runs} runs; log and the first read once)")
+        print(f"view_s={view_m:.2f} same_s={same_m:.2f} log_s={log_s:.2f} (medians of {args.runs} runs; log once)")
+        print(f"first_view_s={first_m:.3f} first_same_s={first_same_m:.3f} (medians of {len(first_s)} first reads: "
+              f"{' '.join(f'{s:.3f}' for s in first_s)})")
+        print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
+              + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         print(f"tail_fetch_p50_ms relayed={relay_p50:.2f} broker={broker_p50:.2f}")
         print(f"view/same={view_m / same_m:.2f}")
         print(f"view/log={view_m / log_s:.3f}")
+        print(f"first/same={first_m / first_same_m:.2f}")
         print(f"relay_p50_added_ms={relay_p50 - broker_p50:.2f}")
         return 0
     finally:
