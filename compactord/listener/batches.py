@@ -4,9 +4,10 @@ null value, as on the broker, and so is a deletion marker the ledger keeps (``co
 consumer that had the key from an earlier ledger deletes it.
 
 The bytes are those kafka-python's ``DefaultRecordBatchBuilder`` writes (a test compares them), written here with
-less Python per record, since a read that finds no batches kept encodes every record of its answer: the small
-varints (lengths, counts) from a table, the records written into one buffer per batch, the batch's CRC-32C taken
-once over it (docs/performance.md, "Kafka listener").
+less Python per record, since a read that finds no batches kept encodes every record of its answer: a ledger's
+rows from their Arrow columns (``rows_batches``: no ``Entry`` made per row), the small varints (lengths, counts)
+from a table, the records written into one buffer per batch, the batch's CRC-32C taken once over it
+(docs/performance.md, "Kafka listener").
 
 A ledger never changes once written, so the batches of one read of it (a partition from an offset, within a byte
 budget) are the same every time: ``BatchCache`` keeps the latest ones, bounded in bytes, keyed by the ledger
@@ -24,11 +25,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from crc32c import crc32c
 
 from compactord.model import Entry
 
-__all__ = ["CACHE_BYTES", "MAX_DELTA", "BatchCache", "empty_batch", "entries_batches"]
+__all__ = ["CACHE_BYTES", "MAX_DELTA", "BatchCache", "empty_batch", "entries_batches", "rows_batches"]
 
 # A record's offset delta is an int32 varint in the batch; entries further apart go into another batch.
 MAX_DELTA = 2**31 - 1
@@ -61,6 +64,9 @@ _SMALL = [_varint(n) for n in range(-1, 1 << 14)]
 _SMALL_LEN = len(_SMALL) - 1
 _ATTRIBUTES = b"\x00"  # a record's attributes: none are used
 _NULL = _SMALL[0]  # the length of a null key, value or header value
+# Arrow scalars, never Python values, go to pyarrow.compute (a Python value costs an import attempt: reads.py).
+_FALSE = pa.scalar(False)
+_NULL_VALUE = pa.scalar(None, pa.binary())
 
 
 def _sealed(batch: bytearray, base: int, count: int, last_delta: int, first_ts: int, max_ts: int) -> bytes:
@@ -74,13 +80,35 @@ def _sealed(batch: bytearray, base: int, count: int, last_delta: int, first_ts: 
 def entries_batches(entries: Sequence[Entry]) -> bytes:
     """``entries`` (of one partition, in offset order) as record batches, one unless their offsets spread past
     an int32 delta."""
+    return _batches([e.offset for e in entries], [e.timestamp for e in entries], [e.key for e in entries],
+                    [None if e.marker else e.value for e in entries], [e.headers for e in entries])
+
+
+def rows_batches(rows: pa.Table) -> bytes:
+    """``entries_batches`` of a ledger's rows as read (``TopicCompactionService.read_compacted_rows``): their
+    columns made Python lists, no ``Entry`` made per row."""
+    names = set(rows.column_names)
+    values = rows.column("value")
+    if "marker" in names:
+        values = pc.if_else(pc.fill_null(rows.column("marker"), _FALSE), _NULL_VALUE, values)
+    count = rows.num_rows
+    headers: list[Sequence[tuple[str, bytes | None]]] = [()] * count  # the usual case: none
+    if "headers" in names and count and pc.sum(pc.list_value_length(rows.column("headers"))).as_py():
+        headers = [() if hs is None else [(h["key"], h["value"]) for h in hs]
+                   for hs in rows.column("headers").to_pylist()]
+    timestamps = rows.column("timestamp").to_pylist() if "timestamp" in names else [None] * count
+    return _batches(rows.column("offset").to_pylist(), timestamps, rows.column("key").to_pylist(),
+                    values.to_pylist(), headers)
+
+
+def _batches(offsets: list[int], timestamps: list[int | None], keys: list[bytes | None],
+             values: list[bytes | None], headers: list[Sequence[tuple[str, bytes | None]]]) -> bytes:
+    """The records of the same index in each list as record batches (a value None for a tombstone)."""
     small, small_len, varint = _SMALL, _SMALL_LEN, _varint
     out: list[bytes] = []
     batch = bytearray(_HEADER.size)
     count = base = first_ts = max_ts = last = 0
-    for entry in entries:
-        offset = entry.offset
-        timestamp = entry.timestamp
+    for offset, timestamp, key, value, pairs in zip(offsets, timestamps, keys, values, headers, strict=True):
         if timestamp is None:
             timestamp = 0
         if not count or offset - base > MAX_DELTA:
@@ -92,8 +120,6 @@ def entries_batches(entries: Sequence[Entry]) -> bytes:
             max_ts = timestamp
         last = offset
         count += 1
-        key = entry.key
-        value = None if entry.marker else entry.value
         delta_ts, delta = timestamp - first_ts, offset - base
         record = bytearray(_ATTRIBUTES)
         record += small[delta_ts + 1] if 0 <= delta_ts < small_len else varint(delta_ts)
@@ -110,9 +136,8 @@ def entries_batches(entries: Sequence[Entry]) -> bytes:
             size = len(value)
             record += small[size + 1] if size < small_len else varint(size)
             record += value
-        headers = entry.headers
-        record += small[len(headers) + 1] if len(headers) < small_len else varint(len(headers))
-        for name, header in headers:
+        record += small[len(pairs) + 1] if len(pairs) < small_len else varint(len(pairs))
+        for name, header in pairs:
             encoded = name.encode("utf-8")
             record += varint(len(encoded))
             record += encoded

@@ -1,8 +1,8 @@
 """What the listener asks of the daemon, in the daemon's own terms: the topics it compacts (those on the broker
 that ``compactionTopicsPattern`` admits), their partitions, and pages of each topic's current (or pinned)
-ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_page``,
-above the partition's log start), each read's record batches kept (``BatchCache``: a ledger never changes).
-Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
+ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_rows``: the
+page's Arrow columns; above the partition's log start), each read's record batches kept (``BatchCache``: a ledger
+never changes). Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
 event loop; but ``relays``, which answers from memory, on the loop, whether a fetch lies past the horizon of the
 topic's current ledger as the last read learnt it (its horizon kept while no write of the topic's pointer by this
 process came since, ``LedgerStore.pointer_generation``, and for at most ``CURRENT_TTL_S``, within which another
@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import Counter, Gauge, Histogram
 
 from compactord.errors import (
@@ -27,7 +29,7 @@ from compactord.errors import (
     TopicNotFound,
     TopicRecreated,
 )
-from compactord.listener.batches import MAX_DELTA, BatchCache, empty_batch, entries_batches
+from compactord.listener.batches import MAX_DELTA, BatchCache, empty_batch, rows_batches
 from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
@@ -261,13 +263,17 @@ class TopicView:
     def _batches(service: TopicCompactionService, ledger_id: int, partition: int, start: int, horizon: int,
                  max_bytes: int) -> bytes:
         """The entries of ``partition`` from ``start`` (to at most ``max_bytes``) as record batches, and, when the
-        ledger holds no more below the horizon, an empty batch up to it."""
-        page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=ledger_id,
+        ledger holds no more below the horizon, an empty batch up to it. Read as Arrow columns
+        (``read_compacted_rows``): a first read of a view makes no Python object per entry."""
+        page = service.read_compacted_rows(Position(partition, start), PAGE_ENTRIES, ledger_id=ledger_id,
                                            max_bytes=max_bytes, include_markers=True)
-        entries = [e for e in page.entries if e.offset <= horizon]
-        records = entries_batches(entries)
-        if not page.truncated and len(page.entries) < PAGE_ENTRIES:
-            after = entries[-1].offset + 1 if entries else start
+        rows = page.rows
+        offsets = rows.column("offset")
+        if rows.num_rows and pc.max(offsets).as_py() > horizon:
+            rows = rows.filter(pc.less_equal(offsets, pa.scalar(horizon, pa.int64())))
+        records = rows_batches(rows)
+        if not page.truncated and page.rows.num_rows < PAGE_ENTRIES:
+            after = rows.column("offset")[-1].as_py() + 1 if rows.num_rows else start
             if after <= horizon:
                 records += empty_batch(after, min(horizon, after + MAX_DELTA))
         return records

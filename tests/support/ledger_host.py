@@ -6,7 +6,15 @@ the pointer's generation as the daemon's store does (``LedgerStore.pointer_gener
 from __future__ import annotations
 
 from compactord.errors import LedgerRetired
-from compactord.model import CompactedPage, Entry, LedgerManifest, Position, StrategySettings
+from compactord.model import (
+    CompactedPage,
+    CompactedRows,
+    Entry,
+    LedgerManifest,
+    Position,
+    StrategySettings,
+    entries_table,
+)
 
 __all__ = ["LedgerHost", "Ledgers"]
 
@@ -51,6 +59,11 @@ class Ledgers:
         found = [e for e in self.ledgers[manifest.ledger_id][1]
                  if e.partition == start.partition and e.offset >= start.offset][:n]
         return CompactedPage(manifest, found)
+
+    def read_compacted_rows(self, start: Position, n: int, include_markers: bool = False,
+                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedRows:
+        page = self.read_compacted_page(start, n, include_markers, ledger_id, max_bytes)
+        return CompactedRows(page.ledger, entries_table(page.entries), page.truncated)
 
     # -- the store's ------------------------------------------------------------------------------
 

@@ -1,15 +1,16 @@
 """Ledger entries encoded as record batches by ``listener/batches.py``, decoded back with kafka-python's reader
 (``MemoryRecords``): original offsets with their gaps, keys, values, tombstones, headers and timestamps; an empty
 batch that carries a reader to the horizon; the bytes those kafka-python's builder writes, for every kind of
-record (lengths past the varint table, timestamps before the batch's first, none, markers, headers)."""
+record (lengths past the varint table, timestamps before the batch's first, none, markers, headers), the same
+from a ledger's Arrow columns as from its entries."""
 
 from __future__ import annotations
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
-from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches
-from compactord.model import Entry
+from compactord.listener.batches import MAX_DELTA, empty_batch, entries_batches, rows_batches
+from compactord.model import RECORD_SCHEMA, Entry, entries_table
 
 
 def _decoded(data: bytes) -> list[tuple[int, int, int, list[tuple[int, bytes | None, bytes | None, int, list]]]]:
@@ -85,3 +86,16 @@ def test_the_batches_are_the_bytes_kafka_python_s_builder_writes() -> None:
 
     assert entries_batches(entries) == _built(entries)
     assert entries_batches(entries[:1]) == _built(entries[:1])
+    assert rows_batches(entries_table(entries)) == _built(entries)  # the same from the ledger's columns
+
+
+def test_rows_are_the_batches_of_their_entries_also_without_the_later_columns() -> None:
+    entries = [Entry(0, 3, b"a", b"1", timestamp=1000), Entry(0, 9, b"b", b"2", timestamp=None),
+               Entry(0, 5 + MAX_DELTA + 1, b"c", None, timestamp=3)]
+    table = entries_table(entries)
+
+    assert rows_batches(table) == entries_batches(entries)
+    # A ledger written before headers and markers were columns: its rows have none.
+    assert rows_batches(table.drop_columns(["headers", "marker", "marker_at", "event_time"])) == \
+        entries_batches(entries)
+    assert rows_batches(RECORD_SCHEMA.empty_table()) == b""
