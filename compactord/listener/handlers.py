@@ -6,7 +6,9 @@ the horizon that the view knows from memory (``TopicView.relays``: the tail of t
 loop.
 
 A ledger's answer that reaches the horizon is followed, in the same answer, by the live log after it, relayed:
-a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it.
+a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it. Not
+when the broker's latest offset (kept ``LATEST_TTL_S``) shows nothing after the horizon: the relayed fetch would
+wait out its ``NO_WAIT_MS`` for nothing; a record produced since is read by the next fetch.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ class Handlers:
             if all((topic.topic, p.partition) in legs for p in topic.partitions):
                 session.pins.pop(topic.topic, None)  # past the horizon everywhere: the next read takes the current
         latest = await self._latest_offsets(list(served), isolation) if served else {}
+        tails = {tp: leg for tp, leg in tails.items() if tp not in latest or latest[tp] > leg.offset}
         relayed: dict[TopicPartition, FetchedPartition] = {}
         if legs or tails:
             relayed = await self._relay.fetch({**legs, **tails}, max_wait_ms=NO_WAIT_MS if served else body.max_wait_ms,

@@ -2,7 +2,8 @@
 (``tests/support/ledger_host.py``): a fetch past the horizon of the current ledger, once the view knows it, is
 relayed with no call to the listener's executor and no look-up of the ledger; a switch is seen by the next fetch,
 which the new ledger answers; a relayed partition's answer is the broker's (its records byte for byte, its error
-code, offsets and aborted transactions), at every Fetch version the listener serves."""
+code, offsets and aborted transactions), at every Fetch version the listener serves; a ledger's answer that
+reaches the horizon carries the live log after it, and relays nothing when the broker has nothing after it."""
 
 from __future__ import annotations
 
@@ -87,11 +88,23 @@ def _offsets_values(records: bytes | None) -> list[tuple[int, bytes | None]]:
     return found
 
 
+class CountingRelay(BrokerRelay):
+    """The real broker, counting the relayed fetches."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(bootstrap, "test-listener", 30.0)
+        self.fetches = 0
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        self.fetches += 1
+        return await super().fetch(*args, **kwargs)
+
+
 class Listener:
     """``Handlers`` over the stand-in ledgers and the real broker, one client connection's session."""
 
     def __init__(self, bootstrap: str, ledgers: Ledgers, executor: CountingExecutor) -> None:
-        self.relay = BrokerRelay(bootstrap, "test-listener", 30.0)
+        self.relay = CountingRelay(bootstrap)
         self.handlers = Handlers(TopicView(LedgerHost(ledgers), BatchCache()),  # type: ignore[arg-type]
                                  self.relay, executor, Metrics())
         self.session = Session("127.0.0.1", 9092)
@@ -170,5 +183,28 @@ def test_a_relayed_partition_is_answered_as_the_broker_answers_it(kafka: Kafka, 
             relayed = await listener.fetch(topic, offset, version)
             direct = _from_broker(kafka.bootstrap, topic, offset, version)
             assert {f: getattr(relayed, f) for f in fields} == {f: getattr(direct, f) for f in fields}, offset
+
+    _run(kafka.bootstrap, ledgers, executor, scenario)
+
+
+def test_at_the_horizon_the_live_log_after_it_is_relayed_only_when_the_broker_has_some(
+        kafka: Kafka, executor: CountingExecutor) -> None:
+    topic = _topic(kafka)  # offsets 0 to 9
+    ledgers = Ledgers(topic)
+    ledgers.add(1, [Entry(0, i, f"k{i}".encode(), f"ledger-1-{i}".encode(), timestamp=1) for i in range(10)],
+                horizon={0: 9})
+
+    async def scenario(listener: Listener) -> None:
+        at_the_end = await listener.fetch(topic, 9, 11)
+
+        assert _offsets_values(at_the_end.records) == [(9, b"ledger-1-9")] and at_the_end.high_watermark == 10
+        assert listener.relay.fetches == 0  # nothing after the horizon: no relayed fetch waited out
+
+        ledgers.add(2, [Entry(0, i, f"k{i}".encode(), f"ledger-2-{i}".encode(), timestamp=1) for i in range(8)],
+                    horizon={0: 7})
+        before_the_end = await listener.fetch(topic, 7, 11)
+
+        assert listener.relay.fetches == 1
+        assert _offsets_values(before_the_end.records) == [(7, b"ledger-2-7"), (8, b"log-8"), (9, b"log-9")]
 
     _run(kafka.bootstrap, ledgers, executor, scenario)
