@@ -15,12 +15,16 @@ keys: ``workload.py``), compacts it through the API, then ``--runs`` times, alte
 2. **same**: librdkafka reads as many records from the broker directly, from offset 0;
 
 then once **log**: librdkafka reads the topic's whole log from the broker (what an application that rewinds the
-log to bootstrap reads). Last, ``--fetches`` single-partition Fetch requests (kafka-python's protocol classes,
-one connection each, ``min_bytes=1``: answered as soon as the record is read) at the last offset of a partition,
-past the horizon, to the listener (relayed to the broker) and to the broker, alternating: their p50 latency.
+log to bootstrap reads). Then ``--cold`` - 1 more first reads: each after a few more records and a compaction (a
+new ledger, of which the listener keeps no batches), each followed by as many records read from the broker.
+Last, ``--fetches`` single-partition Fetch requests (kafka-python's protocol classes, one connection each,
+``min_bytes=1``: answered as soon as the record is read) at the last offset of a partition, to the listener and
+to the broker, alternating, twice: at the horizon (the view's last record: the ledger's answer, with the live log
+after it relayed with a 1 ms wait), then, after a few more records, past the horizon (relayed): their p50 latency.
 
-It prints the medians and, as its last lines, ``view/same=<ratio>``, ``view/log=<ratio>`` and
-``relay_p50_added_ms=<ms>``. Targets (#42): ``view/same <= 1``; the relayed fetch adds at most ~1 ms at p50.
+It prints the medians, the load average before and after, and, as its last lines, ``view/same=<ratio>``,
+``view/log=<ratio>``, ``first/same=<ratio>`` (the first reads against the broker's reads next to them),
+``horizon_p50_added_ms=<ms>`` and ``relay_p50_added_ms=<ms>``. Targets (#42): ``view/same <= 1``; the relayed fetch adds at most ~1 ms at p50.
 Figures, not assertions: timings depend on the machine.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import struct
@@ -119,12 +124,32 @@ def ends(bootstrap: str) -> dict[int, int]:
         consumer.close()
 
 
+def fetches(listener_port: int, broker_port: int, count: int) -> tuple[list[float], list[float]]:
+    """``count`` Fetch requests at the last offset of each partition in turn, to the listener and to the broker,
+    alternating (after 20 that warm up): the milliseconds of each."""
+    last = {p: end - 1 for p, end in ends(f"127.0.0.1:{broker_port}").items() if end > 0}
+    through, direct = Fetcher(listener_port), Fetcher(broker_port)
+    listener_ms, broker_ms = [], []
+    try:
+        for i in range(count + 20):
+            p = sorted(last)[i % len(last)]
+            a, b = through.fetch_ms(p, last[p]), direct.fetch_ms(p, last[p])
+            if i >= 20:
+                listener_ms.append(a)
+                broker_ms.append(b)
+    finally:
+        through.close()
+        direct.close()
+    return listener_ms, broker_ms
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fetches", type=int, default=500)
+    parser.add_argument("--cold", type=int, default=3)
     parser.add_argument("--producers", type=int, default=2)
     args = parser.parse_args()
 
@@ -133,6 +158,7 @@ def main() -> int:
     port = free_port()
     listener = f"127.0.0.1:{port}"
     print(f"work directory (ledgers, logs; kept): {work}", flush=True)
+    load_before = os.getloadavg()
     try:
         with daemon_process(work, broker.bootstrap, {"kafkaListeners": f"PLAINTEXT://{listener}",
                                                       "compactionTopicsPattern": TOPIC}) as (_daemon, base), \
@@ -157,6 +183,7 @@ def main() -> int:
             records, cold_s = consume(listener)
             print(f"first read: view {records} records in {cold_s:.2f} s (the listener keeps no batches yet)",
                   flush=True)
+            first_s, first_same_s = [cold_s], [consume(broker.bootstrap, limit=records)[1]]
             for run in range(args.runs):
                 view, seconds = consume(listener, limit=records)
                 view_s.append(seconds)
@@ -166,27 +193,39 @@ def main() -> int:
                       f"{same_seconds:.2f} s", flush=True)
             log, log_s = consume(broker.bootstrap)
             print(f"log: {log} records from the broker in {log_s:.2f} s", flush=True)
-
-            last = {p: end - 1 for p, end in ends(broker.bootstrap).items() if end > 0}
-            through, direct = Fetcher(port), Fetcher(broker.port)
-            relayed_ms, broker_ms = [], []
-            try:
-                for i in range(args.fetches + 20):
-                    p = sorted(last)[i % len(last)]
-                    a, b = through.fetch_ms(p, last[p]), direct.fetch_ms(p, last[p])
-                    if i >= 20:  # the first ones warm up
-                        relayed_ms.append(a)
-                        broker_ms.append(b)
-            finally:
-                through.close()
-                direct.close()
+            produced = args.records
+            for cold in range(args.cold - 1):  # a few records more, compacted: a new ledger, none of it kept
+                produce(pool, args.producers, workload, broker.bootstrap, produced, produced + PARTITIONS, TOPIC)
+                produced += PARTITIONS
+                client.put(f"/v1/topics/{TOPIC}/compaction", headers={"Content-Type": "application/json"})
+                wait_compacted(client, TOPIC)
+                view, seconds = consume(listener)
+                same, same_seconds = consume(broker.bootstrap, limit=view)
+                first_s.append(seconds)
+                first_same_s.append(same_seconds)
+                print(f"first read {cold + 2}: view {view} records in {seconds:.2f} s; broker {same} records in "
+                      f"{same_seconds:.2f} s", flush=True)
+            # At the horizon (the view's last record, nothing after it): the ledger's answer and its relayed tail.
+            at_ms, at_broker_ms = fetches(port, broker.port, args.fetches)
+            # Records past the horizon, for the fetches past it.
+            produce(pool, args.producers, workload, broker.bootstrap, produced, produced + 50 * PARTITIONS, TOPIC)
+            relayed_ms, broker_ms = fetches(port, broker.port, args.fetches)
         view_m, same_m = statistics.median(view_s), statistics.median(same_s)
+        first_m, first_same_m = statistics.median(first_s), statistics.median(first_same_s)
         relay_p50, broker_p50 = statistics.median(relayed_ms), statistics.median(broker_ms)
-        print(f"view_s={view_m:.2f} same_s={same_m:.2f} log_s={log_s:.2f} first_view_s={cold_s:.2f} "
-              f"(medians of {args.runs} runs; log and the first read once)")
-        print(f"tail_fetch_p50_ms relayed={relay_p50:.2f} broker={broker_p50:.2f}")
+        at_p50, at_broker_p50 = statistics.median(at_ms), statistics.median(at_broker_ms)
+        print(f"view_s={view_m:.2f} same_s={same_m:.2f} log_s={log_s:.2f} (medians of {args.runs} runs; log once)")
+        print(f"first_view_s={first_m:.3f} first_same_s={first_same_m:.3f} (medians of {len(first_s)} first reads: "
+              f"{' '.join(f'{s:.3f}' for s in first_s)})")
+        print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
+              + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        print(f"horizon_fetch_p50_ms listener={at_p50:.2f} broker={at_broker_p50:.2f} "
+              f"(at the view's last record: its ledger answer and relayed tail)")
+        print(f"tail_fetch_p50_ms relayed={relay_p50:.2f} broker={broker_p50:.2f} (past the horizon)")
         print(f"view/same={view_m / same_m:.2f}")
         print(f"view/log={view_m / log_s:.3f}")
+        print(f"first/same={first_m / first_same_m:.2f}")
+        print(f"horizon_p50_added_ms={at_p50 - at_broker_p50:.2f}")
         print(f"relay_p50_added_ms={relay_p50 - broker_p50:.2f}")
         return 0
     finally:

@@ -15,6 +15,7 @@ from compactord.errors import InvalidTopicName
 __all__ = [
     "RECORD_SCHEMA",
     "CompactedPage",
+    "CompactedRows",
     "Entry",
     "Horizon",
     "LedgerManifest",
@@ -23,6 +24,7 @@ __all__ = [
     "RecordFingerprint",
     "StrategySettings",
     "TopicConfigs",
+    "entries_table",
     "iso_utc",
     "validate_topic_name",
 ]
@@ -288,3 +290,21 @@ class CompactedPage:
     ledger: LedgerManifest
     entries: list[Entry]
     truncated: bool = False  # a byte budget ended the page before ``n`` entries: more may follow
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedRows:
+    """A ``CompactedPage``'s entries as Arrow columns (``RECORD_SCHEMA``'s; a ledger's files may lack the later
+    ones), no row a Python object, with that ledger's manifest."""
+
+    ledger: LedgerManifest
+    rows: pa.Table
+    truncated: bool = False
+
+
+def entries_table(entries: Sequence[Entry]) -> pa.Table:
+    """``entries`` as a table of ``RECORD_SCHEMA``."""
+    return pa.Table.from_pylist([
+        {"partition": e.partition, "offset": e.offset, "timestamp": e.timestamp, "key": e.key, "value": e.value,
+         "headers": [{"key": k, "value": v} for k, v in e.headers], "event_time": e.event_time,
+         "marker": e.marker, "marker_at": e.marker_at} for e in entries], schema=RECORD_SCHEMA)

@@ -25,7 +25,7 @@ from compactord.errors import (
 from compactord.interfaces import TopicCompactionService
 from compactord.ledger.pointer import Pointer, expired
 from compactord.ledger.reads import LedgerHandle, LedgerReader
-from compactord.model import CompactedPage, Horizon, LedgerManifest, Position, validate_topic_name
+from compactord.model import CompactedPage, CompactedRows, Horizon, LedgerManifest, Position, validate_topic_name
 from compactord.task import CompactionTaskCtx
 
 __all__ = ["SparkTopicCompactionService"]
@@ -289,6 +289,15 @@ class SparkTopicCompactionService(TopicCompactionService):
             lambda r: r.read_slice(start.partition, start.offset, n, include_markers=include_markers,
                                    max_bytes=max_bytes), ledger_id)
         return CompactedPage(manifest, found.entries, found.truncated)
+
+    def read_compacted_rows(self, start: Position, n: int, include_markers: bool = False,
+                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedRows:
+        if n < 1 or start.partition < 0 or start.offset < 0:
+            raise InvalidArgument(f"need n >= 1 and a non-negative partition and offset, got {start}, n={n}")
+        manifest, (rows, truncated) = self._read(
+            lambda r: r.read_rows(start.partition, start.offset, n, include_markers=include_markers,
+                                  max_bytes=max_bytes), ledger_id)
+        return CompactedRows(manifest, rows, truncated)
 
     def read_last_compacted_page(self, partition: int, ledger_id: int | None = None) -> CompactedPage:
         if partition < 0:

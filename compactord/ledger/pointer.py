@@ -139,26 +139,43 @@ class KnownPointers:
         self._lock = threading.Lock()
         self._known: dict[str, Pointer] = {}
         self._generation: dict[str, int] = {}
+        self._handed = 0  # the last generation handed out, to any topic: none is handed out twice
+        self._since = 0  # the generation of a topic not written since the last ``clear``
 
     def read(self, topic: str, fetch: Callable[[], Pointer]) -> Pointer:
         with self._lock:
-            known, generation = self._known.get(topic), self._generation.get(topic, 0)
+            known, generation = self._known.get(topic), self._generation.get(topic, self._since)
         if known is not None:
             return known
         pointer = fetch()
         with self._lock:
-            if self._generation.get(topic, 0) == generation:
+            if self._generation.get(topic, self._since) == generation:
                 self._known[topic] = pointer
         return pointer
+
+    def generation(self, topic: str) -> int:
+        """The topic's generation: it changes at each ``wrote`` of the topic and at each ``clear``, and never
+        comes back to an earlier value."""
+        with self._lock:
+            return self._generation.get(topic, self._since)
 
     def wrote(self, topic: str, pointer: Pointer | None) -> None:
         """The topic's pointer is now ``pointer`` (None: unknown, fetched again at the next read)."""
         with self._lock:
-            self._generation[topic] = self._generation.get(topic, 0) + 1
+            self._handed += 1
+            self._generation[topic] = self._handed
             if pointer is None:
                 self._known.pop(topic, None)
             else:
                 self._known[topic] = pointer
+
+    def clear(self) -> None:
+        """Every pointer unknown (the store closed): each fetched again at its next read."""
+        with self._lock:
+            self._handed += 1
+            self._since = self._handed
+            self._generation.clear()
+            self._known.clear()
 
 
 def parse_pointer(data: bytes, topic: str, version: str | None) -> Pointer:

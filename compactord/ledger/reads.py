@@ -25,7 +25,7 @@ from compactord.errors import InvalidArgument, LedgerCorrupt, LedgerRetired, Obj
 from compactord.ledger import footer_cache
 from compactord.ledger.footer_cache import Footer
 from compactord.ledger.row_groups import RowGroup, at_or_after, of_partition, row_groups_of
-from compactord.model import Entry, LedgerManifest
+from compactord.model import RECORD_SCHEMA, Entry, LedgerManifest
 from compactord.storage import ObjectStore, open_local
 
 __all__ = ["LedgerHandle", "LedgerReader", "LedgerRetired", "LedgerSlice"]
@@ -146,6 +146,16 @@ class LedgerReader:
 
         :raises InvalidArgument: ``partition`` or ``start`` is negative, ``n`` < 1 or ``max_bytes`` < 1.
         """
+        rows, truncated = self.read_rows(partition, start, n, include_markers=include_markers, max_bytes=max_bytes)
+        return LedgerSlice(_entries(rows), truncated)
+
+    def read_rows(self, partition: int, start: int, n: int, *, include_markers: bool = False,
+                  max_bytes: int | None = None) -> tuple[pa.Table, bool]:
+        """``read_slice``'s rows as the ledger's Arrow columns, no row a Python object, and whether the byte
+        budget ended them (``truncated``).
+
+        :raises InvalidArgument: ``partition`` or ``start`` is negative, ``n`` < 1 or ``max_bytes`` < 1.
+        """
         _check_int("partition", partition, 0)
         _check_int("start", start, 0)
         _check_int("n", n, 1)
@@ -156,8 +166,9 @@ class LedgerReader:
         # that can hold a wanted row. ``_ends`` only bounds the last keys from above (offsets of a group
         # that spans partitions mix them), which can make the bisection land earlier, never later.
         first = bisect.bisect_left(self._ends, (partition, start))
-        found: list[Entry] = []
-        used = 0
+        found: list[pa.Table] = []
+        count = used = 0
+        truncated = False
         for i in range(first, len(self.row_groups)):
             group = self.row_groups[i]
             if group.partition_min > partition:
@@ -168,21 +179,25 @@ class LedgerReader:
             mask = at_or_after(table, partition, start)
             if not include_markers:
                 mask = pc.and_(mask, _live(table))
-            rows = table.filter(mask).slice(0, n - len(found))
+            rows = table.filter(mask).slice(0, n - count)
             take = rows.num_rows
             if max_bytes is not None:
                 take = 0
                 for size in _raw_sizes(rows):
-                    if used + size > budget and (found or take):
+                    if used + size > budget and (count or take):
                         break
                     used += size
                     take += 1
-            found.extend(_entries(rows.slice(0, take)))
+            found.append(rows.slice(0, take))
+            count += take
             if take < rows.num_rows:
-                return LedgerSlice(found, truncated=True)
-            if len(found) >= n:
+                truncated = True
                 break
-        return LedgerSlice(found)
+            if count >= n:
+                break
+        if not found:
+            return RECORD_SCHEMA.empty_table(), False
+        return (found[0] if len(found) == 1 else pa.concat_tables(found, promote_options="default")), truncated
 
     def last(self, partition: int) -> Entry | None:
         """The last live entry of ``partition``, or None if it has none.

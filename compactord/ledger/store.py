@@ -233,7 +233,7 @@ class LedgerStore:
         """Stop the recovery pass and release the root's writer guard (idempotent)."""
         self._recovery.stop()
         self._opened = False
-        self._known = KnownPointers()
+        self._known.clear()
         self.guard.release()
 
     @property
@@ -302,6 +302,13 @@ class LedgerStore:
         if not self.guard.sole_writer(topic):
             return read_pointer(self.objects, topic)
         return self._known.read(topic, lambda: read_pointer(self.objects, topic))
+
+    def pointer_generation(self, topic: str) -> int:
+        """A number that changes, from memory, at each write of ``topic``'s pointer by this process (a switch, a
+        retired ledger dropped, a deletion, a take or a release) and when the store closes: what a reader learnt
+        of the current ledger holds while it stays, unless another process writes the pointer (a cluster's other
+        members, a daemon that took an object store's lease over)."""
+        return self._known.generation(topic)
 
     @property
     def sole_writer(self) -> bool:

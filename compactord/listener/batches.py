@@ -1,7 +1,13 @@
-"""Ledger entries as Kafka record batches (magic 2), built with kafka-python's ``DefaultRecordBatchBuilder``: each
-record at its original offset (the batch's base offset and each record's delta), with its key, value, headers
-and timestamp; a tombstone is a record with a null value, as on the broker, and so is a deletion marker the
-ledger keeps (``compactionTombstoneRetentionMs``): a consumer that had the key from an earlier ledger deletes it.
+"""Ledger entries as Kafka record batches (magic 2, uncompressed): each record at its original offset (the batch's
+base offset and each record's delta), with its key, value, headers and timestamp; a tombstone is a record with a
+null value, as on the broker, and so is a deletion marker the ledger keeps (``compactionTombstoneRetentionMs``): a
+consumer that had the key from an earlier ledger deletes it.
+
+The bytes are those kafka-python's ``DefaultRecordBatchBuilder`` writes (a test compares them), written here with
+less Python per record, since a read that finds no batches kept encodes every record of its answer: a ledger's
+rows from their Arrow columns (``rows_batches``: no ``Entry`` made per row), the small varints (lengths, counts)
+from a table, the records written into one buffer per batch, the batch's CRC-32C taken once over it
+(docs/performance.md, "Kafka listener").
 
 A ledger never changes once written, so the batches of one read of it (a partition from an offset, within a byte
 budget) are the same every time: ``BatchCache`` keeps the latest ones, bounded in bytes, keyed by the ledger
@@ -19,46 +25,132 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from kafka.record.default_records import DefaultRecordBatchBuilder
+import pyarrow as pa
+import pyarrow.compute as pc
+from crc32c import crc32c
 
 from compactord.model import Entry
 
-__all__ = ["CACHE_BYTES", "MAX_DELTA", "BatchCache", "empty_batch", "entries_batches"]
+__all__ = ["CACHE_BYTES", "MAX_DELTA", "BatchCache", "empty_batch", "entries_batches", "rows_batches"]
 
 # A record's offset delta is an int32 varint in the batch; entries further apart go into another batch.
 MAX_DELTA = 2**31 - 1
 _MAGIC = 2
-_BASE_OFFSET = struct.Struct(">q")  # the batch's first 8 bytes, outside its CRC (the broker sets them too)
+# A batch's header (Kafka's ``RecordBatch``): base offset, length after this field, partition leader epoch, magic,
+# CRC-32C (of everything after it), attributes, last offset delta, first and max timestamps, producer id and epoch,
+# base sequence, record count.
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_AFTER_LENGTH = 12  # the base offset and the length field
+_CRC_FROM = 21  # the attributes, first byte under the CRC
+_CRC_AT = 17
 # The bytes of encoded batches the listener keeps: a few views of ~10,000 records (~1.3 MB each) read again and
 # again by the applications that bootstrap from them.
 CACHE_BYTES = 64 * 1024 * 1024
 
 
-def _builder() -> DefaultRecordBatchBuilder:
-    return DefaultRecordBatchBuilder(magic=_MAGIC, compression_type=0, is_transactional=False, producer_id=-1,
-                                     producer_epoch=-1, base_sequence=-1, batch_size=2**31 - 1)
+def _varint(value: int) -> bytes:
+    """``value`` as Kafka's zigzag varint (a varlong for timestamps: the same encoding)."""
+    bits = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while bits > 0x7F:
+        out.append((bits & 0x7F) | 0x80)
+        bits >>= 7
+    out.append(bits)
+    return bytes(out)
 
 
-def _finish(builder: DefaultRecordBatchBuilder, base_offset: int) -> bytes:
-    batch = builder.build()
-    _BASE_OFFSET.pack_into(batch, 0, base_offset)
+# The varints of -1 (a null's length) to 16383: every key, value and record length of a usual record, every count.
+_SMALL = [_varint(n) for n in range(-1, 1 << 14)]
+_SMALL_LEN = len(_SMALL) - 1
+_ATTRIBUTES = b"\x00"  # a record's attributes: none are used
+_NULL = _SMALL[0]  # the length of a null key, value or header value
+# Arrow scalars, never Python values, go to pyarrow.compute (a Python value costs an import attempt: reads.py).
+_FALSE = pa.scalar(False)
+_NULL_VALUE = pa.scalar(None, pa.binary())
+
+
+def _sealed(batch: bytearray, base: int, count: int, last_delta: int, first_ts: int, max_ts: int) -> bytes:
+    """``batch`` (its header's room, then its ``count`` records) with its header and CRC written."""
+    _HEADER.pack_into(batch, 0, base, len(batch) - _AFTER_LENGTH, 0, _MAGIC, 0, 0, last_delta, first_ts, max_ts,
+                      -1, -1, -1, count)
+    struct.pack_into(">I", batch, _CRC_AT, crc32c(memoryview(batch)[_CRC_FROM:]))
     return bytes(batch)
 
 
 def entries_batches(entries: Sequence[Entry]) -> bytes:
     """``entries`` (of one partition, in offset order) as record batches, one unless their offsets spread past
     an int32 delta."""
+    return _batches([e.offset for e in entries], [e.timestamp for e in entries], [e.key for e in entries],
+                    [None if e.marker else e.value for e in entries], [e.headers for e in entries])
+
+
+def rows_batches(rows: pa.Table) -> bytes:
+    """``entries_batches`` of a ledger's rows as read (``TopicCompactionService.read_compacted_rows``): their
+    columns made Python lists, no ``Entry`` made per row."""
+    names = set(rows.column_names)
+    values = rows.column("value")
+    if "marker" in names:
+        values = pc.if_else(pc.fill_null(rows.column("marker"), _FALSE), _NULL_VALUE, values)
+    count = rows.num_rows
+    headers: list[Sequence[tuple[str, bytes | None]]] = [()] * count  # the usual case: none
+    if "headers" in names and count and pc.sum(pc.list_value_length(rows.column("headers"))).as_py():
+        headers = [() if hs is None else [(h["key"], h["value"]) for h in hs]
+                   for hs in rows.column("headers").to_pylist()]
+    timestamps = rows.column("timestamp").to_pylist() if "timestamp" in names else [None] * count
+    return _batches(rows.column("offset").to_pylist(), timestamps, rows.column("key").to_pylist(),
+                    values.to_pylist(), headers)
+
+
+def _batches(offsets: list[int], timestamps: list[int | None], keys: list[bytes | None],
+             values: list[bytes | None], headers: list[Sequence[tuple[str, bytes | None]]]) -> bytes:
+    """The records of the same index in each list as record batches (a value None for a tombstone)."""
+    small, small_len, varint = _SMALL, _SMALL_LEN, _varint
     out: list[bytes] = []
-    builder, base = None, 0
-    for entry in entries:
-        if builder is None or entry.offset - base > MAX_DELTA:
-            if builder is not None:
-                out.append(_finish(builder, base))
-            builder, base = _builder(), entry.offset
-        builder.append(entry.offset - base, timestamp=entry.timestamp if entry.timestamp is not None else 0,
-                       key=entry.key, value=None if entry.marker else entry.value, headers=list(entry.headers))
-    if builder is not None:
-        out.append(_finish(builder, base))
+    batch = bytearray(_HEADER.size)
+    count = base = first_ts = max_ts = last = 0
+    for offset, timestamp, key, value, pairs in zip(offsets, timestamps, keys, values, headers, strict=True):
+        if timestamp is None:
+            timestamp = 0
+        if not count or offset - base > MAX_DELTA:
+            if count:
+                out.append(_sealed(batch, base, count, last - base, first_ts, max_ts))
+                batch, count = bytearray(_HEADER.size), 0
+            base, first_ts, max_ts = offset, timestamp, timestamp
+        elif timestamp > max_ts:
+            max_ts = timestamp
+        last = offset
+        count += 1
+        delta_ts, delta = timestamp - first_ts, offset - base
+        record = bytearray(_ATTRIBUTES)
+        record += small[delta_ts + 1] if 0 <= delta_ts < small_len else varint(delta_ts)
+        record += small[delta + 1] if delta < small_len else varint(delta)
+        if key is None:
+            record += _NULL
+        else:
+            size = len(key)
+            record += small[size + 1] if size < small_len else varint(size)
+            record += key
+        if value is None:
+            record += _NULL
+        else:
+            size = len(value)
+            record += small[size + 1] if size < small_len else varint(size)
+            record += value
+        record += small[len(pairs) + 1] if len(pairs) < small_len else varint(len(pairs))
+        for name, header in pairs:
+            encoded = name.encode("utf-8")
+            record += varint(len(encoded))
+            record += encoded
+            if header is None:
+                record += _NULL
+            else:
+                record += varint(len(header))
+                record += header
+        size = len(record)
+        batch += small[size + 1] if size < small_len else varint(size)
+        batch += record
+    if count:
+        out.append(_sealed(batch, base, count, last - base, first_ts, max_ts))
     return b"".join(out)
 
 
@@ -70,11 +162,7 @@ def empty_batch(first: int, last: int) -> bytes:
     """
     if not 0 <= last - first <= MAX_DELTA:
         raise ValueError(f"an empty batch spans 0 to {MAX_DELTA} offsets, got {first} to {last}")
-    builder = _builder()
-    # The builder sets a batch's last offset delta from the records it appended; an empty batch has none, so it
-    # is set here, before ``build`` writes it under the batch's CRC.
-    builder._last_offset = last - first  # type: ignore[attr-defined]  # a slot kafka-python's stub omits
-    return _finish(builder, first)
+    return _sealed(bytearray(_HEADER.size), first, 0, last - first, 0, 0)
 
 
 class BatchCache:

@@ -1,10 +1,14 @@
 """The answers to the requests the listener serves: Metadata (the listener as every partition's leader),
 ListOffsets (earliest from the ledger, the rest from the broker), Fetch (at or below the horizon from the
 ledger, past it relayed to the partition's leader) and the consumer groups' requests (``groups``). Each handler takes a decoded request and gives its encoded
-answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor.
+answer; the blocking parts (the broker's topic list, ledger reads) run in the listener's executor, but a fetch past
+the horizon that the view knows from memory (``TopicView.relays``: the tail of the log) is relayed from the event
+loop.
 
 A ledger's answer that reaches the horizon is followed, in the same answer, by the live log after it, relayed:
-a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it.
+a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it. Not
+when the broker's latest offset (kept ``LATEST_TTL_S``) shows nothing after the horizon: the relayed fetch would
+wait out its ``NO_WAIT_MS`` for nothing; a record produced since is read by the next fetch.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from kafka.protocol.api_key import ApiKey
 from kafka.record.memory_records import MemoryRecords
 
 from compactord.errors import BrokerUnavailable, CompactordError, TopicNotFound
+from compactord.listener.fetch_frames import FetchedPartition, encode_fetch
 from compactord.listener.groups import GroupLinks, GroupRelay
 from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
 from compactord.listener.relay import BrokerRelay, FetchLinks, Leg, TopicPartition
@@ -142,7 +147,7 @@ class Handlers:
     # -- Fetch ------------------------------------------------------------------------------------
 
     async def fetch(self, request: Request, session: Session) -> bytes:
-        body, rc = request.body, request.response_class
+        body = request.body
         budget = max(1, min(body.max_bytes, MAX_FETCH_BYTES))
         isolation = body.isolation_level or 0
         served: dict[TopicPartition, LedgerAnswer] = {}
@@ -157,10 +162,13 @@ class Handlers:
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
                 answer = None
-                if budget > 0:
+                pin = session.pins.get(topic.topic)
+                # Past the horizon as known from memory (the tail of the log, fetched again and again): relayed
+                # without a trip through the executor.
+                if budget > 0 and not self._view.relays(topic.topic, p.partition, p.fetch_offset, pin):
                     try:
                         answer = await self._call(self._view.read, topic.topic, p.partition, p.fetch_offset,
-                                                  min(p.partition_max_bytes, budget), session.pins.get(topic.topic))
+                                                  min(p.partition_max_bytes, budget), pin)
                     except CompactordError as exc:  # the store down, a ledger that fails its check: retried
                         log.warning("Kafka listener: partition %d of %s not read: %s", p.partition, topic.topic, exc)
                         failed.add(tp)
@@ -177,7 +185,8 @@ class Handlers:
             if all((topic.topic, p.partition) in legs for p in topic.partitions):
                 session.pins.pop(topic.topic, None)  # past the horizon everywhere: the next read takes the current
         latest = await self._latest_offsets(list(served), isolation) if served else {}
-        relayed = {}
+        tails = {tp: leg for tp, leg in tails.items() if tp not in latest or latest[tp] > leg.offset}
+        relayed: dict[TopicPartition, FetchedPartition] = {}
         if legs or tails:
             relayed = await self._relay.fetch({**legs, **tails}, max_wait_ms=NO_WAIT_MS if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
@@ -191,38 +200,16 @@ class Handlers:
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
                 if tp in served:
-                    partitions.append(self._from_ledger(rc, p.partition, served[tp], latest.get(tp), isolation,
-                                                        relayed.get(tp)))
+                    partitions.append(_from_ledger(p.partition, served[tp], latest.get(tp), isolation,
+                                                   relayed.get(tp)))
                 elif tp in relayed:
-                    partitions.append(_relayed(rc, relayed[tp]))
+                    partitions.append(relayed[tp])  # as the broker answered it, its record set spliced in
                 else:
                     error = "UNKNOWN_TOPIC_OR_PARTITION" if tp in unknown \
                         else "KAFKA_STORAGE_ERROR" if tp in failed else "LEADER_NOT_AVAILABLE"
-                    partitions.append(item(rc, "responses.partitions", partition_index=p.partition,
-                                           error_code=ERRORS[error], high_watermark=-1, last_stable_offset=-1,
-                                           log_start_offset=-1, aborted_transactions=None,
-                                           preferred_read_replica=-1, records=None))
-            responses.append(item(rc, "responses", topic=topic.topic, partitions=partitions))
-        response = rc(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
-        return encode_response(request, response)
-
-    @staticmethod
-    def _from_ledger(rc: Any, partition: int, answer: LedgerAnswer, latest: int | None, isolation: int,
-                     tail: Any = None) -> Any:
-        # The high watermark is the broker's (a consumer's lag and end of partition are the log's); at least the
-        # offset after the horizon, which the ledger's answer carries the consumer to.
-        end = max(latest if latest is not None else -1, answer.horizon + 1)
-        stable = end
-        aborted: list[Any] | None = [] if isolation else None
-        records = answer.records
-        # The live log after the horizon, as the broker answered it, unless it failed or starts at or below the
-        # horizon (a batch across it would give the ledger's records again).
-        if tail is not None and tail.error_code == 0 and _base_offset(tail.records) > answer.horizon:
-            records += tail.records
-            end, stable, aborted = tail.high_watermark, tail.last_stable_offset, _aborted(rc, tail)
-        return item(rc, "responses.partitions", partition_index=partition, error_code=0, high_watermark=end,
-                    last_stable_offset=stable, log_start_offset=answer.log_start, aborted_transactions=aborted,
-                    preferred_read_replica=-1, records=records)
+                    partitions.append(FetchedPartition(p.partition, ERRORS[error]))
+            responses.append((topic.topic, partitions))
+        return encode_fetch(request.version, request.correlation_id, responses)
 
     async def _latest_offsets(self, tps: list[TopicPartition], isolation: int) -> dict[TopicPartition, int]:
         """The broker's latest offsets of ``tps`` (kept ``LATEST_TTL_S``); a partition the broker did not answer
@@ -239,12 +226,20 @@ class Handlers:
         return found
 
 
-def _aborted(rc: Any, answer: Any) -> Any:
-    """The broker's aborted transactions of a partition's answer, in the client's version (None as None)."""
-    if answer.aborted_transactions is None:
-        return None
-    return [item(rc, "responses.partitions.aborted_transactions", producer_id=a.producer_id,
-                 first_offset=a.first_offset) for a in answer.aborted_transactions]
+def _from_ledger(partition: int, answer: LedgerAnswer, latest: int | None, isolation: int,
+                 tail: FetchedPartition | None) -> FetchedPartition:
+    # The high watermark is the broker's (a consumer's lag and end of partition are the log's); at least the offset
+    # after the horizon, which the ledger's answer carries the consumer to.
+    end = max(latest if latest is not None else -1, answer.horizon + 1)
+    stable = end
+    aborted: tuple[tuple[int, int], ...] | None = () if isolation else None
+    records = answer.records
+    # The live log after the horizon, as the broker answered it, unless it failed or starts at or below the horizon
+    # (a batch across it would give the ledger's records again).
+    if tail is not None and tail.error_code == 0 and _base_offset(tail.records) > answer.horizon:
+        records += tail.records or b""
+        end, stable, aborted = tail.high_watermark, tail.last_stable_offset, tail.aborted_transactions
+    return FetchedPartition(partition, 0, end, stable, answer.log_start, aborted, records)
 
 
 def _base_offset(records: bytes | None) -> int:
@@ -259,11 +254,3 @@ def _end_offset(records: bytes) -> int:
     while (batch := batches.next_batch()) is not None:
         end = batch.next_offset
     return end
-
-
-def _relayed(rc: Any, answer: Any) -> Any:
-    """The broker's answer for a partition, in the client's version: its record batches as they are."""
-    return item(rc, "responses.partitions", partition_index=answer.partition_index, error_code=answer.error_code,
-                high_watermark=answer.high_watermark, last_stable_offset=answer.last_stable_offset,
-                log_start_offset=answer.log_start_offset, aborted_transactions=_aborted(rc, answer),
-                preferred_read_replica=-1, records=answer.records)

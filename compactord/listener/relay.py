@@ -1,6 +1,7 @@
 """The listener's way to the real broker: what lies past a topic's horizon is fetched from the partition's leader
 and its record batches returned as they are (compression, transaction markers and the aborted-transactions list
-included), as are the offsets the broker alone knows (ListOffsets).
+included; the answer read by ``fetch_frames``, its record sets never decoded), as are the offsets the broker alone
+knows (ListOffsets).
 
 One connection per broker node, requests pipelined on it (a broker answers a connection's requests in order, so
 the answers are matched to the requests first in, first out); a connection that fails fails its requests in
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka.protocol.api_key import ApiKey
-from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -34,6 +35,7 @@ from kafka.protocol.metadata import (
 )
 
 from compactord.errors import BrokerUnavailable
+from compactord.listener.fetch_frames import FetchedPartition, MalformedAnswer, parse_fetch
 from compactord.listener.protocol import ERRORS, item
 
 __all__ = ["BrokerRelay", "FetchLinks", "Leg", "Link", "TopicPartition"]
@@ -97,6 +99,12 @@ class Link:
         :raises BrokerUnavailable: the broker did not answer, or speaks no version the listener does."""
         await self._open()
         return await self._send(message, response_class, self.version(key))
+
+    async def exchange(self, message: Any, key: ApiKey) -> tuple[int, bytes]:
+        """``request``, its answer's frame (header and body) as it is, with the version it was sent at."""
+        await self._open()
+        version = self.version(key)
+        return version, await self._send(message, None, version)
 
     async def relay(self, frame: bytes, timeout_s: float) -> bytes:
         """A client's request frame (its size prefix taken off) sent as it is, under a correlation id of this
@@ -209,7 +217,7 @@ class BrokerRelay:
         self._coordinators: dict[str, tuple[str, int]] = {}
         self._down: str | None = None  # why relayed requests fail now (logged once until one is answered)
 
-    def _failing(self, what: str, exc: BrokerUnavailable) -> None:
+    def _failing(self, what: str, exc: Exception) -> None:
         """A relayed request found the broker down: one log line until one is answered again."""
         self._forget_leaders()
         if self._down is None:
@@ -298,12 +306,13 @@ class BrokerRelay:
         self._leaders_at = 0.0
 
     async def fetch(self, legs: Mapping[TopicPartition, Leg], *, max_wait_ms: int, min_bytes: int,
-                    max_bytes: int, isolation_level: int, links: FetchLinks | None = None) -> dict[TopicPartition, Any]:
-        """Each partition's answer from its leader: the broker's ``PartitionData`` (records as the broker sent
-        them); a partition whose leader is unknown or down answers ``LEADER_NOT_AVAILABLE`` or
+                    max_bytes: int, isolation_level: int, links: FetchLinks | None = None
+                    ) -> dict[TopicPartition, FetchedPartition]:
+        """Each partition's answer from its leader, as the broker gave it (its record set as the broker sent it);
+        a partition whose leader is unknown or down answers ``LEADER_NOT_AVAILABLE`` or
         ``NOT_LEADER_OR_FOLLOWER``, which a client retries. Sent on ``links`` (the client connection's own), or
         without them on the connection shared with the listener's own requests."""
-        answers: dict[TopicPartition, Any] = {}
+        answers: dict[TopicPartition, FetchedPartition] = {}
         try:
             groups = await self._by_leader(legs)
         except BrokerUnavailable as exc:
@@ -312,7 +321,7 @@ class BrokerRelay:
         calls = []
         for leader, tps in groups.items():
             if leader == -1:
-                answers.update({tp: _failed(FetchResponse, tp, "LEADER_NOT_AVAILABLE") for tp in tps})
+                answers.update({tp: FetchedPartition(tp[1], ERRORS["LEADER_NOT_AVAILABLE"]) for tp in tps})
                 continue
             by_topic: dict[str, list[int]] = collections.defaultdict(list)
             for topic, partition in tps:
@@ -325,20 +334,19 @@ class BrokerRelay:
                          partition_max_bytes=legs[(topic, p)].max_bytes, log_start_offset=-1,
                          current_leader_epoch=-1, last_fetched_epoch=-1) for p in parts])
                     for topic, parts in by_topic.items()])
-            calls.append((tps, self._on_leader(leader, request, FetchResponse, ApiKey.Fetch, links)))
+            calls.append((tps, self._leader_link(leader, links).exchange(request, ApiKey.Fetch)))
         for tps, call in calls:
             try:
-                answer = await call
-            except BrokerUnavailable as exc:
+                version, frame = await call
+                answer = parse_fetch(frame, version)
+            except (BrokerUnavailable, MalformedAnswer) as exc:
                 self._failing("a relayed fetch", exc)
-                answers.update({tp: _failed(FetchResponse, tp, "NOT_LEADER_OR_FOLLOWER") for tp in tps})
+                answers.update({tp: FetchedPartition(tp[1], ERRORS["NOT_LEADER_OR_FOLLOWER"]) for tp in tps})
                 continue
             self._answered()
-            for topic in answer.responses:
-                for partition in topic.partitions:
-                    answers[(topic.topic, partition.partition_index)] = partition
-                    if partition.error_code == ERRORS["NOT_LEADER_OR_FOLLOWER"]:
-                        self._forget_leaders()
+            answers.update(answer)
+            if any(p.error_code == ERRORS["NOT_LEADER_OR_FOLLOWER"] for p in answer.values()):
+                self._forget_leaders()
         return answers
 
     async def list_offsets(self, wanted: Mapping[TopicPartition, int], isolation_level: int
@@ -362,10 +370,12 @@ class BrokerRelay:
             try:
                 if leader == -1:
                     raise BrokerUnavailable("no leader known")
-                answer = await self._on_leader(leader, request, ListOffsetsResponse, ApiKey.ListOffsets)
+                answer = await self._leader_link(leader).request(request, ListOffsetsResponse, ApiKey.ListOffsets)
             except BrokerUnavailable as exc:
                 self._failing("relayed offsets", exc)
-                answers.update({tp: _failed(ListOffsetsResponse, tp, "LEADER_NOT_AVAILABLE") for tp in tps})
+                answers.update({tp: item(ListOffsetsResponse, "topics.partitions", partition_index=tp[1],
+                                         error_code=ERRORS["LEADER_NOT_AVAILABLE"], timestamp=-1, offset=-1,
+                                         leader_epoch=-1) for tp in tps})
                 continue
             self._answered()
             for topic in answer.topics:
@@ -373,21 +383,9 @@ class BrokerRelay:
                     answers[(topic.name, partition.partition_index)] = partition
         return answers
 
-    async def _on_leader(self, leader: int, message: Any, response_class: Any, key: ApiKey,
-                         links: FetchLinks | None = None) -> Any:
+    def _leader_link(self, leader: int, links: FetchLinks | None = None) -> Link:
+        """The connection to ``leader``: the client connection's own (``links``), else the shared one."""
         address = self._nodes[leader]
         if links is None:
-            link = self._link(address)
-        else:
-            link = links.links.get(address) or links.links.setdefault(address, self.new_link(address))
-        return await link.request(message, response_class, key)
-
-
-def _failed(response_class: Any, tp: TopicPartition, error: str) -> Any:
-    """A partition's answer that carries ``error`` alone."""
-    if response_class is FetchResponse:
-        return item(FetchResponse, "responses.partitions", partition_index=tp[1], error_code=ERRORS[error],
-                    high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                    preferred_read_replica=-1, records=None)
-    return item(ListOffsetsResponse, "topics.partitions", partition_index=tp[1], error_code=ERRORS[error],
-                timestamp=-1, offset=-1, leader_epoch=-1)
+            return self._link(address)
+        return links.links.get(address) or links.links.setdefault(address, self.new_link(address))

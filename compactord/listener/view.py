@@ -1,9 +1,12 @@
 """What the listener asks of the daemon, in the daemon's own terms: the topics it compacts (those on the broker
 that ``compactionTopicsPattern`` admits), their partitions, and pages of each topic's current (or pinned)
-ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_page``,
-above the partition's log start), each read's record batches kept (``BatchCache``: a ledger never changes).
-Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
-event loop.
+ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_rows``: the
+page's Arrow columns; above the partition's log start), each read's record batches kept (``BatchCache``: a ledger
+never changes). Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
+event loop; but ``relays``, which answers from memory, on the loop, whether a fetch lies past the horizon of the
+topic's current ledger as the last read learnt it (its horizon kept while no write of the topic's pointer by this
+process came since, ``LedgerStore.pointer_generation``, and for at most ``CURRENT_TTL_S``, within which another
+process's switch is seen: a cluster's other members').
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import Counter, Gauge, Histogram
 
 from compactord.errors import (
@@ -24,7 +29,7 @@ from compactord.errors import (
     TopicNotFound,
     TopicRecreated,
 )
-from compactord.listener.batches import MAX_DELTA, BatchCache, empty_batch, entries_batches
+from compactord.listener.batches import MAX_DELTA, BatchCache, empty_batch, rows_batches
 from compactord.model import LedgerManifest, Position
 
 if TYPE_CHECKING:
@@ -40,6 +45,9 @@ log = logging.getLogger(__name__)
 TOPICS_TTL_S = 5.0
 # Entries read per page: the page's bytes bound it first, for all but tiny records.
 PAGE_ENTRIES = 10_000
+# How long the current ledger's horizon a read learnt answers ``relays`` (a switch by this process is seen at
+# once, by the pointer's generation; another process's within this).
+CURRENT_TTL_S = 1.0
 
 
 class _Registry(Protocol):
@@ -48,6 +56,8 @@ class _Registry(Protocol):
 
 class _Store(Protocol):
     def topics(self) -> list[str]: ...
+
+    def pointer_generation(self, topic: str) -> int: ...
 
 
 class _Monitor(Protocol):
@@ -108,6 +118,17 @@ class LedgerAnswer:
     log_start: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Current:
+    """A topic's current ledger as a read found it (``ledger_id`` None: none), with the pointer's generation
+    taken before the look-up and the time."""
+
+    generation: int
+    at: float
+    ledger_id: int | None
+    horizon: dict[int, int]
+
+
 class TopicView:
     def __init__(self, host: ListenerHost, cache: BatchCache | None = None) -> None:
         self._host = host
@@ -116,6 +137,9 @@ class TopicView:
         self._topics: tuple[float, list[str]] | None = None
         self._partitions: dict[str, tuple[float, list[int]]] = {}
         self._not_served: set[tuple[str, int]] = set()  # (topic, ledger id) of a recreated topic, logged once
+        # Written by reads (the executor's threads), read by ``relays`` (the event loop): each value is replaced
+        # whole, never changed, so a reader sees an old one or a new one.
+        self._current: dict[str, _Current] = {}
 
     def topics(self) -> list[str]:
         """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old): those
@@ -189,13 +213,19 @@ class TopicView:
         one once the pinned one is retired, or without a pin), None where the ledger does not serve it (no
         ledger, the partition not in it, ``offset`` or the partition's log start past its horizon): the broker
         does."""
+        generation, at = self._host.store.pointer_generation(topic), time.monotonic()
         service = self._host.registry.existing_service(topic)
         if service is None:
+            self._current[topic] = _Current(generation, at, None, {})
             return None
+        current = pin is None
         try:
             manifest = service.ledger_info(pin)
         except LedgerRetired:
-            manifest = service.ledger_info(None)
+            manifest, current = service.ledger_info(None), True
+        if current:
+            self._current[topic] = _Current(generation, at, None if manifest is None else manifest.ledger_id,
+                                            {} if manifest is None else dict(manifest.horizon))
         if manifest is None or partition not in manifest.horizon or offset > manifest.horizon[partition]:
             return None
         if not self._same_log(topic, manifest):
@@ -213,17 +243,37 @@ class TopicView:
             self._cache.put(key, records)
         return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
 
+    def relays(self, topic: str, partition: int, offset: int, pin: int | None) -> bool:
+        """Whether ``read`` would answer None because ``offset`` lies past the horizon of the topic's current
+        ledger (or the topic has none, or the partition is not in it), known from memory: the current ledger a
+        read learnt, while the pointer's generation is the one that read took and for at most ``CURRENT_TTL_S``,
+        and a fetch unpinned or pinned to that ledger (a read pinned to another goes to ``read``, which knows
+        whether it is still readable). False: not known, ``read`` answers. Never blocks: the event loop asks it."""
+        current = self._current.get(topic)
+        if current is None or (pin is not None and pin != current.ledger_id):
+            return False
+        if time.monotonic() - current.at >= CURRENT_TTL_S:
+            return False
+        if self._host.store.pointer_generation(topic) != current.generation:
+            return False
+        horizon = current.horizon.get(partition)
+        return horizon is None or offset > horizon
+
     @staticmethod
     def _batches(service: TopicCompactionService, ledger_id: int, partition: int, start: int, horizon: int,
                  max_bytes: int) -> bytes:
         """The entries of ``partition`` from ``start`` (to at most ``max_bytes``) as record batches, and, when the
-        ledger holds no more below the horizon, an empty batch up to it."""
-        page = service.read_compacted_page(Position(partition, start), PAGE_ENTRIES, ledger_id=ledger_id,
+        ledger holds no more below the horizon, an empty batch up to it. Read as Arrow columns
+        (``read_compacted_rows``): a first read of a view makes no Python object per entry."""
+        page = service.read_compacted_rows(Position(partition, start), PAGE_ENTRIES, ledger_id=ledger_id,
                                            max_bytes=max_bytes, include_markers=True)
-        entries = [e for e in page.entries if e.offset <= horizon]
-        records = entries_batches(entries)
-        if not page.truncated and len(page.entries) < PAGE_ENTRIES:
-            after = entries[-1].offset + 1 if entries else start
+        rows = page.rows
+        offsets = rows.column("offset")
+        if rows.num_rows and pc.max(offsets).as_py() > horizon:
+            rows = rows.filter(pc.less_equal(offsets, pa.scalar(horizon, pa.int64())))
+        records = rows_batches(rows)
+        if not page.truncated and page.rows.num_rows < PAGE_ENTRIES:
+            after = rows.column("offset")[-1].as_py() + 1 if rows.num_rows else start
             if after <= horizon:
                 records += empty_batch(after, min(horizon, after + MAX_DELTA))
         return records

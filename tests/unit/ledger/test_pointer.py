@@ -180,3 +180,26 @@ def test_known_pointers_keep_what_was_written_over_a_read_that_began_before() ->
     assert known.read("t", lambda: pytest.fail("fetched again")) == new  # but the switch's pointer is kept
     known.wrote("t", None)
     assert known.read("t", lambda: old) == old
+
+
+def test_the_pointer_generation_changes_with_each_write_of_this_process_and_never_comes_back(tmp_path: Path) -> None:
+    store = LedgerStore(tmp_path / "root").open()
+    try:
+        seen = [store.pointer_generation("t")]
+        store.switch("t", make_ledger(store, "t"))
+        seen.append(store.pointer_generation("t"))
+        store.pointer("t")  # a read changes nothing
+        assert store.pointer_generation("t") == seen[-1]
+        store.switch("t", make_ledger(store, "t"), retire_for=60)
+        seen.append(store.pointer_generation("t"))
+        store.drop_retired("t", {store.pointer("t").retired[0].id}, store.pointer("t"))
+        seen.append(store.pointer_generation("t"))
+        other = store.pointer_generation("u")
+        store.delete_topic("t")
+        seen.append(store.pointer_generation("t"))
+        assert store.pointer_generation("u") == other  # another topic's is its own
+    finally:
+        store.close()
+    seen.append(store.pointer_generation("t"))  # closed: whatever a reader learnt is learnt again
+
+    assert len(set(seen)) == len(seen)

@@ -1,16 +1,16 @@
 """The record batches the listener keeps of its ledger reads (``BatchCache``, ``TopicView.read``): bounded in
 bytes, the least recently used dropped first; a read of a ledger again is answered from them, the same bytes;
 after a switch, the retired ledger's batches are not served, the new ledger's are. The daemon's ledgers here are
-a small stand-in (``_Service``) that counts its page reads: the view has no I/O of its own."""
+a small stand-in (``tests/support/ledger_host.py``) that counts its page reads: the view has no I/O of its own."""
 
 from __future__ import annotations
 
 from kafka.record.memory_records import MemoryRecords
 
-from compactord.errors import LedgerRetired
 from compactord.listener.batches import BatchCache, entries_batches
 from compactord.listener.view import TopicView
-from compactord.model import CompactedPage, Entry, LedgerManifest, Position, StrategySettings
+from compactord.model import Entry
+from tests.support.ledger_host import LedgerHost, Ledgers
 
 TOPIC = "prices"
 
@@ -46,57 +46,6 @@ def test_a_key_put_again_is_counted_once() -> None:
     assert cache.bytes == 80 and cache.get("a") == b"2" * 80
 
 
-class _Service:
-    """Ledgers by id, one of them current; a retired one raises ``LedgerRetired`` as the daemon's do."""
-
-    def __init__(self) -> None:
-        self.ledgers: dict[int, list[Entry]] = {}
-        self.current = 0
-        self.retired: set[int] = set()
-        self.reads = 0
-
-    def add(self, ledger_id: int, entries: list[Entry]) -> None:
-        self.ledgers[ledger_id] = entries
-        if self.current:
-            self.retired.add(self.current)
-        self.current = ledger_id
-
-    def ledger_info(self, ledger_id: int | None = None) -> LedgerManifest:
-        if ledger_id in self.retired:
-            raise LedgerRetired(f"ledger {ledger_id} was replaced", topic=TOPIC, ledger_id=ledger_id)
-        wanted = self.current if ledger_id is None else ledger_id
-        return LedgerManifest(ledger_id=wanted, topic=TOPIC, horizon={0: 9}, strategy=StrategySettings(), files=[],
-                              created_at_ms=1000 + wanted)
-
-    def read_compacted_page(self, start: Position, n: int, include_markers: bool = False,
-                            ledger_id: int | None = None, max_bytes: int | None = None) -> CompactedPage:
-        self.reads += 1
-        manifest = self.ledger_info(ledger_id)
-        found = [e for e in self.ledgers[manifest.ledger_id] if e.offset >= start.offset][:n]
-        return CompactedPage(manifest, found)
-
-
-class _Host:
-    def __init__(self, service: _Service) -> None:
-        self.service = service
-        self.registry = self
-        self.monitor = self
-        self.identities = self
-        self.ignored: frozenset[str] = frozenset()
-
-    def existing_service(self, topic: str) -> _Service:
-        return self.service
-
-    def watches(self, topic: str) -> bool:
-        return True
-
-    def log_starts(self, topic: str) -> dict[int, int]:
-        return {}
-
-    def check(self, topic: str, manifest: LedgerManifest) -> None:
-        return None
-
-
 def _values(records: bytes) -> list[tuple[int, bytes | None]]:
     batches, found = MemoryRecords(records), []
     while (batch := batches.next_batch()) is not None:
@@ -104,10 +53,10 @@ def _values(records: bytes) -> list[tuple[int, bytes | None]]:
     return found
 
 
-def _view() -> tuple[TopicView, _Service]:
-    service = _Service()
+def _view() -> tuple[TopicView, Ledgers]:
+    service = Ledgers(TOPIC)
     service.add(1, [Entry(0, 3, b"a", b"old-a"), Entry(0, 9, b"b", b"old-b")])
-    return TopicView(_Host(service), BatchCache()), service  # type: ignore[arg-type]
+    return TopicView(LedgerHost(service), BatchCache()), service  # type: ignore[arg-type]
 
 
 def test_a_ledger_read_again_is_answered_from_the_kept_batches() -> None:
@@ -118,7 +67,7 @@ def test_a_ledger_read_again_is_answered_from_the_kept_batches() -> None:
     again = view.read(TOPIC, 0, 0, 1 << 20, 1)
 
     assert again == first and service.reads == 1
-    assert first.records == entries_batches(service.ledgers[1])
+    assert first.records == entries_batches(service.ledgers[1][1])
     assert _values(first.records) == [(3, b"old-a"), (9, b"old-b")]
 
 
