@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from crc32c import crc32c
 
+from compactord.listener.fetch_frames import uvarint
 from compactord.model import Entry
 
 __all__ = ["CACHE_BYTES", "MAX_DELTA", "BatchCache", "empty_batch", "entries_batches", "rows_batches"]
@@ -50,13 +51,7 @@ CACHE_BYTES = 64 * 1024 * 1024
 
 def _varint(value: int) -> bytes:
     """``value`` as Kafka's zigzag varint (a varlong for timestamps: the same encoding)."""
-    bits = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while bits > 0x7F:
-        out.append((bits & 0x7F) | 0x80)
-        bits >>= 7
-    out.append(bits)
-    return bytes(out)
+    return uvarint((value << 1) ^ (value >> 63))
 
 
 # The varints of -1 (a null's length) to 16383: every key, value and record length of a usual record, every count.

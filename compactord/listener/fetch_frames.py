@@ -12,7 +12,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["FetchedPartition", "MalformedAnswer", "encode_fetch", "parse_fetch"]
+__all__ = ["FetchedPartition", "MalformedAnswer", "encode_fetch", "parse_fetch", "uvarint"]
 
 _FLEXIBLE = 12
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
@@ -120,7 +120,8 @@ def parse_fetch(frame: bytes, version: int) -> dict[tuple[str, int], FetchedPart
     return found
 
 
-def _uvarint(value: int) -> bytes:
+def uvarint(value: int) -> bytes:
+    """``value`` (not negative) as Kafka's unsigned varint (a compact length, a tagged-field count)."""
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -131,7 +132,7 @@ def _uvarint(value: int) -> bytes:
 
 def _length(size: int, flexible: bool, fixed: struct.Struct) -> bytes:
     """An array's, a string's or bytes' length (-1: null) as ``version`` writes it."""
-    return _uvarint(size + 1) if flexible else fixed.pack(size)
+    return uvarint(size + 1) if flexible else fixed.pack(size)
 
 
 def encode_fetch(version: int, correlation_id: int,
