@@ -108,24 +108,25 @@ def test_a_non_loopback_listener_is_served_with_a_token_or_on_purpose(listener: 
     assert settings(kafkaListeners=listener, **props).kafka_listeners == listener
 
 
-def test_an_open_listener_refuses_the_start_with_exit_2_and_one_line(tmp_path: Path) -> None:
-    (tmp_path / "broker.conf").write_text("kafkaListeners=PLAINTEXT://0.0.0.0:9092\n")
+def refused_start(folder: Path, config: str) -> str:
+    """``compactord run`` on ``config`` (broker.conf's text) in ``folder``: its stderr, once it is seen to refuse the
+    start with exit 2 and one line naming the key kafkaListeners."""
+    (folder / "broker.conf").write_text(config)
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=folder,
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("compactord: cannot start: config key kafkaListeners="), done.stderr
-    assert "a non-loopback address needs httpAuthToken" in done.stderr
+    return done.stderr
+
+
+def test_an_open_listener_refuses_the_start_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    stderr = refused_start(tmp_path, "kafkaListeners=PLAINTEXT://0.0.0.0:9092\n")
+    assert "a non-loopback address needs httpAuthToken" in stderr
 
 
 def test_a_plaintext_listener_with_a_token_refuses_the_start_with_exit_2_and_one_line(tmp_path: Path) -> None:
-    (tmp_path / "broker.conf").write_text("httpAuthToken=s3cret\nkafkaListeners=PLAINTEXT://127.0.0.1:9092\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    done = subprocess.run([sys.executable, "-m", "compactord", "run", "--config", "broker.conf"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False, env=env)
-    assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("compactord: cannot start: config key kafkaListeners="), done.stderr
-    assert "takes no password while httpAuthToken is set: use SASL_PLAINTEXT:// or SASL_SSL://" in done.stderr
-    assert "s3cret" not in done.stderr
+    stderr = refused_start(tmp_path, "httpAuthToken=s3cret\nkafkaListeners=PLAINTEXT://127.0.0.1:9092\n")
+    assert "takes no password while httpAuthToken is set: use SASL_PLAINTEXT:// or SASL_SSL://" in stderr
+    assert "s3cret" not in stderr
