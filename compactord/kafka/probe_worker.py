@@ -1,12 +1,13 @@
 """``python -m compactord.kafka.probe_worker``: one process of ``probe_process.ProbeProcesses``. It reads requests
 on stdin (a frame: ``module:function`` and its arguments, pickled, from the daemon that started it), answers
 each on stdout (``("ok", result)`` or ``("error", exception)``), and ends at the end of its stdin: when the
-daemon drops it or ends. What else it prints (librdkafka's log lines) goes to stderr, the daemon's.
+daemon drops it or ends. What else it prints (librdkafka's log lines, a stray print) goes to stderr, the daemon's.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import sys
 from typing import IO, Any
@@ -35,8 +36,11 @@ def main() -> None:
 
     import compactord.kafka.librdkafka  # noqa: F401
 
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # stdout carries the answers only
+    # The answers go on a descriptor of their own; whatever else writes to stdout (Python's print, a native
+    # library's printf) goes to stderr, never into an answer.
+    requests, answers = sys.stdin.buffer, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     while (header := _read(requests, FRAME.size)) is not None:
         body = _read(requests, FRAME.unpack(header)[0])
         if body is None:

@@ -31,6 +31,12 @@ def _segfault_once(marker: str) -> str:
     return "answered"
 
 
+def _noisy() -> str:
+    print("a stray print")
+    os.write(1, b"a native library's printf\n")  # as librdkafka's C would write to its stdout
+    return "answered"
+
+
 def _fails() -> None:
     raise RuntimeError("reading orders[0] at offset 4 failed: Broker: Unknown topic or partition")
 
@@ -48,6 +54,12 @@ def test_a_read_runs_in_another_process_and_its_error_is_raised_here(processes: 
     assert processes.call(_pid, timeout_s=30, what="a read of orders") != os.getpid()
     with pytest.raises(RuntimeError, match="Unknown topic or partition"):
         processes.call(_fails, timeout_s=30, what="a read of orders")
+    assert processes.restarts == 0
+
+
+def test_what_a_read_prints_to_stdout_never_reaches_its_answer(processes: ProbeProcesses) -> None:
+    assert processes.call(_noisy, timeout_s=30, what="a read of orders") == "answered"
+    assert processes.call(_noisy, timeout_s=30, what="a read of orders") == "answered"
     assert processes.restarts == 0
 
 
