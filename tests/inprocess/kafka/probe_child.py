@@ -8,31 +8,24 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import uuid
 
-from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import KafkaAdminClient
 
 from compactord.config import Settings
 from compactord.errors import CompactordError
 from compactord.kafka.admin import KafkaAdmin
+from tests.conftest import Kafka
 
 
 def main(bootstrap: str, root: str, seconds: float) -> None:
-    topic = f"recreated-{uuid.uuid4().hex[:6]}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    broker = Kafka(bootstrap, admin=KafkaAdminClient(bootstrap_servers=bootstrap))
+    records = [(f"k{i}", "v", i % 2) for i in range(10)]
+    topic = broker.topic(partitions=2, prefix="recreated")
+    broker.produce(topic, records)
     kafka = KafkaAdmin(Settings(kafka_bootstrap_servers=bootstrap, compacted_ledger_root=root,
                                 kafka_request_timeout_ms=5000))
     counts = {"answered": 0, "refused": 0}
     stop = threading.Event()
-
-    def create() -> None:
-        admin.create_topics([NewTopic(topic, 2, 1)])
-        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        for i in range(10):
-            producer.send(topic, key=b"k%d" % i, value=b"v", partition=i % 2)
-        producer.flush()
-        producer.close()
 
     def ask() -> None:
         while not stop.is_set():
@@ -42,22 +35,19 @@ def main(bootstrap: str, root: str, seconds: float) -> None:
             except CompactordError:  # the topic is gone for a moment, or a read failed: a refusal, not a crash
                 counts["refused"] += 1
 
-    create()
     askers = [threading.Thread(target=ask, daemon=True) for _ in range(2)]
     for thread in askers:
         thread.start()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        admin.delete_topics([topic])
-        while topic in admin.list_topics():
-            time.sleep(0.02)
-        create()
+        broker.recreate(topic, partitions=2)
+        broker.produce(topic, records)
         time.sleep(0.2)
     stop.set()
     for thread in askers:
         thread.join(60)
     kafka.close()
-    admin.close()
+    broker.close()
     print(f"answered {counts['answered']} refused {counts['refused']}", flush=True)
 
 
