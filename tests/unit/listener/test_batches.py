@@ -6,6 +6,8 @@ from a ledger's Arrow columns as from its entries."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 
@@ -99,3 +101,23 @@ def test_rows_are_the_batches_of_their_entries_also_without_the_later_columns() 
     assert rows_batches(table.drop_columns(["headers", "marker", "marker_at", "event_time"])) == \
         entries_batches(entries)
     assert rows_batches(RECORD_SCHEMA.empty_table()) == b""
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=40), st.binary(min_size=16_384, max_size=16_400))
+_headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))), max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3_000_000), st.one_of(st.none(), st.integers(-2**61, 2**61)), _bytes,
+                          _bytes, _headers, st.booleans()), min_size=1, max_size=30),
+       st.integers(0, 2**62))
+def test_any_entries_are_the_bytes_kafka_python_s_builder_writes(rows: list, first: int) -> None:
+    # Offsets with gaps of up to millions (varints of 1 to 4 bytes), any timestamp, null or long keys and values,
+    # headers with null values, markers: column by column, the bytes the builder writes record by record.
+    entries, offset = [], first
+    for gap, timestamp, key, value, headers, marker in rows:
+        entries.append(Entry(0, offset, key, value, timestamp=timestamp, headers=tuple(headers), marker=marker,
+                             marker_at=1 if marker else None))
+        offset += gap
+
+    assert entries_batches(entries) == _built(entries)
