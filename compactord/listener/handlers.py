@@ -8,7 +8,13 @@ loop.
 A ledger's answer that reaches the horizon is followed, in the same answer, by the live log after it, relayed:
 a client that does not move past a batch of no records (KafkaJS) still reads on from the records after it. Not
 when the broker's latest offset (kept ``LATEST_TTL_S``) shows nothing after the horizon: the relayed fetch would
-wait out its ``NO_WAIT_MS`` for nothing; a record produced since is read by the next fetch.
+wait out its ``NO_WAIT_MS`` for nothing; a record produced since is read by the next fetch. The broker's latest
+offsets are asked while the ledger is read.
+
+A fetch's partitions of one topic are read from one ledger, in one call to the executor
+(``TopicView.read_partitions``), within the fetch's bytes: a partition left once they are spent is answered
+with no records and the log's end, as a broker leaves out what does not fit, never relayed (the broker would
+answer with the log below the horizon).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from compactord.listener.fetch_frames import FetchedPartition, encode_fetch
 from compactord.listener.groups import GroupLinks, GroupRelay
 from compactord.listener.protocol import ERRORS, GROUPS, Request, encode_response, item
 from compactord.listener.relay import BrokerRelay, FetchLinks, Leg, TopicPartition
-from compactord.listener.view import LedgerAnswer, ListenerMetrics, TopicView
+from compactord.listener.view import LedgerAnswer, ListenerMetrics, PartitionRead, TopicView
 
 __all__ = ["CLUSTER_ID", "NODE_ID", "Handlers", "Session"]
 
@@ -148,51 +154,49 @@ class Handlers:
 
     async def fetch(self, request: Request, session: Session) -> bytes:
         body = request.body
-        budget = max(1, min(body.max_bytes, MAX_FETCH_BYTES))
         isolation = body.isolation_level or 0
-        served: dict[TopicPartition, LedgerAnswer] = {}
         unknown: set[TopicPartition] = set()
-        failed: set[TopicPartition] = set()
         legs: dict[TopicPartition, Leg] = {}
-        tails: dict[TopicPartition, Leg] = {}  # the live log after a ledger's answer that reaches the horizon
+        below: list[tuple[str, PartitionRead]] = []  # at or below the horizon, or not known to be past it
         for topic in body.topics:
             if not self._view.admits(topic.topic):
                 unknown.update((topic.topic, p.partition) for p in topic.partitions)
                 continue
             for p in topic.partitions:
-                tp = (topic.topic, p.partition)
-                answer = None
-                pin = session.pins.get(topic.topic)
                 # Past the horizon as known from memory (the tail of the log, fetched again and again): relayed
                 # without a trip through the executor.
-                if budget > 0 and not self._view.relays(topic.topic, p.partition, p.fetch_offset, pin):
-                    try:
-                        answer = await self._call(self._view.read, topic.topic, p.partition, p.fetch_offset,
-                                                  min(p.partition_max_bytes, budget), pin)
-                    except CompactordError as exc:  # the store down, a ledger that fails its check: retried
-                        log.warning("Kafka listener: partition %d of %s not read: %s", p.partition, topic.topic, exc)
-                        failed.add(tp)
-                        continue
-                if answer is None:
-                    legs[tp] = Leg(p.fetch_offset, p.partition_max_bytes)
-                    continue
-                served[tp] = answer
-                session.pins[topic.topic] = answer.ledger_id
-                budget -= len(answer.records)
-                left = min(p.partition_max_bytes - len(answer.records), budget)
-                if left > 0 and _end_offset(answer.records) == answer.horizon + 1:
-                    tails[tp] = Leg(answer.horizon + 1, left)
+                if self._view.relays(topic.topic, p.partition, p.fetch_offset, session.pins.get(topic.topic)):
+                    legs[(topic.topic, p.partition)] = Leg(p.fetch_offset, p.partition_max_bytes)
+                else:
+                    below.append((topic.topic, PartitionRead(p.partition, p.fetch_offset, p.partition_max_bytes)))
+        # The broker's latest offsets (the high watermark of a ledger's answer) are asked while the ledger is read.
+        latest_task = asyncio.ensure_future(self._latest_offsets([(t, r.partition) for t, r in below], isolation)) \
+            if below else None
+        try:
+            served, failed, skipped, budget = await self._read_ledgers(below, session, legs,
+                                                                       max(1, min(body.max_bytes, MAX_FETCH_BYTES)))
+        except BaseException:
+            if latest_task is not None:
+                latest_task.cancel()
+            raise
+        for topic in body.topics:
             if all((topic.topic, p.partition) in legs for p in topic.partitions):
                 session.pins.pop(topic.topic, None)  # past the horizon everywhere: the next read takes the current
-        latest = await self._latest_offsets(list(served), isolation) if served else {}
-        tails = {tp: leg for tp, leg in tails.items() if tp not in latest or latest[tp] > leg.offset}
+        latest = await latest_task if latest_task is not None else {}
+        # The live log after a ledger's answer that reaches the horizon, unless the broker shows nothing after it.
+        tails: dict[TopicPartition, Leg] = {}
+        for tp, (answer, partition_max_bytes) in served.items():
+            left = min(partition_max_bytes - len(answer.records), budget)
+            if left > 0 and _end_offset(answer.records) == answer.horizon + 1 \
+                    and (tp not in latest or latest[tp] > answer.horizon + 1):
+                tails[tp] = Leg(answer.horizon + 1, left)
         relayed: dict[TopicPartition, FetchedPartition] = {}
         if legs or tails:
             relayed = await self._relay.fetch({**legs, **tails}, max_wait_ms=NO_WAIT_MS if served else body.max_wait_ms,
                                               min_bytes=0 if served else body.min_bytes,
                                               max_bytes=max(1, budget), isolation_level=isolation,
                                               links=session.fetches)
-        self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a in served.values()))
+        self._metrics.listener_bytes.labels(source="ledger").inc(sum(len(a.records) for a, _ in served.values()))
         self._metrics.listener_bytes.labels(source="relay").inc(sum(len(a.records or b"") for a in relayed.values()))
         responses = []
         for topic in body.topics:
@@ -200,16 +204,60 @@ class Handlers:
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
                 if tp in served:
-                    partitions.append(_from_ledger(p.partition, served[tp], latest.get(tp), isolation,
+                    partitions.append(_from_ledger(p.partition, served[tp][0], latest.get(tp), isolation,
                                                    relayed.get(tp)))
                 elif tp in relayed:
                     partitions.append(relayed[tp])  # as the broker answered it, its record set spliced in
+                elif tp in skipped and tp in latest:
+                    # No room left in the answer (as a broker leaves a partition out past a fetch's bytes): no
+                    # records, the log's end, so the client asks again.
+                    partitions.append(FetchedPartition(p.partition, 0, latest[tp], latest[tp], -1,
+                                                       () if isolation else None, b""))
                 else:
                     error = "UNKNOWN_TOPIC_OR_PARTITION" if tp in unknown \
                         else "KAFKA_STORAGE_ERROR" if tp in failed else "LEADER_NOT_AVAILABLE"
                     partitions.append(FetchedPartition(p.partition, ERRORS[error]))
             responses.append((topic.topic, partitions))
         return encode_fetch(request.version, request.correlation_id, responses)
+
+    async def _read_ledgers(self, below: list[tuple[str, PartitionRead]], session: Session,
+                            legs: dict[TopicPartition, Leg], budget: int
+                            ) -> tuple[dict[TopicPartition, tuple[LedgerAnswer, int]], set[TopicPartition],
+                                       set[TopicPartition], int]:
+        """The ledgers' answers to the partitions of ``below`` (in the request's order, a topic's from one
+        ledger), within ``budget`` bytes; a partition the ledger does not serve joins ``legs`` (relayed). Returns
+        the answers (each with the request's ``partition_max_bytes``), the partitions that failed, those left out
+        for want of room in the answer, and the budget left."""
+        served: dict[TopicPartition, tuple[LedgerAnswer, int]] = {}
+        failed: set[TopicPartition] = set()
+        skipped: set[TopicPartition] = set()
+        by_topic: dict[str, list[PartitionRead]] = {}
+        for topic, read in below:
+            by_topic.setdefault(topic, []).append(read)
+        for topic, reads in by_topic.items():
+            if budget <= 0:
+                skipped.update((topic, read.partition) for read in reads)
+                continue
+            try:
+                found = await self._call(self._view.read_partitions, topic, reads, session.pins.get(topic), budget)
+            except CompactordError as exc:  # the store down: the topic's ledger could not be looked up; retried
+                log.warning("Kafka listener: %s not read: %s", topic, exc)
+                failed.update((topic, read.partition) for read in reads)
+                continue
+            budget -= found.spent
+            skipped.update((topic, partition) for partition in found.unread)
+            for read in reads:
+                tp = (topic, read.partition)
+                answer = found.answers.get(read.partition)
+                if isinstance(answer, CompactordError):  # the store down, a ledger failing its check: retried
+                    log.warning("Kafka listener: partition %d of %s not read: %s", read.partition, topic, answer)
+                    failed.add(tp)
+                elif answer is not None:
+                    served[tp] = (answer, read.max_bytes)
+                    session.pins[topic] = answer.ledger_id
+                elif tp not in skipped:
+                    legs[tp] = Leg(read.offset, read.max_bytes)
+        return served, failed, skipped, budget
 
     async def _latest_offsets(self, tps: list[TopicPartition], isolation: int) -> dict[TopicPartition, int]:
         """The broker's latest offsets of ``tps`` (kept ``LATEST_TTL_S``); a partition the broker did not answer

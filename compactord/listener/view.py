@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from compactord.errors import (
     BrokerUnavailable,
+    CompactordError,
     LedgerRetired,
     NotCompacted,
     StorageUnavailable,
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from compactord.config import Settings
     from compactord.interfaces import BrokerMetadata, TopicCompactionService
 
-__all__ = ["LedgerAnswer", "ListenerHost", "ListenerMetrics", "TopicView"]
+__all__ = ["LedgerAnswer", "ListenerHost", "ListenerMetrics", "PartitionAnswers", "PartitionRead", "TopicView"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,27 @@ class LedgerAnswer:
     horizon: int
     records: bytes
     log_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRead:
+    """A partition of a fetch at or below the horizon: from ``offset``, at most ``max_bytes`` of batches (at
+    least one record)."""
+
+    partition: int
+    offset: int
+    max_bytes: int
+
+
+@dataclass
+class PartitionAnswers:
+    """What ``TopicView.read_partitions`` found: by partition, the ledger's answer or the error that kept it from
+    reading it (a partition the ledger does not serve is not there), the partitions not read once the bytes
+    were spent (``unread``), and the bytes of batches answered (``spent``)."""
+
+    answers: dict[int, LedgerAnswer | CompactordError] = field(default_factory=dict)
+    unread: list[int] = field(default_factory=list)
+    spent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +235,26 @@ class TopicView:
         """The part of a fetch at ``offset`` that the ledger serves: from the pinned ledger (``pin``; the current
         one once the pinned one is retired, or without a pin), None where the ledger does not serve it (no
         ledger, the partition not in it, ``offset`` or the partition's log start past its horizon): the broker
-        does."""
+        does.
+
+        :raises CompactordError: the ledger could not be read (the store down, a file that fails its check)."""
+        answer = self.read_partitions(topic, [PartitionRead(partition, offset, max_bytes)], pin).answers.get(partition)
+        if isinstance(answer, CompactordError):
+            raise answer
+        return answer
+
+    def read_partitions(self, topic: str, reads: Sequence[PartitionRead], pin: int | None,
+                        budget: int | None = None, *, again: bool = True) -> PartitionAnswers:
+        """``read`` of each of ``reads`` (partitions of ``topic``), in their order, all from one ledger (a switch
+        between two of them never mixes two ledgers in a fetch), each within what is left of ``budget`` (bytes of
+        batches, for them all; None: no bound): once it is spent, the reads left are not made. The check that the
+        broker's topic is the ledger's log is made once. A ledger retired past its grace during the reads: all of
+        them are made again from the current one (``again``: once)."""
         generation, at = self._host.store.pointer_generation(topic), time.monotonic()
         service = self._host.registry.existing_service(topic)
         if service is None:
             self._current[topic] = _Current(generation, at, None, {})
-            return None
+            return PartitionAnswers()
         current = pin is None
         try:
             manifest = service.ledger_info(pin)
@@ -226,22 +263,43 @@ class TopicView:
         if current:
             self._current[topic] = _Current(generation, at, None if manifest is None else manifest.ledger_id,
                                             {} if manifest is None else dict(manifest.horizon))
-        if manifest is None or partition not in manifest.horizon or offset > manifest.horizon[partition]:
-            return None
-        if not self._same_log(topic, manifest):
-            return None
-        horizon = manifest.horizon[partition]
-        log_start = self._host.monitor.log_starts(topic).get(partition, 0)
-        start = max(offset, log_start)
-        if start > horizon:  # retention passed the horizon: what is left is the live log's
-            return None
-        # The ledger's files never change: one read of it (``start``, ``max_bytes``) gives the same batches.
-        key = (topic, manifest.ledger_id, manifest.created_at_ms, partition, start, max(1, max_bytes))
-        records = self._cache.get(key)
-        if records is None:
-            records = self._batches(service, manifest.ledger_id, partition, start, horizon, max(1, max_bytes))
-            self._cache.put(key, records)
-        return LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+        found = PartitionAnswers()
+        if manifest is None:
+            return found
+        log_starts = self._host.monitor.log_starts(topic)
+        checked = False
+        for index, read in enumerate(reads):
+            horizon = manifest.horizon.get(read.partition)
+            log_start = log_starts.get(read.partition, 0)
+            start = max(read.offset, log_start)
+            # Past the horizon (or retention passed it): what is left is the live log's.
+            if horizon is None or read.offset > horizon or start > horizon:
+                continue
+            if budget is not None and found.spent >= budget:
+                found.unread = [r.partition for r in reads[index:]]
+                break
+            if not checked:
+                if not self._same_log(topic, manifest):
+                    return PartitionAnswers()
+                checked = True
+            size = max(1, read.max_bytes if budget is None else min(read.max_bytes, budget - found.spent))
+            # The ledger's files never change: one read of it (``start``, ``size``) gives the same batches.
+            key = (topic, manifest.ledger_id, manifest.created_at_ms, read.partition, start, size)
+            records = self._cache.get(key)
+            if records is None:
+                try:
+                    records = self._batches(service, manifest.ledger_id, read.partition, start, horizon, size)
+                except LedgerRetired:
+                    if again:
+                        return self.read_partitions(topic, reads, None, budget, again=False)
+                    raise
+                except CompactordError as exc:
+                    found.answers[read.partition] = exc
+                    continue
+                self._cache.put(key, records)
+            found.answers[read.partition] = LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
+            found.spent += len(records)
+        return found
 
     def relays(self, topic: str, partition: int, offset: int, pin: int | None) -> bool:
         """Whether ``read`` would answer None because ``offset`` lies past the horizon of the topic's current

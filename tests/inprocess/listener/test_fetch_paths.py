@@ -208,3 +208,45 @@ def test_at_the_horizon_the_live_log_after_it_is_relayed_only_when_the_broker_ha
         assert _offsets_values(before_the_end.records) == [(7, b"ledger-2-7"), (8, b"log-8"), (9, b"log-9")]
 
     _run(kafka.bootstrap, ledgers, executor, scenario)
+
+
+def _two_partitions(topic: str, max_bytes: int) -> bytes:
+    """A Fetch v11 of partitions 0 and 1 of ``topic`` from offset 0, at most ``max_bytes`` in all, framed."""
+    request = FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=max_bytes, isolation_level=0,
+                           session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                           topics=[item(FetchRequest, "topics", topic=topic, partitions=[
+                               item(FetchRequest, "topics.partitions", partition=p, fetch_offset=0,
+                                    partition_max_bytes=1 << 20, log_start_offset=-1, current_leader_epoch=-1,
+                                    last_fetched_epoch=-1) for p in (0, 1)])])
+    request.with_header(correlation_id=7, client_id="test")
+    return bytes(request.encode(version=11, header=True, framed=True))
+
+
+def test_a_partition_past_the_fetch_s_bytes_is_answered_empty_never_with_the_log_below_the_horizon(
+        kafka: Kafka, executor: CountingExecutor) -> None:
+    topic = kafka.topic(partitions=2, prefix="lfetch")
+    with kafka.producer() as producer:
+        for i in range(10):  # each a batch of its own
+            for p in (0, 1):
+                producer.send(topic, key=f"k{i}".encode(), value=f"log-{p}-{i}".encode(), partition=p)
+            producer.flush()
+    ledgers = Ledgers(topic)
+    ledgers.add(1, [Entry(p, i, f"k{i}".encode(), f"ledger-{p}-{i}".encode(), timestamp=1)
+                    for p in (0, 1) for i in (4, 9)], horizon={0: 9, 1: 9})
+
+    async def scenario(listener: Listener) -> None:
+        frame = await listener.handlers.answer(decode_request(_two_partitions(topic, 1)[_SIZE.size:]),
+                                               listener.session)
+        answer = FetchResponse.decode(frame[_SIZE.size:], version=11, header=True)
+        ((first, second),) = [t.partitions for t in answer.responses]
+
+        # The first partition has its ledger's records (at least one whatever the bytes asked); the second has no
+        # room left: no records and no error, the log's end as its high watermark, so the client asks again.
+        assert (first.partition_index, _offsets_values(first.records)[0]) == (0, (4, b"ledger-0-4"))
+        assert (second.partition_index, second.error_code, _offsets_values(second.records), second.high_watermark) == \
+            (1, 0, [], 10)
+
+        again = await listener.fetch(topic, 0, 11)  # with room: the ledger's records
+        assert _offsets_values(again.records) == [(4, b"ledger-0-4"), (9, b"ledger-0-9")]
+
+    _run(kafka.bootstrap, ledgers, executor, scenario)
