@@ -181,13 +181,13 @@ class LedgerReader:
                 mask = pc.and_(mask, _live(table))
             rows = table.filter(mask).slice(0, n - count)
             take = rows.num_rows
-            if max_bytes is not None:
-                take = 0
-                for size in _raw_sizes(rows):
-                    if used + size > budget and (count or take):
-                        break
-                    used += size
-                    take += 1
+            if max_bytes is not None and take:
+                # The rows whose running size stays within what is left of the budget; the first row of a read
+                # whatever its size.
+                running = pc.cumulative_sum(_raw_sizes(rows))
+                take = pc.sum(pc.less_equal(running, pa.scalar(budget - used, pa.int64()))).as_py() or 0
+                take = max(take, 0 if count else 1)
+                used += running[take - 1].as_py()
             found.append(rows.slice(0, take))
             count += take
             if take < rows.num_rows:
@@ -365,27 +365,28 @@ def _entries(table: pa.Table) -> list[Entry]:
     ]
 
 
-def _raw_sizes(table: pa.Table) -> list[int]:
-    """Per row, the bytes of its key, value and header keys and values (``Entry.raw_bytes``)."""
-    def length(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-        return pc.fill_null(pc.binary_length(column), _ZERO)
+def _raw_sizes(table: pa.Table) -> pa.Array:
+    """Per row, the bytes of its key, value and header keys and values (``Entry.raw_bytes``), as int64."""
+    def length(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+        return pc.cast(pc.fill_null(pc.binary_length(column), _ZERO), pa.int64())
 
-    sizes = pc.add(length(table["key"]), length(table["value"])).to_pylist()
+    sizes = length(table["key"].combine_chunks())
+    sizes = pc.add(sizes, length(table["value"].combine_chunks()))
     headers = table["headers"].combine_chunks()
     if len(headers.values):
         # Each row's headers are one run of the child array: the difference of a running sum at its ends.
         per_header = pc.add(length(headers.values.field("key")), length(headers.values.field("value")))
-        running = [0, *pc.cumulative_sum(per_header).to_pylist()]
-        offsets = headers.offsets.to_pylist()
-        for row, valid in enumerate(headers.is_valid().to_pylist()):
-            if valid:
-                sizes[row] += running[offsets[row + 1]] - running[offsets[row]]
+        running = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(per_header)])
+        ends = headers.offsets
+        per_row = pc.subtract(pc.take(running, ends.slice(1)), pc.take(running, ends.slice(0, len(ends) - 1)))
+        sizes = pc.add(sizes, pc.if_else(headers.is_valid(), per_row, _ZERO64))
     return sizes
 
 
 # Arrow scalars, never Python values, go to pyarrow.compute: a Python value makes it try to import pandas
 # at each call (a failed import is not cached), ~0.13 ms a call where the compute itself takes ~0.01 ms.
 _ZERO = pa.scalar(0, pa.int32())
+_ZERO64 = pa.scalar(0, pa.int64())
 _FALSE = pa.scalar(False)
 
 
