@@ -15,15 +15,20 @@ keys: ``workload.py``), compacts it through the API, then ``--runs`` times, alte
 2. **same**: librdkafka reads as many records from the broker directly, from offset 0;
 
 then once **log**: librdkafka reads the topic's whole log from the broker (what an application that rewinds the
-log to bootstrap reads). Then ``--cold`` - 1 more first reads: each after a few more records and a compaction (a
-new ledger, of which the listener keeps no batches), each followed by as many records read from the broker.
+log to bootstrap reads). Then 2 x ``--cold`` new ledgers, each after a few more records and a compaction, each
+read through the listener right after its switch, then as many records from the broker: in turn, with
+librdkafka's own fetch size (1 MiB a partition), whose first pages the listener made at the switch
+(``listener/warm.py``: the topic is read through it), and with a byte more, whose pages no read made yet (as the
+first read of the topic through the listener).
 Last, ``--fetches`` single-partition Fetch requests (kafka-python's protocol classes, one connection each,
 ``min_bytes=1``: answered as soon as the record is read) at the last offset of a partition, to the listener and
 to the broker, alternating, twice: at the horizon (the view's last record: the ledger's answer, with the live log
 after it relayed with a 1 ms wait), then, after a few more records, past the horizon (relayed): their p50 latency.
 
 It prints the medians, the load average before and after, and, as its last lines, ``view/same=<ratio>``,
-``view/log=<ratio>``, ``first/same=<ratio>`` (the first reads against the broker's reads next to them),
+``view/log=<ratio>``, ``first/same=<ratio>`` (the first reads of a ledger no batches are kept of, the topic's first
+included, against the broker's reads next to them), ``warmed/same=<ratio>`` (the same, of ledgers warmed at their
+switch),
 ``horizon_p50_added_ms=<ms>`` and ``relay_p50_added_ms=<ms>``. Targets (#42): ``view/same <= 1``; the relayed fetch adds at most ~1 ms at p50.
 Figures, not assertions: timings depend on the machine.
 """
@@ -60,11 +65,13 @@ _SIZE = struct.Struct(">i")
 VERSION = 11  # the Fetch version the listener's relay asks of the test broker (by topic name)
 
 
-def consume(bootstrap: str, limit: int | None = None) -> tuple[int, float]:
-    """librdkafka reads the topic from offset 0 until the end of every partition (or ``limit`` records):
+def consume(bootstrap: str, limit: int | None = None, partition_bytes: int = 1024 * 1024) -> tuple[int, float]:
+    """librdkafka reads the topic from offset 0 until the end of every partition (or ``limit`` records), asking
+    ``partition_bytes`` of each partition a fetch (its ``max.partition.fetch.bytes``, 1 MiB by default):
     (records read, seconds to the last record read)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-unused", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "error"})
+                         "enable.partition.eof": True, "auto.offset.reset": "error",
+                         "max.partition.fetch.bytes": partition_bytes})
     try:
         started = time.perf_counter()
         consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
@@ -149,7 +156,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fetches", type=int, default=500)
-    parser.add_argument("--cold", type=int, default=3)
+    parser.add_argument("--cold", type=int, default=3, help="new ledgers of each kind (warmed at the switch or not)")
     parser.add_argument("--producers", type=int, default=2)
     args = parser.parse_args()
 
@@ -194,17 +201,21 @@ def main() -> int:
             log, log_s = consume(broker.bootstrap)
             print(f"log: {log} records from the broker in {log_s:.2f} s", flush=True)
             produced = args.records
-            for cold in range(args.cold - 1):  # a few records more, compacted: a new ledger, none of it kept
+            warmed_s, warmed_same_s = [], []
+            for cold in range(2 * args.cold):  # a few records more, compacted: a new ledger
                 produce(pool, args.producers, workload, broker.bootstrap, produced, produced + PARTITIONS, TOPIC)
                 produced += PARTITIONS
                 client.put(f"/v1/topics/{TOPIC}/compaction", headers={"Content-Type": "application/json"})
                 wait_compacted(client, TOPIC)
-                view, seconds = consume(listener)
+                # In turn: librdkafka's own fetch size, whose pages the listener made at the switch (the topic is
+                # read through it), and a byte more, whose pages no read made yet.
+                warmed = cold % 2 == 0
+                view, seconds = consume(listener, partition_bytes=1024 * 1024 + (0 if warmed else 1))
                 same, same_seconds = consume(broker.bootstrap, limit=view)
-                first_s.append(seconds)
-                first_same_s.append(same_seconds)
-                print(f"first read {cold + 2}: view {view} records in {seconds:.2f} s; broker {same} records in "
-                      f"{same_seconds:.2f} s", flush=True)
+                (warmed_s if warmed else first_s).append(seconds)
+                (warmed_same_s if warmed else first_same_s).append(same_seconds)
+                print(f"new ledger {cold + 1} ({'made at the switch' if warmed else 'not kept'}): view {view} "
+                      f"records in {seconds:.3f} s; broker {same} records in {same_seconds:.3f} s", flush=True)
             # At the horizon (the view's last record, nothing after it): the ledger's answer and its relayed tail.
             at_ms, at_broker_ms = fetches(port, broker.port, args.fetches)
             # Records past the horizon, for the fetches past it.
@@ -212,11 +223,15 @@ def main() -> int:
             relayed_ms, broker_ms = fetches(port, broker.port, args.fetches)
         view_m, same_m = statistics.median(view_s), statistics.median(same_s)
         first_m, first_same_m = statistics.median(first_s), statistics.median(first_same_s)
+        warmed_m, warmed_same_m = statistics.median(warmed_s), statistics.median(warmed_same_s)
         relay_p50, broker_p50 = statistics.median(relayed_ms), statistics.median(broker_ms)
         at_p50, at_broker_p50 = statistics.median(at_ms), statistics.median(at_broker_ms)
         print(f"view_s={view_m:.2f} same_s={same_m:.2f} log_s={log_s:.2f} (medians of {args.runs} runs; log once)")
-        print(f"first_view_s={first_m:.3f} first_same_s={first_same_m:.3f} (medians of {len(first_s)} first reads: "
-              f"{' '.join(f'{s:.3f}' for s in first_s)})")
+        print(f"first_view_s={first_m:.3f} first_same_s={first_same_m:.3f} (medians of {len(first_s)} first reads "
+              f"of a ledger no batches are kept of: {' '.join(f'{s:.3f}' for s in first_s)})")
+        print(f"warmed_view_s={warmed_m:.3f} warmed_same_s={warmed_same_m:.3f} (medians of {len(warmed_s)} first "
+              f"reads of a ledger whose first pages were made at the switch: "
+              f"{' '.join(f'{s:.3f}' for s in warmed_s)})")
         print("load average (1, 5, 15 min): before " + " ".join(f"{x:.2f}" for x in load_before)
               + ", after " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         print(f"horizon_fetch_p50_ms listener={at_p50:.2f} broker={at_broker_p50:.2f} "
@@ -225,6 +240,7 @@ def main() -> int:
         print(f"view/same={view_m / same_m:.2f}")
         print(f"view/log={view_m / log_s:.3f}")
         print(f"first/same={first_m / first_same_m:.2f}")
+        print(f"warmed/same={warmed_m / warmed_same_m:.2f}")
         print(f"horizon_p50_added_ms={at_p50 - at_broker_p50:.2f}")
         print(f"relay_p50_added_ms={relay_p50 - broker_p50:.2f}")
         return 0

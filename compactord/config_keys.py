@@ -297,6 +297,9 @@ class Settings:
         "Private key (PEM, not encrypted) of kafkaTlsCertFile; never logged.")
     kafka_max_connections: int = _key("kafkaMaxConnections", int_range(1, 100000), "1000", "listener",
         "Open connections to the Kafka listener; one more is closed at once.")
+    kafka_connections_max_idle_ms: int = _key("kafkaConnectionsMaxIdleMs", int_range(1000, 86_400_000), "600000",
+        "listener", "A Kafka listener connection that sends no request for this long is closed (Kafka's "
+        "connections.max.idle.ms); one on a SASL listener that has not authenticated within 10 s is closed sooner.")
     # Cluster
     cluster_name: str = _key("clusterName", cluster_name, "", "cluster",
         "Empty: one daemon owns the root. Set: the daemons with this name and these brokers form one cluster, "

@@ -36,6 +36,7 @@ from compactord.listener.protocol import (
 )
 from compactord.listener.relay import BrokerRelay
 from compactord.listener.view import ListenerHost, TopicView
+from compactord.listener.warm import Warmer
 
 __all__ = ["MAX_REQUEST_BYTES", "KafkaListener"]
 
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 _SIZE = struct.Struct(">i")
 _START_TIMEOUT_S = 30.0
+# How long a connection to a SASL listener has to authenticate.
+AUTHENTICATION_S = 10.0
 
 
 class _Failed(Exception):
@@ -71,13 +74,16 @@ class KafkaListener:
         self._tls = tls_context(settings.kafka_tls_cert_file, settings.kafka_tls_key_file) \
             if any(scheme.endswith("SSL") for scheme, _, _ in self._binds) else None
         self._max_connections = settings.kafka_max_connections
+        self._idle_s = settings.kafka_connections_max_idle_ms / 1000
         self._connections = 0
         self._refusing = False
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kafka-listener")
         self._relay = BrokerRelay(settings.kafka_bootstrap_servers, settings.kafka_client_id,
                                   settings.kafka_request_timeout_ms / 1000)
         self._metrics = host.metrics
-        self._handlers = Handlers(TopicView(host), self._relay, self._executor, host.metrics)
+        view = TopicView(host)
+        self._handlers = Handlers(view, self._relay, self._executor, host.metrics)
+        self._warmer = Warmer(view, host.store)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.Server] = []
@@ -95,6 +101,7 @@ class KafkaListener:
             self.stop()
             raise ConfigError("kafkaListeners", ",".join(f"{s}://{h}:{p}" for s, h, p in self._binds),
                               f"addresses this host can listen on ({exc.strerror or exc})") from exc
+        self._warmer.start()
         for (scheme, host, port), (_, bind, _), bound in zip(self._advertised, self._binds, self.ports, strict=True):
             log.info("Kafka listener on %s://%s:%d (read-only; advertised as %s:%d)", scheme, bind or "0.0.0.0",
                      bound, host, port or bound)
@@ -129,6 +136,7 @@ class KafkaListener:
         if not self._loop.is_running():
             self._loop.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._warmer.stop()
 
     async def _close(self) -> None:
         for server in self._servers:
@@ -160,7 +168,16 @@ class KafkaListener:
         auth = Authentication(self._passwords if self._binds[index][0].startswith("SASL_") else None)
         try:
             while True:
-                frame = await self._frame(reader, peer)
+                # A silent connection holds a slot of kafkaMaxConnections: one that does not authenticate, or
+                # that sends nothing for kafkaConnectionsMaxIdleMs, is closed.
+                waited = self._idle_s if auth.authenticated else min(self._idle_s, AUTHENTICATION_S)
+                try:
+                    frame = await asyncio.wait_for(self._frame(reader, peer), waited)
+                except TimeoutError:
+                    log.info("Kafka listener: connection from %s closed: %s", peer,
+                             f"no request in {waited:g} s (kafkaConnectionsMaxIdleMs)" if auth.authenticated
+                             else f"not authenticated within {waited:g} s")
+                    return
                 if frame is None:
                     return
                 answer, closes = await self._exchange(frame, auth, session)

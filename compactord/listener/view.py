@@ -12,6 +12,7 @@ process's switch is seen: a cluster's other members').
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -50,6 +51,12 @@ PAGE_ENTRIES = 10_000
 # How long the current ledger's horizon a read learnt answers ``relays`` (a switch by this process is seen at
 # once, by the pointer's generation; another process's within this).
 CURRENT_TTL_S = 1.0
+# A partition's bytes a fetch asks by default: librdkafka's, the Java client's, kafka-python's and KafkaJS's
+# max.partition.fetch.bytes. ``warm`` keeps pages of that size.
+WARM_BYTES = 1024 * 1024
+# The share of the batch cache one topic's ``warm`` fills at most.
+WARM_SHARE = 0.25
+_BASE_OFFSET = struct.Struct(">q")  # a record batch's first field
 
 
 class _Registry(Protocol):
@@ -163,6 +170,7 @@ class TopicView:
         # Written by reads (the executor's threads), read by ``relays`` (the event loop): each value is replaced
         # whole, never changed, so a reader sees an old one or a new one.
         self._current: dict[str, _Current] = {}
+        self._served: dict[str, float] = {}  # topic: when a ledger last answered a fetch of it (``warm``)
 
     def topics(self) -> list[str]:
         """The topics the daemon compacts, as the broker last listed them (at most ``TOPICS_TTL_S`` old): those
@@ -299,7 +307,41 @@ class TopicView:
                 self._cache.put(key, records)
             found.answers[read.partition] = LedgerAnswer(manifest.ledger_id, horizon, records, log_start)
             found.spent += len(records)
+        if found.answers:
+            self._served[topic] = time.monotonic()
         return found
+
+    def served_since(self, since: float) -> list[str]:
+        """The topics a ledger answered a fetch of at or after ``since`` (``time.monotonic``)."""
+        return [topic for topic, at in list(self._served.items()) if at >= since]
+
+    def warm(self, topic: str) -> int:
+        """Keep the batches of the first page of each partition of ``topic``'s current ledger, as a fetch from its
+        log start (or its first entry) of ``WARM_BYTES`` a partition asks them, at most ``WARM_SHARE`` of the
+        cache in all: the first fetches of an application that bootstraps from the new ledger find them. The bytes
+        encoded (none for a page already kept).
+
+        :raises CompactordError: the ledger could not be read."""
+        service = self._host.registry.existing_service(topic)
+        manifest = None if service is None else service.ledger_info(None)
+        if service is None or manifest is None:
+            return 0
+        log_starts = self._host.monitor.log_starts(topic)
+        encoded = 0
+        for partition, horizon in sorted(manifest.horizon.items()):
+            start = log_starts.get(partition, 0)
+            key = (topic, manifest.ledger_id, manifest.created_at_ms, partition, start, WARM_BYTES)
+            if start > horizon or self._cache.get(key) is not None:
+                continue
+            if encoded >= self._cache.max_bytes * WARM_SHARE:
+                break
+            records = self._batches(service, manifest.ledger_id, partition, start, horizon, WARM_BYTES)
+            self._cache.put(key, records)
+            first = _BASE_OFFSET.unpack_from(records)[0] if records else start
+            if first != start:  # a fetch from the first entry (the earliest offset the listener lists) is the same
+                self._cache.put((*key[:4], first, WARM_BYTES), records)
+            encoded += len(records)
+        return encoded
 
     def relays(self, topic: str, partition: int, offset: int, pin: int | None) -> bool:
         """Whether ``read`` would answer None because ``offset`` lies past the horizon of the topic's current

@@ -2,12 +2,14 @@
 daemon with httpAuthToken and httpReadToken set and two listeners, SASL_PLAINTEXT and SASL_SSL (a self-signed
 certificate the client verifies as its CA). SASL/PLAIN with either token as the password (any user name) reads a
 compacted topic's view; a wrong password is an authentication error and reads nothing; a client without SASL is
-refused; the tokens appear in neither the log nor /v1/info.
+refused; a connection that does not authenticate (within 10 s, or the idle limit if shorter), or sends nothing for
+kafkaConnectionsMaxIdleMs once it did, is closed; the tokens appear in neither the log nor /v1/info.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +18,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from compactord.embedded import free_port
+from compactord.listener.server import AUTHENTICATION_S
 from tests.support.certs import self_signed
 from tests.support.daemon import DaemonProcess, compact, metric
 from tests.support.listener import Record, compacted_view, poll
@@ -30,6 +34,7 @@ PREFIX = "lsa"
 PATTERN = f"{PREFIX}-[0-9]+-[0-9a-f]{{6}}"
 TOKEN = "listener-admin-t0ken-8f2c"
 READ_TOKEN = "listener-read-t0ken-41ad"
+IDLE_MS = 4000
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ def secured(launch: Launcher, tmp_path_factory: pytest.TempPathFactory) -> Secur
     plain, tls = free_port(), free_port()
     daemon = launch("listener-auth", token=TOKEN, compactionTopicsPattern=PATTERN, httpReadToken=f"file:{read_token}",
                     kafkaListeners=f"SASL_PLAINTEXT://127.0.0.1:{plain},SASL_SSL://127.0.0.1:{tls}",
-                    kafkaTlsCertFile=f"file:{cert}", kafkaTlsKeyFile=key)
+                    kafkaTlsCertFile=f"file:{cert}", kafkaTlsKeyFile=key, kafkaConnectionsMaxIdleMs=str(IDLE_MS))
     return Secured(daemon, f"127.0.0.1:{plain}", f"127.0.0.1:{tls}", cert)
 
 
@@ -138,6 +143,38 @@ def test_a_client_without_sasl_is_refused(secured: Secured, consumers: list[Cons
         assert sock.recv(1024) == b""
     wait_for(lambda: "Metadata before authentication" in secured.daemon.log_text(), TASK_TIMEOUT_S,
              "the refused request's log line", secured.daemon)
+
+
+def _frame(message: Any, version: int) -> bytes:
+    message.API_VERSION = version
+    message.with_header(correlation_id=1, client_id="silent")
+    return bytes(message.encode(header=True, framed=True))
+
+
+def _closed_after(sock: socket.socket) -> float:
+    """Seconds until the listener closes ``sock`` (reading and dropping any answer before)."""
+    started = time.monotonic()
+    while sock.recv(4096):
+        pass
+    return time.monotonic() - started
+
+
+def test_a_connection_that_does_not_authenticate_or_then_sends_nothing_is_closed(secured: Secured) -> None:
+    host, port = secured.plain.split(":")
+    with socket.create_connection((host, int(port)), timeout=TASK_TIMEOUT_S) as sock:
+        # A slot of kafkaMaxConnections held for no one: closed after 10 s, or the idle limit if shorter.
+        assert _closed_after(sock) >= min(AUTHENTICATION_S, IDLE_MS / 1000) - 1
+    wait_for(lambda: f"not authenticated within {min(AUTHENTICATION_S, IDLE_MS / 1000):g} s"
+             in secured.daemon.log_text(),
+             TASK_TIMEOUT_S, "the closed connection's log line", secured.daemon)
+
+    with socket.create_connection((host, int(port)), timeout=TASK_TIMEOUT_S) as sock:
+        sock.sendall(_frame(SaslHandshakeRequest(mechanism="PLAIN"), 1))
+        sock.sendall(_frame(SaslAuthenticateRequest(auth_bytes=b"\x00reader\x00token:" + READ_TOKEN.encode()), 0))
+        # Authenticated: its answers come, then, once nothing more is sent, the close after the idle limit.
+        assert _closed_after(sock) >= IDLE_MS / 1000 - 1
+    wait_for(lambda: f"no request in {IDLE_MS / 1000:g} s (kafkaConnectionsMaxIdleMs)" in secured.daemon.log_text(),
+             TASK_TIMEOUT_S, "the idle connection's log line", secured.daemon)
 
 
 def test_the_tokens_appear_in_neither_the_log_nor_info(secured: Secured) -> None:
