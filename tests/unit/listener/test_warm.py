@@ -7,7 +7,7 @@ reads."""
 
 from __future__ import annotations
 
-from compactord.listener.batches import BatchCache, entries_batches, empty_batch
+from compactord.listener.batches import BatchCache, empty_batch, entries_batches
 from compactord.listener.view import WARM_BYTES, TopicView
 from compactord.listener.warm import Warmer
 from compactord.model import Entry
