@@ -2,11 +2,13 @@
 that ``compactionTopicsPattern`` admits), their partitions, and pages of each topic's current (or pinned)
 ledger, read as the HTTP API's ``/compacted`` route reads them (``TopicCompactionService.read_compacted_rows``: the
 page's Arrow columns; above the partition's log start), each read's record batches kept (``BatchCache``: a ledger
-never changes). Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on its
-event loop; but ``relays``, which answers from memory, on the loop, whether a fetch lies past the horizon of the
+never changes). Every method blocks (broker requests, ledger reads): the listener calls them in its executor, never on
+its event loop; but ``relays``, which answers from memory, on the loop, whether a fetch lies past the horizon of the
 topic's current ledger as the last read learnt it (its horizon kept while no write of the topic's pointer by this
 process came since, ``LedgerStore.pointer_generation``, and for at most ``CURRENT_TTL_S``, within which another
-process's switch is seen: a cluster's other members').
+process's switch is seen: a cluster's other members'). A fetch's partitions of a topic are read together
+(``read_partitions``: one ledger, one identity check, within the fetch's bytes); ``warm`` (``listener/warm.py``'s
+thread) keeps a new ledger's first pages before a client asks for them.
 """
 
 from __future__ import annotations
