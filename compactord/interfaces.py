@@ -99,6 +99,16 @@ class BrokerMetadata(ABC):
         :raises TopicNotFound: the broker has no such topic.
         """
 
+    def log_now(self, topic: str, horizon: Mapping[int, int]) -> tuple[str | None, dict[int, PartitionOffsets]]:
+        """The topic's id and offsets as the identity check of a ledger of ``horizon`` needs them: an end at or
+        below a partition's horizon confirmed (as ``offsets`` confirms it), one above it as listed, marked
+        ``end_confirmed=False`` (a read could only find it further on: no evidence of a new log either way). This
+        default: ``topic_id`` and ``offsets``, every end confirmed.
+
+        :raises TopicNotFound: the broker has no such topic.
+        """
+        return self.topic_id(topic), self.offsets(topic)
+
     @abstractmethod
     def first_records(self, topic: str, at: Mapping[int, int],
                       offsets: Mapping[int, PartitionOffsets]) -> dict[int, RecordFingerprint | None]:

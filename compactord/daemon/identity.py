@@ -1,10 +1,11 @@
 """The identity check of the read paths: is the topic on the broker the one the ledger was made of?
 
 Every read of a ledger (a page, the last entry, the horizon, the sampled preview) checks it against what
-the broker says of the topic (its id, its offsets: ``kafka.identity.new_log_reason``), at most
-``MAX_AGE_S`` old: one broker request per topic per ``MAX_AGE_S`` however many reads come (reads of a
-topic whose answer is being asked wait for it), for at most ``MAX_TOPICS`` topics (the least recently
-read are dropped). A broker that cannot be asked (known down, or failing the request) does not fail a
+the broker says of the topic (its id, its offsets: ``kafka.identity.new_log_reason``; a read confirms only the
+ends at or below the ledger's horizon, ``BrokerMetadata.log_now``), at most ``MAX_AGE_S`` old: one broker
+request per topic per ``MAX_AGE_S`` however many reads come (reads of a topic whose answer is being asked wait
+for it; a ledger of a higher horizon than the answer was asked for asks again), for at most ``MAX_TOPICS``
+topics (the least recently read are dropped). A broker that cannot be asked (known down, or failing the request) does not fail a
 read: the check uses the last answer it had (its own, or the monitor's, whichever is newer) and says so
 (``Checked.headers``: ``Compactord-Identity-Checked-At``, the time of that answer, or ``never``).
 """
@@ -63,6 +64,9 @@ class _Topic:
         self.answer: IdentityAnswer | None = None
         self.answered_at = 0.0  # monotonic
         self.failed_at: float | None = None  # monotonic: the last ask that failed
+        # The horizon the answer was asked for: its ends at or below it were confirmed by a read, those above it
+        # are as listed (``BrokerMetadata.log_now``); it answers a check of a ledger whose horizon is no higher.
+        self.horizon: Mapping[int, int] = {}
 
 
 class TopicIdentities:
@@ -120,14 +124,15 @@ class TopicIdentities:
             now = self._clock()
             kept = entry.answer
             if kept is not None and now - entry.answered_at < self._max_age_s \
-                    and kept.asked_at * 1000 >= manifest.finished_at_ms:
+                    and kept.asked_at * 1000 >= manifest.finished_at_ms and _covers(entry.horizon, manifest.horizon):
                 return Checked(True, kept)
             recently_failed = entry.failed_at is not None and now - entry.failed_at < self._max_age_s
             problem = self._broker_problem()
             if problem is None and not recently_failed:
                 try:
-                    entry.answer = self._ask(topic)
+                    entry.answer = self._ask(topic, manifest.horizon)
                     entry.answered_at, entry.failed_at = self._clock(), None
+                    entry.horizon = dict(manifest.horizon)
                     return Checked(True, entry.answer)
                 except Exception as exc:  # noqa: BLE001 (whatever the broker did, the read goes on)
                     entry.failed_at = self._clock()
@@ -136,11 +141,10 @@ class TopicIdentities:
                       problem or "the broker failed a request just now")
             return Checked(False, self._newest(entry.answer, self._last_seen(topic)))
 
-    def _ask(self, topic: str) -> IdentityAnswer:
+    def _ask(self, topic: str, horizon: Mapping[int, int]) -> IdentityAnswer:
         asked = time.time()
         try:
-            offsets = self._broker.offsets(topic)
-            topic_id = self._broker.topic_id(topic)
+            topic_id, offsets = self._broker.log_now(topic, horizon)
         except TopicNotFound:
             return IdentityAnswer(None, None, asked)  # deleted, not (yet) recreated: the ledger is the last view
         return IdentityAnswer(topic_id, offsets, asked)
@@ -148,3 +152,8 @@ class TopicIdentities:
     @staticmethod
     def _newest(*answers: IdentityAnswer | None) -> IdentityAnswer | None:
         return max((a for a in answers if a is not None), key=lambda a: a.asked_at, default=None)
+
+
+def _covers(asked_for: Mapping[int, int], horizon: Mapping[int, int]) -> bool:
+    """Whether an answer asked for the horizon ``asked_for`` confirmed every end a ledger of ``horizon`` needs."""
+    return all(asked_for.get(p, -1) >= h for p, h in horizon.items())

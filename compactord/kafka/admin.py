@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -290,6 +291,21 @@ class KafkaAdmin(BrokerMetadata):
         starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
         found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
         return confirm_ends(self._client_config, self._bootstrap, topic, found, timeout_ms / 1000, self._count)
+
+    def log_now(self, topic: str, horizon: Mapping[int, int]) -> tuple[str | None, dict[int, PartitionOffsets]]:
+        """One metadata request for the id and the partitions, the offsets listed, and a read confirming only the
+        ends at or below the horizon (a read of the topic's ends costs more than the rest together)."""
+        meta = self._describe(topic)
+        tps = [TopicPartition(topic, p) for p in _partitions_of(meta)]
+        timeout_ms = self._settings.kafka_request_timeout_ms
+        starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
+        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
+        unsure = {p: o for p, o in found.items() if p in horizon and o.end - 1 < horizon[p]}
+        offsets = {p: dataclasses.replace(o, end_confirmed=False) for p, o in found.items() if p not in unsure}
+        if unsure:
+            offsets.update(confirm_ends(self._client_config, self._bootstrap, topic, unsure, timeout_ms / 1000,
+                                        self._count))
+        return _topic_id_of(meta), dict(sorted(offsets.items()))
 
     def _first_records(self, topic: str, at: Mapping[int, int], ends: Mapping[int, int] | None
                        ) -> dict[int, RecordFingerprint]:

@@ -28,6 +28,7 @@ class Broker(BrokerMetadata):
         self.ends: dict[str, dict[int, int]] = {}
         self.starts: dict[str, dict[int, int]] = {}
         self.asked: list[str] = []
+        self.horizons: list[dict[int, int]] = []  # of each log_now
         self.down = False
         self.gate: threading.Event | None = None
 
@@ -53,6 +54,10 @@ class Broker(BrokerMetadata):
             raise TopicNotFound(topic)
         starts = self.starts.get(topic, {})
         return {p: PartitionOffsets(p, starts.get(p, 0), e) for p, e in self.ends[topic].items()}
+
+    def log_now(self, topic: str, horizon: Mapping[int, int]) -> tuple[str | None, dict[int, PartitionOffsets]]:
+        self.horizons.append(dict(horizon))
+        return super().log_now(topic, horizon)
 
     def first_records(self, topic: str, at: Mapping[int, int], offsets: Any) -> Any:
         raise AssertionError("the reads' check reads no record")
@@ -193,6 +198,23 @@ def test_an_answer_older_than_the_ledger_is_asked_again() -> None:
     newer.finished_at_ms = int((time.time() + 5) * 1000)  # a rebuild that landed after the answer
     check.check("t", newer)
     assert broker.asked == ["t", "t"]
+
+
+def test_an_answer_serves_ledgers_up_to_the_horizon_it_was_asked_for_and_a_higher_one_asks_again() -> None:
+    # The ends at or below the horizon an answer was asked for were confirmed by a read; a ledger whose horizon
+    # is higher may need more of them confirmed.
+    broker = Broker()
+    same_topic(broker)
+    broker.ends["t"] = {0: 200}
+    check, _ = identities(broker)
+
+    check.check("t", ledger(horizon=99))
+    check.check("t", ledger(horizon=50))
+    assert (broker.asked, broker.horizons) == (["t"], [{0: 99}])
+
+    check.check("t", ledger(horizon=150))
+    check.check("t", ledger(horizon=99))
+    assert (broker.asked, broker.horizons) == (["t", "t"], [{0: 99}, {0: 150}])
 
 
 def test_the_topics_kept_are_bounded() -> None:

@@ -506,6 +506,43 @@ def test_a_runs_planning_names_the_partitions_and_the_topic_id_in_one_metadata_r
         admin.close()
 
 
+def test_the_reads_identity_check_confirms_by_a_read_only_the_ends_at_or_below_the_ledger_s_horizon(kafka, tmp_path):
+    """``log_now``: the topic id and partitions of one metadata request, the offsets listed, and a read confirming
+    only the ends at or below the horizon (as ``offsets`` confirms them); an end above the horizon is the listed
+    one, marked unconfirmed. No read when every listed end is above the horizon."""
+    from collections import Counter
+
+    from kafka import TopicPartition
+
+    from compactord.config import Settings
+    from compactord.kafka import end_offsets
+    from compactord.kafka.admin import KafkaAdmin
+
+    topic = kafka.topic(partitions=2)
+    kafka.produce(topic, [(f"k{i % 50}", f"v{i}", i % 2) for i in range(100)])
+    tps = [TopicPartition(topic, p) for p in (0, 1)]
+    listed = {tp.partition: end for tp, end in end_offsets.list_offsets(kafka.admin, tps, 10_000)[1].items()}
+    asked: Counter[str] = Counter()
+    admin = KafkaAdmin(Settings(kafka_bootstrap_servers=kafka.bootstrap, compacted_ledger_root=str(tmp_path / "l")),
+                       observer=lambda op: asked.update([op]))
+    try:
+        confirmed = admin.offsets(topic)
+        asked.clear()
+        topic_id, offsets = admin.log_now(topic, {0: listed[0] - 1, 1: listed[1]})  # 1's listed end is its horizon
+
+        assert (asked["metadata"], asked["fetch"]) == (1, 1), asked
+        assert topic_id == admin.topic_id(topic)
+        assert offsets[0] == dataclasses.replace(confirmed[0], end=listed[0], end_confirmed=False)
+        assert offsets[1] == confirmed[1] and offsets[1].end == 50
+
+        asked.clear()
+        _, offsets = admin.log_now(topic, {0: listed[0] - 1, 1: listed[1] - 1})
+        assert asked["fetch"] == 0, asked
+        assert [(o.end, o.end_confirmed) for o in offsets.values()] == [(listed[0], False), (listed[1], False)]
+    finally:
+        admin.close()
+
+
 def test_a_call_to_the_broker_does_not_wait_for_another_threads_call_under_way(kafka, tmp_path):
     """A call that holds its admin client (a broker slow to answer one run's planning) leaves others to theirs:
     the API's, the monitor's and other runs' requests do not queue behind it. A client whose call failed is
