@@ -5,9 +5,10 @@ the broker says of the topic (its id, its offsets: ``kafka.identity.new_log_reas
 ends at or below the ledger's horizon, ``BrokerMetadata.log_now``), at most ``MAX_AGE_S`` old: one broker
 request per topic per ``MAX_AGE_S`` however many reads come (reads of a topic whose answer is being asked wait
 for it; a ledger of a higher horizon than the answer was asked for asks again), for at most ``MAX_TOPICS``
-topics (the least recently read are dropped). A broker that cannot be asked (known down, or failing the request) does not fail a
-read: the check uses the last answer it had (its own, or the monitor's, whichever is newer) and says so
-(``Checked.headers``: ``Compactord-Identity-Checked-At``, the time of that answer, or ``never``).
+topics (the least recently read are dropped). A broker that cannot be asked (known down, or failing the
+request) does not fail a read: the check uses the last answer it had (its own, or the monitor's, whichever is
+newer) and says so (``Checked.headers``: ``Compactord-Identity-Checked-At``, the time of that answer, or
+``never``).
 """
 
 from __future__ import annotations

@@ -286,25 +286,29 @@ class KafkaAdmin(BrokerMetadata):
         return self._offsets(topic, self.partitions(topic))
 
     def _offsets(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
+        return self._confirmed(topic, self._listed(topic, partitions))
+
+    def _listed(self, topic: str, partitions: list[int]) -> dict[int, PartitionOffsets]:
+        """The partitions' log starts and ends as ListOffsets lists them (an end not yet confirmed)."""
         tps = [TopicPartition(topic, p) for p in partitions]
         timeout_ms = self._settings.kafka_request_timeout_ms
         starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
-        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
-        return confirm_ends(self._client_config, self._bootstrap, topic, found, timeout_ms / 1000, self._count)
+        return {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
+
+    def _confirmed(self, topic: str, listed: dict[int, PartitionOffsets]) -> dict[int, PartitionOffsets]:
+        """``listed`` with each end confirmed by a read (``end_offsets.confirm_ends``)."""
+        return confirm_ends(self._client_config, self._bootstrap, topic, listed,
+                            self._settings.kafka_request_timeout_ms / 1000, self._count)
 
     def log_now(self, topic: str, horizon: Mapping[int, int]) -> tuple[str | None, dict[int, PartitionOffsets]]:
         """One metadata request for the id and the partitions, the offsets listed, and a read confirming only the
         ends at or below the horizon (a read of the topic's ends costs more than the rest together)."""
         meta = self._describe(topic)
-        tps = [TopicPartition(topic, p) for p in _partitions_of(meta)]
-        timeout_ms = self._settings.kafka_request_timeout_ms
-        starts, listed = self._call(topic, lambda admin: list_offsets(admin, tps, timeout_ms), op="list_offsets")
-        found = {tp.partition: PartitionOffsets(tp.partition, starts[tp], max(listed[tp], starts[tp])) for tp in tps}
+        found = self._listed(topic, _partitions_of(meta))
         unsure = {p: o for p, o in found.items() if p in horizon and o.end - 1 < horizon[p]}
         offsets = {p: dataclasses.replace(o, end_confirmed=False) for p, o in found.items() if p not in unsure}
         if unsure:
-            offsets.update(confirm_ends(self._client_config, self._bootstrap, topic, unsure, timeout_ms / 1000,
-                                        self._count))
+            offsets.update(self._confirmed(topic, unsure))
         return _topic_id_of(meta), dict(sorted(offsets.items()))
 
     def _first_records(self, topic: str, at: Mapping[int, int], ends: Mapping[int, int] | None

@@ -116,11 +116,11 @@ def rows_batches(rows: pa.Table) -> bytes:
     offsets = _column(rows, "offset")
     first, last = offsets[0].as_py(), offsets[-1].as_py()
     if last - first <= MAX_DELTA:
-        return _batch(rows, first)
+        return _batch(rows)
     out, at, listed = [], 0, offsets.to_pylist()
     while at < count:
         end = bisect.bisect_right(listed, listed[at] + MAX_DELTA, at)
-        out.append(_batch(rows.slice(at, end - at), listed[at]))
+        out.append(_batch(rows.slice(at, end - at)))
         at = end
     return b"".join(out)
 
@@ -135,10 +135,12 @@ def _lengths(column: pa.Array) -> pa.Array:
     return pc.fill_null(pc.cast(pc.binary_length(column), pa.int64()), _NO_LENGTH)
 
 
-def _batch(rows: pa.Table, base: int) -> bytes:
-    """``rows`` (offsets from ``base`` to at most ``base + MAX_DELTA``) as one record batch."""
+def _batch(rows: pa.Table) -> bytes:
+    """``rows`` (offsets from the first's to at most ``MAX_DELTA`` past it) as one record batch."""
     names = set(rows.column_names)
     count = rows.num_rows
+    offsets = _column(rows, "offset")
+    base, last = offsets[0].as_py(), offsets[-1].as_py()
     keys = _column(rows, "key")
     values = _column(rows, "value")
     if "marker" in names:  # a deletion marker is a tombstone whatever its value column holds
@@ -150,16 +152,16 @@ def _batch(rows: pa.Table, base: int) -> bytes:
     body = pc.binary_join_element_wise(
         _BYTE_ZERO,
         _varints(pc.subtract(timestamps, pa.scalar(first_ts, pa.int64()))),
-        _varints(pc.subtract(_column(rows, "offset"), pa.scalar(base, pa.int64()))),
+        _varints(pc.subtract(offsets, pa.scalar(base, pa.int64()))),
         _varints(_lengths(keys)), pc.fill_null(keys, _EMPTY),
         _varints(_lengths(values)), pc.fill_null(values, _EMPTY),
         header_count, header_bytes, _EMPTY)
     records = pc.binary_join_element_wise(_varints(_lengths(body)), body, _EMPTY)
     _, ends, data = records.buffers()
-    start, end = _ENDS.unpack_from(ends, 4 * records.offset)[0], _ENDS.unpack_from(ends, 4 * (records.offset + count))[0]
+    start = _ENDS.unpack_from(ends, 4 * records.offset)[0]
+    end = _ENDS.unpack_from(ends, 4 * (records.offset + count))[0]
     batch = bytearray(_HEADER.size)
     batch += memoryview(data)[start:end]  # the records, one after the other
-    last = _column(rows, "offset")[-1].as_py()
     return _sealed(batch, base, count, last - base, first_ts, max_ts)
 
 

@@ -293,8 +293,7 @@ class TopicView:
                     return PartitionAnswers()
                 checked = True
             size = max(1, read.max_bytes if budget is None else min(read.max_bytes, budget - found.spent))
-            # The ledger's files never change: one read of it (``start``, ``size``) gives the same batches.
-            key = (topic, manifest.ledger_id, manifest.created_at_ms, read.partition, start, size)
+            key = _page(topic, manifest, read.partition, start, size)
             records = self._cache.get(key)
             if records is None:
                 try:
@@ -332,7 +331,7 @@ class TopicView:
         encoded = 0
         for partition, horizon in sorted(manifest.horizon.items()):
             start = log_starts.get(partition, 0)
-            key = (topic, manifest.ledger_id, manifest.created_at_ms, partition, start, WARM_BYTES)
+            key = _page(topic, manifest, partition, start, WARM_BYTES)
             if start > horizon or self._cache.get(key) is not None:
                 continue
             if encoded >= self._cache.max_bytes * WARM_SHARE:
@@ -341,7 +340,7 @@ class TopicView:
             self._cache.put(key, records)
             first = _BASE_OFFSET.unpack_from(records)[0] if records else start
             if first != start:  # a fetch from the first entry (the earliest offset the listener lists) is the same
-                self._cache.put((*key[:4], first, WARM_BYTES), records)
+                self._cache.put(_page(topic, manifest, partition, first, WARM_BYTES), records)
             encoded += len(records)
         return encoded
 
@@ -395,3 +394,9 @@ class TopicView:
                          manifest.ledger_id, exc)
             return False
         return True
+
+
+def _page(topic: str, manifest: LedgerManifest, partition: int, start: int, max_bytes: int) -> tuple[object, ...]:
+    """The ``BatchCache`` key of a read of ``partition`` from ``start`` within ``max_bytes``: the ledger's files
+    never change, so that read gives the same batches every time (its topic, id and making time name it)."""
+    return topic, manifest.ledger_id, manifest.created_at_ms, partition, start, max_bytes
